@@ -1,0 +1,40 @@
+"""qdq: PyTorch → TensorRT-ready INT8 Q/DQ models, automatically and explainably.
+
+The public verbs live here. Optional backends (onnxruntime, tensorrt) are imported lazily by the
+functions that need them, so ``import qdq`` needs only torch and numpy.
+
+Example:
+    >>> import torch, qdq
+    >>> qdq.fake_quant(torch.tensor([0.3, -2.0]), amax=1.0)
+    tensor([ 0.2992, -1.0079])
+"""
+
+from __future__ import annotations
+
+from qdq.calib import (
+    CalibrationError,
+    Calibrator,
+    HistogramCalibrator,
+    MaxCalibrator,
+    make_calibrator,
+)
+from qdq.config import CalibSpec, QuantSpec
+from qdq.quant import QuantMode, Quantizer, fake_quant, quantizer_mode, scale_from_amax
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CalibSpec",
+    "CalibrationError",
+    "Calibrator",
+    "HistogramCalibrator",
+    "MaxCalibrator",
+    "QuantMode",
+    "QuantSpec",
+    "Quantizer",
+    "__version__",
+    "fake_quant",
+    "make_calibrator",
+    "quantizer_mode",
+    "scale_from_amax",
+]

@@ -1,0 +1,85 @@
+"""The calibrator protocol: ``collect(x)`` batches, then ``compute_amax(method)``, ``reset()``."""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+__all__ = ["Calibrator", "CalibrationError"]
+
+
+class CalibrationError(ValueError):
+    """Bad calibration data or state (NaN/inf in a batch, no data, a changed shape, ...)."""
+
+
+class Calibrator(abc.ABC):
+    """Base class of calibrators: streaming statistics of a tensor → a clipping magnitude ``amax``.
+
+    Subclasses implement :meth:`_collect`, :meth:`compute_amax`, :meth:`_reset` and :attr:`methods`.
+    The base class validates inputs and counts batches, so every error names the batch it came from.
+    """
+
+    #: The ``method`` names :meth:`compute_amax` accepts.
+    methods: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._num_batches = 0
+
+    @property
+    def num_batches(self) -> int:
+        """How many batches :meth:`collect` has seen since the last :meth:`reset`."""
+        return self._num_batches
+
+    def collect(self, x: torch.Tensor) -> None:
+        """Add one batch of data to the statistics.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor.
+            CalibrationError: ``x`` contains NaN or inf (the message names the batch index).
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"calibrators collect torch.Tensor batches, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"calibrators collect floating-point tensors, got dtype {x.dtype}")
+        index = self._num_batches
+        with torch.no_grad():
+            self._collect(x.detach(), index)
+        self._num_batches += 1
+
+    def reset(self) -> None:
+        """Forget everything collected."""
+        self._num_batches = 0
+        self._reset()
+
+    @abc.abstractmethod
+    def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
+        """Return ``amax`` (float32, on the device of the collected data) by ``method``."""
+
+    @abc.abstractmethod
+    def _collect(self, x: torch.Tensor, index: int) -> None: ...
+
+    @abc.abstractmethod
+    def _reset(self) -> None: ...
+
+    def _check_method(self, method: str, percentile: float | None) -> None:
+        if method not in self.methods:
+            raise ValueError(
+                f"unknown calibration method {method!r} for {type(self).__name__}; "
+                f"choose one of {', '.join(self.methods)}"
+            )
+        if percentile is not None and method != "percentile":
+            raise ValueError(f"percentile= is only used by method='percentile', not {method!r}")
+
+    def _check_has_data(self) -> None:
+        if self._num_batches == 0:
+            raise CalibrationError(
+                f"{type(self).__name__} has collected no data: run calibration batches first"
+            )
+
+
+def nonfinite_error(index: int) -> CalibrationError:
+    """The error for a batch holding NaN or inf."""
+    return CalibrationError(
+        f"calibration batch {index} contains NaN or inf values; fix the data or the model upstream"
+    )

@@ -1,0 +1,188 @@
+"""Streaming histogram of ``|x|`` with a batch-order-independent grid; amax by any method.
+
+The grid
+--------
+The histogram covers ``[0, 2**e]`` with ``2 * num_bins`` equal bins, where ``2**e`` is the smallest
+power of two at or above the largest ``|x|`` seen so far (never below ``2**-24``). Because both the
+range and the bin count are powers of two, the bin width is a power of two, so
+
+* the bin of a value, ``floor(|x| * 2**k)``, is computed exactly in floating point;
+* when a batch exceeds the range, the range doubles as often as needed and every ``2**d`` old bins
+  merge exactly into one new bin: no count is split, lost or guessed;
+* the final histogram depends only on the data, not on how it was batched: one batch or fifty give
+  the same counts, hence the same amax for every method.
+
+Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
+:meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
+``2*num_bins`` bins). Counts are int64, accumulated on the data's device in chunks of 2**24 values, so
+huge tensors lose nothing (a trap of ``torch.histc`` with float32 counts).
+
+Methods (``compute_amax(method)``; one collection serves them all):
+
+* ``"max"`` — the exact largest ``|x|`` seen;
+* ``"entropy"`` — :func:`qdq.calib.methods.entropy_amax` (TensorRT's KL procedure);
+* ``"mse"`` — :func:`qdq.calib.methods.mse_amax` (bin-centre MSE; 1.0×max is a candidate);
+* ``"percentile"`` — :func:`qdq.calib.methods.percentile_amax` (default 99.99).
+
+Histogram-based amax values are capped at the observed maximum (an amax beyond every observed value
+only coarsens the scale).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
+from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
+
+__all__ = ["HistogramCalibrator"]
+
+_MIN_EXP = -24
+_CHUNK = 1 << 24
+DEFAULT_PERCENTILE = 99.99
+
+
+def _ceil_log2(v: float) -> int:
+    """Smallest ``e`` with ``2**e >= v`` (exact, for positive finite ``v``)."""
+    mant, exp = math.frexp(v)  # v = mant * 2**exp, 0.5 <= mant < 1
+    return exp - 1 if mant == 0.5 else exp
+
+
+class HistogramCalibrator(Calibrator):
+    """Streaming ``|x|`` histogram; compute amax by max, entropy, mse or percentile.
+
+    Args:
+        num_bins: resolution: at least this many bins span ``[0, max|x|]``. A power of two, >= 256.
+        num_bits: the quantization width the methods optimise for.
+        unsigned: quantize to an unsigned range (entropy merges into twice as many groups).
+
+    Example:
+        >>> cal = HistogramCalibrator()
+        >>> for _ in range(4):
+        ...     cal.collect(torch.randn(1000))
+        >>> amax = {m: cal.compute_amax(m) for m in ("max", "entropy", "mse", "percentile")}
+        >>> bool(amax["entropy"] <= amax["max"])
+        True
+    """
+
+    methods = ("max", "entropy", "mse", "percentile")
+
+    def __init__(self, num_bins: int = 2048, *, num_bits: int = 8, unsigned: bool = False) -> None:
+        super().__init__()
+        if isinstance(num_bins, bool) or not isinstance(num_bins, int):
+            raise TypeError(f"num_bins must be an int, got {type(num_bins).__name__}")
+        if num_bins < 256 or num_bins & (num_bins - 1):
+            raise ValueError(f"num_bins must be a power of two >= 256, got {num_bins}")
+        if not 2 <= num_bits <= 8:
+            raise ValueError(f"num_bits must be in 2..8, got {num_bits}")
+        self.num_bins = num_bins
+        self.num_bits = num_bits
+        self.unsigned = unsigned
+        self._grid = 2 * num_bins  # bins over [0, 2**exp]
+        self._log2_grid = self._grid.bit_length() - 1
+        self._counts: torch.Tensor | None = None
+        self._exp = _MIN_EXP
+        self._max = 0.0
+        self._numel = 0
+
+    # ---------------------------------------------------------------- collection
+    def _collect(self, x: torch.Tensor, index: int) -> None:
+        if x.numel() == 0:
+            return
+        a = x.abs().flatten()
+        if a.dtype != torch.float32 and a.dtype != torch.float64:
+            a = a.to(torch.float32)
+        batch_max = float(a.max())
+        if not math.isfinite(batch_max):
+            raise nonfinite_error(index)
+        if self._counts is None:
+            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=a.device)
+        if batch_max > 0:
+            self._grow(max(_ceil_log2(batch_max), _MIN_EXP))
+        self._max = max(self._max, batch_max)
+        self._numel += a.numel()
+        # value * 2**(log2_grid - exp) is exact; truncation == floor for non-negative values
+        factor = 2.0 ** (self._log2_grid - self._exp)
+        counts = self._counts
+        for start in range(0, a.numel(), _CHUNK):
+            chunk = a[start : start + _CHUNK]
+            idx = (chunk * factor).to(torch.int64).clamp_(max=self._grid - 1)
+            counts += torch.bincount(idx, minlength=self._grid)
+
+    def _grow(self, exp: int) -> None:
+        """Double the range until it reaches ``2**exp``, merging bins exactly."""
+        if exp <= self._exp or self._counts is None:
+            return
+        shift = exp - self._exp
+        self._exp = exp
+        if shift >= self._log2_grid:
+            total = self._counts.sum()
+            self._counts.zero_()
+            self._counts[0] = total
+            return
+        group = 1 << shift
+        merged = self._counts.view(-1, group).sum(dim=1)
+        self._counts.zero_()
+        self._counts[: merged.numel()] = merged
+
+    def _reset(self) -> None:
+        self._counts = None
+        self._exp = _MIN_EXP
+        self._max = 0.0
+        self._numel = 0
+
+    # ---------------------------------------------------------------- results
+    @property
+    def observed_max(self) -> float:
+        """The largest ``|x|`` collected."""
+        return self._max
+
+    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(counts, edges)`` as numpy arrays, up to the last non-empty bin.
+
+        Raises:
+            CalibrationError: nothing was collected.
+        """
+        self._check_has_data()
+        if self._counts is None:
+            raise CalibrationError("HistogramCalibrator collected only empty tensors")
+        counts = self._counts.cpu().numpy()
+        nonzero = np.flatnonzero(counts)
+        n = int(nonzero[-1]) + 1 if nonzero.size else 1
+        width = 2.0 ** (self._exp - self._log2_grid)
+        edges = np.arange(n + 1, dtype=np.float64) * width
+        return counts[:n].copy(), edges
+
+    def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
+        """Return amax (a float32 scalar tensor on the data's device) by ``method``.
+
+        Args:
+            method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"``.
+            percentile: for ``"percentile"`` only; default 99.99.
+
+        Raises:
+            ValueError: unknown method, or ``percentile`` given for another method / out of (0, 100].
+            CalibrationError: no data collected.
+        """
+        self._check_method(method, percentile)
+        counts, edges = self.histogram()
+        device = self._counts.device if self._counts is not None else None
+        if self._max == 0.0 or method == "max":
+            value = self._max
+        elif method == "entropy":
+            value = entropy_amax(counts, edges, num_bits=self.num_bits, unsigned=self.unsigned)
+        elif method == "mse":
+            value = mse_amax(counts, edges, observed_max=self._max, num_bits=self.num_bits)
+        else:
+            p = DEFAULT_PERCENTILE if percentile is None else percentile
+            value = percentile_amax(counts, edges, p)
+        return torch.tensor(min(value, self._max), dtype=torch.float32, device=device)
+
+    def __repr__(self) -> str:
+        return (
+            f"HistogramCalibrator(num_bins={self.num_bins}, batches={self.num_batches}, "
+            f"max={self._max:.6g})"
+        )

@@ -1,0 +1,70 @@
+"""Running absolute-maximum calibrator, per tensor or per channel."""
+
+from __future__ import annotations
+
+import torch
+
+from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
+from qdq._validate import normalize_axis
+
+__all__ = ["MaxCalibrator"]
+
+
+class MaxCalibrator(Calibrator):
+    """Track ``max |x|`` over all batches, globally (``axis=None``) or per channel along ``axis``.
+
+    Args:
+        axis: the channel axis kept in the result (e.g. 0 for Conv/Linear weights); ``None`` reduces
+            everything to one number.
+
+    Example:
+        >>> cal = MaxCalibrator(axis=0)
+        >>> cal.collect(torch.tensor([[1.0, -3.0], [0.5, 0.25]]))
+        >>> cal.compute_amax()
+        tensor([3.0000, 0.5000])
+    """
+
+    methods = ("max",)
+
+    def __init__(self, axis: int | None = None) -> None:
+        super().__init__()
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
+            raise TypeError(f"axis must be an int or None, got {type(axis).__name__}")
+        self.axis = axis
+        self._amax: torch.Tensor | None = None
+
+    def _collect(self, x: torch.Tensor, index: int) -> None:
+        ax = normalize_axis(self.axis, x.dim())
+        if x.numel() == 0:
+            return
+        a = x.abs()
+        if ax is None:
+            batch_max = a.max().to(torch.float32)
+        else:
+            dims = [d for d in range(x.dim()) if d != ax]
+            batch_max = (a.amax(dim=dims) if dims else a).to(torch.float32)
+        if not bool(torch.isfinite(batch_max).all()):
+            raise nonfinite_error(index)
+        if self._amax is None:
+            self._amax = batch_max
+            return
+        if self._amax.shape != batch_max.shape:
+            raise CalibrationError(
+                f"calibration batch {index} has {batch_max.numel()} channels along axis "
+                f"{self.axis}, earlier batches had {self._amax.numel()}"
+            )
+        self._amax = torch.maximum(self._amax, batch_max)
+
+    def _reset(self) -> None:
+        self._amax = None
+
+    def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
+        """Return the running abs-max (``method`` must be ``"max"``)."""
+        self._check_method(method, percentile)
+        self._check_has_data()
+        if self._amax is None:
+            raise CalibrationError("MaxCalibrator collected only empty tensors")
+        return self._amax.clone()
+
+    def __repr__(self) -> str:
+        return f"MaxCalibrator(axis={self.axis}, batches={self.num_batches})"

@@ -1,0 +1,205 @@
+"""amax from a histogram of ``|x|``: entropy (KL), MSE and percentile, as pure functions.
+
+Every function takes ``counts`` (non-negative integers, one per bin) and ``edges`` (``len(counts)+1``
+increasing bin edges starting at 0) and returns a Python float. They are deterministic, vectorised and
+never modify their inputs.
+
+* :func:`entropy_amax` — TensorRT/pytorch-quantization KL divergence search. For given options it
+  returns the same amax as the reference loop (``reference/peers-and-numerics.md`` §2.4): after
+  ``bins[0] = bins[1]``, each candidate ``i`` (from ``start_bin`` to ``len(counts)`` by ``stride``)
+  keeps the first ``i`` bins, folds the outliers into bin ``i-1`` (P), merges the first ``i`` bins
+  into ``2**(num_bits-1)`` groups and spreads each group's mass evenly over its non-empty bins (Q);
+  the amax is ``edges[i*]`` for the *largest* ``i*`` minimising ``KL(P || Q)``. A candidate that
+  keeps no mass at all (every count beyond it) has infinite KL here; the reference gets 0/0 = NaN
+  there and its ``argmin`` picks it, clipping all data — the one named deviation. Instead of a Python
+  loop per candidate, all candidates are evaluated at once from prefix sums of the counts (exact
+  integers) and of ``b·log b`` (extended precision), so the cost is O(candidates × groups).
+* :func:`mse_amax` — bin-centre MSE search: the mass of each bin sits at its centre and is
+  fake-quantized with ONNX numerics; candidates are the bin edges ``edges[start_bin:-1]`` *plus the
+  observed maximum* (so 1.0×max is always tried); the first minimum wins.
+* :func:`percentile_amax` — the right edge of the first bin at which the cumulative count reaches
+  ``p`` percent of the total (so at least ``p`` % of the values are ≤ amax).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
+
+# Candidates whose KL is within this of the minimum count as tied (the reference breaks exact ties,
+# e.g. several candidates with KL == 0, by taking the largest; rounding noise is ~1e-17 here).
+_KL_TIE_ATOL = 1e-12
+_MSE_CHUNK = 64
+
+
+def _check_hist(counts: npt.ArrayLike, edges: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(counts)
+    e = np.asarray(edges, dtype=np.float64)
+    if c.ndim != 1 or e.ndim != 1 or e.size != c.size + 1:
+        raise ValueError(
+            f"need 1-D counts and len(counts)+1 edges, got shapes {c.shape} and {e.shape}"
+        )
+    if c.size == 0:
+        raise ValueError("the histogram is empty")
+    if np.any(c < 0):
+        raise ValueError("histogram counts must be non-negative")
+    return c, e
+
+
+def entropy_amax(
+    counts: npt.ArrayLike,
+    edges: npt.ArrayLike,
+    *,
+    num_bits: int = 8,
+    unsigned: bool = False,
+    start_bin: int = 128,
+    stride: int = 1,
+) -> float:
+    """Return the amax minimising the KL divergence between the clipped and quantized histogram.
+
+    Args:
+        counts: bin counts of ``|x|`` (at least ``start_bin`` bins, and two).
+        edges: bin edges, ``len(counts) + 1`` of them.
+        num_bits: quantization bits; the histogram is merged into ``2**(num_bits-1+unsigned)`` groups.
+        unsigned: whether the quantized range is unsigned (doubles the groups).
+        start_bin: the smallest candidate (number of bins kept).
+        stride: step between candidates.
+
+    Example:
+        >>> import numpy as np
+        >>> counts = np.round(1e6 * np.exp(-np.arange(2048) / 100)).astype(np.int64)
+        >>> entropy_amax(counts, np.arange(2049) / 2048.0)
+        0.54150390625
+    """
+    c, e = _check_hist(counts, edges)
+    n = c.size
+    if start_bin < 1 or stride < 1:
+        raise ValueError(f"start_bin and stride must be >= 1, got {start_bin} and {stride}")
+    if n < max(start_bin, 2):
+        raise ValueError(f"entropy needs at least max(start_bin, 2)={max(start_bin, 2)} bins, got {n}")
+    nq = 1 << (num_bits - 1 + int(unsigned))
+
+    b = c.astype(np.int64, copy=True)
+    b[0] = b[1]  # the reference suppresses the zero spike
+    total = int(b.sum())
+    if total == 0:
+        raise ValueError("the histogram has no counts")
+
+    zero = np.zeros(1, dtype=np.int64)
+    cum = np.concatenate([zero, np.cumsum(b)])  # exact integer prefix sums
+    cnz = np.concatenate([zero, np.cumsum(b > 0)])
+    ld = np.longdouble
+    blogb = np.where(b > 0, b.astype(ld) * np.log(np.maximum(b, 1).astype(ld)), ld(0))
+    cum_blogb = np.concatenate([np.zeros(1, dtype=ld), np.cumsum(blogb)])
+
+    cand = np.arange(start_bin, n + 1, stride, dtype=np.int64)  # number of bins kept
+    ks = np.arange(nq + 1, dtype=np.int64)
+    # group k of candidate i holds bins j with k*i <= nq*j < (k+1)*i
+    bounds = (ks[None, :] * cand[:, None] + nq - 1) // nq  # (m, nq+1); last column == i
+    s_k = cum[bounds[:, 1:]] - cum[bounds[:, :-1]]
+    n_k = cnz[bounds[:, 1:]] - cnz[bounds[:, :-1]]
+    s_ld = s_k.astype(ld)
+    safe_n = np.maximum(n_k, 1).astype(ld)
+    safe_s = np.maximum(s_k, 1).astype(ld)
+    q_terms = np.where(s_k > 0, s_ld * np.log(safe_s / safe_n), ld(0)).sum(axis=1)
+
+    c_i = cum[cand]  # mass of the kept bins (== sum of Q)
+    tail = total - c_i
+    last = cand - 1
+    b_last = b[last]
+    k_last = (nq * last) // cand
+    rows = np.arange(cand.size)
+    q_last = s_k[rows, k_last].astype(ld) / np.maximum(n_k[rows, k_last], 1).astype(ld)
+
+    t = ld(total)
+    c_ld = np.maximum(c_i, 1).astype(ld)
+    log_ratio = np.log(c_ld / t)
+    # KL over the kept bins as if P == bins[:i]:  sum_j b_j/T * log(b_j * C_i / (T * Q_j))
+    kl = (cum_blogb[cand] - q_terms) / t + (c_ld / t) * log_ratio
+    # then move the outlier mass into bin i-1
+    p_last = (b_last + tail).astype(ld)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        new_term = np.where(
+            p_last > 0, p_last / t * (np.log(p_last / q_last) + log_ratio), ld(0)
+        )
+        old_term = np.where(
+            b_last > 0,
+            b_last.astype(ld) / t * (np.log(np.maximum(b_last, 1).astype(ld) / q_last) + log_ratio),
+            ld(0),
+        )
+    kl = kl + new_term - old_term
+    # P > 0 where Q == 0: infinite. That includes candidates keeping no mass at all (C_i == 0),
+    # where the reference computes 0/0 = NaN and np.argmin then *selects* them (clipping all
+    # data); this is the one documented deviation from the reference.
+    kl = np.where(((b_last == 0) & (tail > 0)) | (c_i == 0), ld(np.inf), kl)
+
+    kl64 = kl.astype(np.float64)
+    best = kl64.min()
+    tied = np.flatnonzero(kl64 <= best + _KL_TIE_ATOL) if np.isfinite(best) else np.arange(cand.size)
+    i_star = int(cand[tied[-1]])
+    return float(e[i_star])
+
+
+def mse_amax(
+    counts: npt.ArrayLike,
+    edges: npt.ArrayLike,
+    *,
+    observed_max: float | None = None,
+    num_bits: int = 8,
+    start_bin: int = 128,
+) -> float:
+    """Return the amax minimising the mean squared fake-quantization error of the bin centres.
+
+    Candidates, ascending: ``edges[start_bin : len(counts)]`` (right edges of the bins below the top
+    one; all of them when there are fewer than ``start_bin`` bins) followed by ``observed_max``
+    (default: the last edge), so the plain maximum is always a candidate. Each bin's count is placed
+    at its centre, fake-quantized as ONNX does (``x/scale``, round half to even, saturate at
+    ``qmax``), and the squared errors are count-weighted. Ties go to the smallest amax.
+
+    Example:
+        >>> import numpy as np
+        >>> counts = np.r_[np.full(1000, 5000), np.zeros(1047), [1]]  # one outlier at 1.0
+        >>> mse_amax(counts, np.arange(2049) / 2048.0, observed_max=1.0)
+        0.486328125
+    """
+    c, e = _check_hist(counts, edges)
+    n = c.size
+    top = float(e[-1]) if observed_max is None else float(observed_max)
+    first = start_bin if start_bin < n else 1
+    cands = np.concatenate([e[first:n], [top]])
+    cands = cands[cands > 0]
+    if cands.size == 0:
+        return 0.0
+    qmax = float(2 ** (num_bits - 1) - 1)
+    centers = (e[:-1] + e[1:]) / 2.0
+    w = c.astype(np.float64)
+    errs = np.empty(cands.size)
+    for lo in range(0, cands.size, _MSE_CHUNK):
+        a = cands[lo : lo + _MSE_CHUNK, None]
+        scale = a / qmax
+        q = np.minimum(np.rint(centers[None, :] / scale), qmax)
+        errs[lo : lo + _MSE_CHUNK] = ((q * scale - centers[None, :]) ** 2 * w[None, :]).sum(axis=1)
+    return float(cands[int(np.argmin(errs))])
+
+
+def percentile_amax(counts: npt.ArrayLike, edges: npt.ArrayLike, percentile: float) -> float:
+    """Return the right edge of the first bin where the cumulative count reaches ``percentile`` %.
+
+    Example:
+        >>> import numpy as np
+        >>> percentile_amax(np.ones(100, dtype=np.int64), np.arange(101.0), 99.0)
+        99.0
+    """
+    c, e = _check_hist(counts, edges)
+    p = float(percentile)
+    if not 0.0 < p <= 100.0:
+        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+    cum = np.cumsum(c.astype(np.int64))
+    total = int(cum[-1])
+    if total == 0:
+        raise ValueError("the histogram has no counts")
+    idx = int(np.searchsorted(cum * 100.0 >= p * total, True))
+    idx = min(idx, c.size - 1)
+    return float(e[idx + 1])

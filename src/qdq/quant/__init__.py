@@ -1,0 +1,25 @@
+"""Quantization primitives (pure functions) and the ``Quantizer`` module."""
+
+from __future__ import annotations
+
+from qdq.quant.primitives import (
+    MIN_AMAX,
+    MIN_SCALE,
+    fake_quant,
+    fake_quant_unchecked,
+    quant_range,
+    scale_from_amax,
+)
+from qdq.quant.quantizer import QuantMode, Quantizer, quantizer_mode
+
+__all__ = [
+    "MIN_AMAX",
+    "MIN_SCALE",
+    "QuantMode",
+    "Quantizer",
+    "fake_quant",
+    "fake_quant_unchecked",
+    "quant_range",
+    "quantizer_mode",
+    "scale_from_amax",
+]

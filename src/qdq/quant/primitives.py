@@ -1,0 +1,218 @@
+"""Quantization primitives with ONNX ``QuantizeLinear``/``DequantizeLinear`` semantics.
+
+The numerics contract (design.md) in one place:
+
+* symmetric, zero-point 0, ``scale = amax / (2**(num_bits-1) - 1)`` computed in float32;
+* quantize exactly as ONNX ``QuantizeLinear``: ``x / scale`` (a division, not a multiplication by the
+  inverse), round half to even, saturate to ``[-2**(b-1), 2**(b-1)-1]`` (or ``[-(2**(b-1)-1), ...]``
+  with ``narrow_range``);
+* dequantize exactly as ``DequantizeLinear``: ``q * scale`` in float32;
+* float16/bfloat16 inputs are computed in float32 and cast back;
+* a zero or tiny ``amax`` never produces NaN/inf: the scale is floored at :data:`MIN_SCALE`, the same
+  floor the exporter writes, so torch and ONNX Runtime still agree bit for bit.
+
+The straight-through estimator (STE) passes the gradient for ``x`` inside ``[-amax, amax]`` and zeroes
+it outside. When ``amax`` requires grad, its gradient is the LSQ one: ``(q - x/scale)`` inside the
+range and ``q`` outside, times ``d scale / d amax = 1/qmax``, reduced to ``amax``'s shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qdq._validate import normalize_axis
+
+__all__ = [
+    "MIN_AMAX",
+    "MIN_SCALE",
+    "fake_quant",
+    "quant_range",
+    "scale_from_amax",
+]
+
+#: amax values at or below this are treated as "no signal" and floored (as pytorch-quantization does).
+MIN_AMAX = 2.0**-24
+#: The smallest scale we ever use or export (MIN_AMAX / 127): positive, a normal float32.
+MIN_SCALE = MIN_AMAX / 127.0
+
+
+def quant_range(num_bits: int = 8, narrow_range: bool = False) -> tuple[int, int]:
+    """Return the integer range ``(qmin, qmax)`` of signed ``num_bits`` quantization.
+
+    Example:
+        >>> quant_range(8)
+        (-128, 127)
+        >>> quant_range(8, narrow_range=True)
+        (-127, 127)
+    """
+    _check_num_bits(num_bits)
+    qmax = 2 ** (num_bits - 1) - 1
+    return (-qmax if narrow_range else -qmax - 1), qmax
+
+
+def scale_from_amax(amax: torch.Tensor, num_bits: int = 8) -> torch.Tensor:
+    """Return the float32 scale ``amax / qmax``, floored at :data:`MIN_SCALE`.
+
+    This is the scale the exporter writes into the ONNX graph, so fake quantization in torch and
+    ``QuantizeLinear`` in ONNX Runtime use the same float32 number.
+
+    Example:
+        >>> scale_from_amax(torch.tensor(127.0)).item()
+        1.0
+    """
+    _, qmax = quant_range(num_bits)
+    return torch.clamp(amax.to(torch.float32) / qmax, min=MIN_SCALE)
+
+
+def fake_quant(
+    x: torch.Tensor,
+    amax: torch.Tensor | float,
+    *,
+    num_bits: int = 8,
+    axis: int | None = None,
+    narrow_range: bool = False,
+) -> torch.Tensor:
+    """Quantize and dequantize ``x`` exactly as ONNX ``QuantizeLinear`` → ``DequantizeLinear``.
+
+    Args:
+        x: the tensor to fake-quantize (float32, float16 or bfloat16; computed in float32).
+        amax: per-tensor (a number or a tensor with one element) or per-channel (a 1-D tensor with
+            ``x.shape[axis]`` elements) clipping magnitude. Must be finite and non-negative.
+        num_bits: signed integer width, 2..8.
+        axis: the channel axis for per-channel ``amax``; ``None`` for per-tensor.
+        narrow_range: saturate to ``[-qmax, qmax]`` instead of ``[-qmax-1, qmax]``.
+
+    Returns:
+        A tensor of ``x``'s shape and dtype holding ``dequantize(quantize(x))``. Differentiable with the
+        straight-through estimator described in the module docstring.
+
+    Raises:
+        ValueError: negative or non-finite ``amax``, ``axis`` out of range, or an ``amax`` whose size
+            does not match ``x.shape[axis]``.
+        TypeError: ``x`` is not a floating-point tensor.
+
+    Example:
+        >>> fake_quant(torch.tensor([0.5, 1.0, 3.0]), 1.27)
+        tensor([0.5000, 1.0000, 1.2700])
+    """
+    amax_t = _as_amax_tensor(x, amax, axis)
+    check_amax_values(amax_t, what="amax")
+    return fake_quant_unchecked(x, amax_t, num_bits=num_bits, axis=axis, narrow_range=narrow_range)
+
+
+def fake_quant_unchecked(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    num_bits: int = 8,
+    axis: int | None = None,
+    narrow_range: bool = False,
+) -> torch.Tensor:
+    """:func:`fake_quant` without the value checks on ``amax`` (no host sync, export-friendly).
+
+    For callers that validated ``amax`` once when it was set (the :class:`~qdq.quant.Quantizer`).
+    Shapes are still checked, since that costs nothing.
+    """
+    amax_t = _as_amax_tensor(x, amax, axis)
+    qmin, qmax = quant_range(num_bits, narrow_range)
+    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax)
+
+
+def check_amax_values(amax: torch.Tensor, *, what: str) -> None:
+    """Raise ``ValueError`` if ``amax`` has a negative, NaN or infinite entry (naming ``what``)."""
+    if amax.numel() == 0:
+        raise ValueError(f"{what} is empty; calibrate first or set amax explicitly")
+    bad = ~torch.isfinite(amax.detach())
+    if bool(bad.any()):
+        idx = bad.flatten().nonzero().flatten()[:8].tolist()
+        raise ValueError(f"{what} has non-finite values at index {idx}: amax must be finite")
+    neg = amax.detach() < 0
+    if bool(neg.any()):
+        idx = neg.flatten().nonzero().flatten()[:8].tolist()
+        raise ValueError(f"{what} has negative values at index {idx}: amax must be >= 0")
+
+
+def _check_num_bits(num_bits: int) -> None:
+    if isinstance(num_bits, bool) or not isinstance(num_bits, int):
+        raise TypeError(f"num_bits must be an int, got {type(num_bits).__name__}")
+    if not 2 <= num_bits <= 8:
+        raise ValueError(f"num_bits must be in 2..8 (signed integer Q/DQ), got {num_bits}")
+
+
+def _as_amax_tensor(x: torch.Tensor, amax: torch.Tensor | float, axis: int | None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    amax_t = amax if isinstance(amax, torch.Tensor) else torch.tensor(float(amax), device=x.device)
+    ax = normalize_axis(axis, x.dim())
+    if ax is None:
+        if amax_t.numel() != 1:
+            raise ValueError(
+                f"per-tensor fake_quant needs a single amax, got shape {tuple(amax_t.shape)}; "
+                "pass axis= for per-channel amax"
+            )
+        return amax_t.reshape(())
+    if amax_t.numel() != x.shape[ax]:
+        raise ValueError(
+            f"per-channel amax has {amax_t.numel()} values but x.shape[{ax}] is {x.shape[ax]}"
+        )
+    return amax_t.reshape(-1)
+
+
+def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
+    shape = [1] * ndim
+    if axis is not None:
+        shape[axis] = channels
+    return shape
+
+
+class _FakeQuantSTE(torch.autograd.Function):
+    """Fake quantization with the straight-through estimator (and LSQ gradient for amax)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, amax: torch.Tensor, axis: int | None, qmin: int, qmax: int
+    ) -> torch.Tensor:
+        ax = normalize_axis(axis, x.dim())
+        x32 = x.to(torch.float32)
+        amax32 = amax.detach().to(torch.float32)
+        scale = torch.clamp(amax32 / qmax, min=MIN_SCALE)
+        if ax is not None:
+            scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+        scaled = x32 / scale
+        # + 0.0 turns -0.0 into +0.0: integer codes have no signed zero, so DequantizeLinear
+        # never returns -0.0 and neither do we (bit-identical outputs, not just equal values)
+        q = torch.clamp(torch.round(scaled), qmin, qmax) + 0.0
+        out = (q * scale).to(x.dtype)
+        ctx.axis = ax
+        ctx.qmax = qmax
+        ctx.amax_needs_grad = ctx.needs_input_grad[1]
+        ctx.amax_dtype = amax.dtype
+        if ctx.amax_needs_grad:
+            ctx.save_for_backward(x32, scale, q, scaled)
+        else:
+            ctx.save_for_backward(x32, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad_out,) = grads
+        if ctx.amax_needs_grad:
+            x32, scale, q, scaled = ctx.saved_tensors
+        else:
+            x32, scale = ctx.saved_tensors
+        amax_b = scale * ctx.qmax  # the (floored) amax, broadcast to x
+        inside = (x32 >= -amax_b) & (x32 <= amax_b)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.where(inside, grad_out, torch.zeros_like(grad_out))
+        grad_amax = None
+        if ctx.amax_needs_grad:
+            dscale = torch.where(inside, q - scaled, q) * grad_out.to(torch.float32)
+            dims = [d for d in range(x32.dim()) if d != ctx.axis]
+            red = dscale.sum(dim=dims) if dims else dscale
+            grad_amax = (red / ctx.qmax).to(ctx.amax_dtype)
+        return grad_x, grad_amax, None, None, None

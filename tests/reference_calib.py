@@ -1,0 +1,69 @@
+"""Slow, literal reference implementations of the calibration methods (test oracles only).
+
+``entropy_reference`` follows the TensorRT/pytorch-quantization KL procedure step by step, with a
+Python loop per candidate and scipy's ``entropy`` (reference/peers-and-numerics.md §2.4).
+``mse_reference`` and ``percentile_reference`` spell out the definitions documented in
+``qdq.calib.methods`` one candidate / one bin at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import entropy
+
+
+def entropy_reference(counts, edges, num_bits=8, unsigned=False, start_bin=128, stride=1):
+    """Return ``(amax, divergences)`` by the reference KL loop."""
+    bins = np.array(counts, dtype=np.int64, copy=True)
+    bins[0] = bins[1]
+    nq = 1 << (num_bits - 1 + int(unsigned))
+    divergences = []
+    for i in range(start_bin, len(bins) + 1, stride):
+        groups = np.digitize(np.arange(i), np.linspace(0, i, num=nq + 1)) - 1
+        groups[bins[:i] == 0] = -1
+        q = np.zeros(i, dtype=np.float64)
+        for k in range(nq):
+            members = groups == k
+            n_members = int(members.sum())
+            if n_members:
+                q[members] = bins[:i][members].sum() / n_members
+        p = bins[:i].astype(np.float64)
+        p[i - 1] += bins[i:].sum()
+        divergences.append(entropy(p, q))
+    div = np.array(divergences)
+    last_argmin = len(div) - 1 - int(np.argmin(div[::-1]))
+    return float(edges[last_argmin * stride + start_bin]), div
+
+
+def mse_reference(counts, edges, observed_max, num_bits=8, start_bin=128):
+    """Bin-centre MSE search, one candidate at a time."""
+    qmax = 2 ** (num_bits - 1) - 1
+    n = len(counts)
+    first = start_bin if start_bin < n else 1
+    candidates = [*list(edges[first:n]), observed_max]
+    centers = (np.asarray(edges[:-1]) + np.asarray(edges[1:])) / 2.0
+    best, best_err = None, np.inf
+    for a in candidates:
+        if a <= 0:
+            continue
+        scale = a / qmax
+        err = 0.0
+        errs = np.empty(n)
+        for j in range(n):
+            q = min(np.rint(centers[j] / scale), qmax)
+            errs[j] = (q * scale - centers[j]) ** 2 * float(counts[j])
+        err = errs.sum()
+        if err < best_err:
+            best, best_err = a, err
+    return float(best)
+
+
+def percentile_reference(counts, edges, percentile):
+    """Walk the bins until the running count reaches ``percentile`` % of the total."""
+    total = int(np.sum(counts))
+    running = 0
+    for j, c in enumerate(counts):
+        running += int(c)
+        if running * 100.0 >= percentile * total:
+            return float(edges[j + 1])
+    return float(edges[-1])
