@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ort_helpers import ort_qdq
 
+from ort_helpers import ort_qdq
 from qdq.quant import MIN_SCALE, fake_quant, quant_range, scale_from_amax
 
 pytest.importorskip("onnxruntime")

@@ -19,7 +19,7 @@ from qdq.calib import (
     make_calibrator,
 )
 from qdq.config import CalibSpec, QuantSpec
-from qdq.quant import QuantMode, Quantizer, fake_quant, quantizer_mode, scale_from_amax
+from qdq.quant import Quantizer, QuantMode, fake_quant, quantizer_mode, scale_from_amax
 
 __version__ = "0.1.0"
 

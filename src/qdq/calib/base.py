@@ -6,7 +6,7 @@ import abc
 
 import torch
 
-__all__ = ["Calibrator", "CalibrationError"]
+__all__ = ["CalibrationError", "Calibrator"]
 
 
 class CalibrationError(ValueError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
 from qdq._validate import normalize_axis
+from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
 
 __all__ = ["MaxCalibrator"]
 

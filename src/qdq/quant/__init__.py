@@ -10,7 +10,7 @@ from qdq.quant.primitives import (
     quant_range,
     scale_from_amax,
 )
-from qdq.quant.quantizer import QuantMode, Quantizer, quantizer_mode
+from qdq.quant.quantizer import Quantizer, QuantMode, quantizer_mode
 
 __all__ = [
     "MIN_AMAX",

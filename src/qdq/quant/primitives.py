@@ -173,7 +173,7 @@ class _FakeQuantSTE(torch.autograd.Function):
     """Fake quantization with the straight-through estimator (and LSQ gradient for amax)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, amax: torch.Tensor, axis: int | None, qmin: int, qmax: int
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())

@@ -1,0 +1,123 @@
+"""Calibrator benchmark: vectorised entropy vs the reference loop; histogram collection overhead.
+
+Run: ``make bench`` (or ``.venv/bin/python benchmarks/calibrators.py``). Prints figures; asserts
+nothing about time. Times are medians of repeated runs in this process (ratios are what count on a
+shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from qdq.calib import HistogramCalibrator, entropy_amax, mse_amax
+from reference_calib import entropy_reference
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_entropy(repeats: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.relu(torch.randn(1_000_000, generator=g)) * 1.7
+    x[:50] = torch.rand(50, generator=g) * 25
+    counts, edges = np.histogram(x.numpy(), bins=2048, range=(0.0, float(x.max())))
+    ref_amax, _ = entropy_reference(counts, edges)
+    ours = entropy_amax(counts, edges)
+    t_ref = _median_time(lambda: entropy_reference(counts, edges), max(1, repeats // 5))
+    t_ours = _median_time(lambda: entropy_amax(counts, edges), repeats)
+    print("entropy on a 2048-bin histogram (1M ReLU activations + outliers)")
+    print(f"  reference loop      {t_ref * 1e3:10.1f} ms   amax={ref_amax:.6f}")
+    print(
+        f"  qdq vectorised      {t_ours * 1e3:10.2f} ms   amax={ours:.6f}   same={ours == ref_amax}"
+    )
+    print(f"  speedup             {t_ref / t_ours:10.1f} x")
+
+    cal = HistogramCalibrator()
+    cal.collect(x)
+    c2, e2 = cal.histogram()
+    t_cal = _median_time(lambda: cal.compute_amax("entropy"), repeats)
+    t_mse = _median_time(lambda: mse_amax(c2, e2, observed_max=cal.observed_max), repeats)
+    print(
+        f"  calibrator histogram: {len(c2)} bins; entropy {t_cal * 1e3:.2f} ms, mse "
+        f"{t_mse * 1e3:.1f} ms per tensor"
+    )
+
+
+def bench_collection(num_batches: int, batch_size: int, image: int) -> None:
+    try:
+        from torchvision.models import resnet18
+    except ImportError:
+        print("collection overhead: skipped (torchvision is not installed)")
+        return
+    torch.manual_seed(0)
+    model = resnet18().eval()
+    batches = [torch.randn(batch_size, 3, image, image) for _ in range(num_batches)]
+    calibrators: list[HistogramCalibrator] = []
+    hooks = []
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            cal = HistogramCalibrator()
+            calibrators.append(cal)
+            hooks.append(module.register_forward_pre_hook(lambda m, a, c=cal: c.collect(a[0])))
+
+    def run(collect: bool) -> float:
+        for h in hooks:
+            h.remove()
+        hooks.clear()
+        if collect:
+            for module, cal in zip(
+                [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))],
+                calibrators,
+                strict=True,
+            ):
+                hooks.append(module.register_forward_pre_hook(lambda m, a, c=cal: c.collect(a[0])))
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for b in batches:
+                model(b)
+        return time.perf_counter() - t0
+
+    run(False)  # warm-up
+    plain, calib = [], []
+    for _ in range(3):  # interleave to share the machine's noise
+        plain.append(run(False))
+        calib.append(run(True))
+    p, c = statistics.median(plain), statistics.median(calib)
+    n_elems = sum(int(cal.histogram()[0].sum()) for cal in calibrators) // (3 * num_batches)
+    print(
+        f"histogram collection on ResNet-18 ({len(calibrators)} quantizer inputs, "
+        f"{num_batches} batches of {batch_size}x3x{image}x{image}, {n_elems / 1e6:.1f}M values/batch)"
+    )
+    print(f"  plain FP32 forward  {p:8.2f} s")
+    print(f"  forward + collect   {c:8.2f} s")
+    print(f"  ratio               {c / p:8.2f} x  (collection overhead {100 * (c / p - 1):.0f} %)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--image", type=int, default=224)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    bench_entropy(args.repeats)
+    bench_collection(args.batches, args.batch_size, args.image)
+
+
+if __name__ == "__main__":
+    main()
