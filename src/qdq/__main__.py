@@ -1,0 +1,5 @@
+"""``python -m qdq`` runs the ``qdq`` command."""
+
+from qdq.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ``qdq`` command line."""

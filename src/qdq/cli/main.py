@@ -1,0 +1,55 @@
+"""``qdq`` command: entry point and sub-command dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from qdq import __version__
+
+__all__ = ["main"]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qdq", description="PyTorch → TensorRT-ready INT8 Q/DQ models."
+    )
+    parser.add_argument("--version", action="version", version=f"qdq {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo",
+        help="run the pipeline on the built-in Fashion-MNIST model and data",
+        description="FP32 vs INT8 accuracy of the built-in Fashion-MNIST ResNet for every "
+        "calibration method, from one calibration pass; writes a JSON report.",
+    )
+    demo.add_argument("--out", default="reports", help="report directory (default: reports)")
+    demo.add_argument("--calib-batches", type=int, default=8, help="calibration batches (8)")
+    demo.add_argument("--calib-batch-size", type=int, default=32, help="images per batch (32)")
+    demo.add_argument("--limit", type=int, default=None, help="evaluate only N test images")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``qdq`` command; return the process exit code."""
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "demo":
+        from qdq.cli.demo import run_demo
+
+        try:
+            return run_demo(
+                out_dir=args.out,
+                calib_batches=args.calib_batches,
+                calib_batch_size=args.calib_batch_size,
+                limit=args.limit,
+            )
+        except (FileNotFoundError, ValueError) as err:
+            print(f"qdq demo: error: {err}", file=sys.stderr)
+            return 2
+    raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command

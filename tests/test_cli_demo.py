@@ -1,0 +1,62 @@
+"""End-to-end: the ``qdq`` command and the demo it runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qdq._io import atomic_write_text
+from qdq.cli.demo import quantize_conv_linear
+from qdq.cli.main import main
+
+
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("qdq.zoo.fashion_mnist")
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qdq", "demo", "--out", str(out), "--limit", "2000"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "FP32 accuracy" in proc.stdout and "lint verdict" in proc.stdout
+    report = json.loads((out / "demo.json").read_text())
+    assert report["test_images"] == 2000
+    assert set(report["int8"]) == {"max", "entropy", "mse", "percentile"}
+    fp32 = report["fp32"]["accuracy"]
+    assert fp32 > 0.9
+    for method, res in report["int8"].items():
+        assert abs(res["accuracy"] - fp32) < 0.02, method  # INT8 within 2 points of FP32
+        assert res["mean_cosine"] > 0.99
+        assert len(res["amax"]) == 11  # 10 convs + 1 linear
+
+
+def test_demo_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--limit", "0"]) == 2
+    assert "--limit must be >= 1" in capsys.readouterr().err
+
+
+def test_quantize_conv_linear_leaves_the_model_alone() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(64, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    qmodel, quantizers = quantize_conv_linear(model)
+    assert set(quantizers) == {"0", "2"}
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model[0]._forward_pre_hooks
+    assert not torch.equal(qmodel[0].weight, model[0].weight)
+
+
+def test_atomic_write(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "a.json"
+    atomic_write_text(path, "one")
+    atomic_write_text(path, "two")
+    assert path.read_text() == "two"
+    with pytest.raises(FileExistsError, match="overwrite"):
+        atomic_write_text(path, "three", overwrite=False)
+    assert [p.name for p in path.parent.iterdir()] == ["a.json"]  # no temporary files left
