@@ -60,7 +60,8 @@ def quantize_conv_linear(model: nn.Module) -> tuple[nn.Module, dict[str, Quantiz
 
 
 def _quantize_first_input(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple:
-    return (module.input_quantizer(args[0]), *args[1:])
+    quantizer = module.get_submodule("input_quantizer")
+    return (quantizer(args[0]), *args[1:])
 
 
 def _logits(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
@@ -68,7 +69,9 @@ def _logits(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> to
     model.eval()
     try:
         with torch.no_grad():
-            return torch.cat([model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
+            return torch.cat(
+                [model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
+            )
     finally:
         model.train(was_training)
 
@@ -103,8 +106,10 @@ def run_demo(
         images, labels = images[:limit], labels[:limit]
     model = fm.load_pretrained()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"qdq {__version__} demo: Fashion-MNIST ResNet-ish ({n_params / 1e3:.1f}k parameters), "
-          f"{len(images):,} labelled test images")
+    print(
+        f"qdq {__version__} demo: Fashion-MNIST ResNet-ish ({n_params / 1e3:.1f}k parameters), "
+        f"{len(images):,} labelled test images"
+    )
 
     ref = _logits(model, images)
     fp32 = _score("fp32", ref, ref, labels)
@@ -115,8 +120,10 @@ def run_demo(
     with quantizer_mode(qmodel, "calibrate"), torch.no_grad():
         for batch in batches:
             qmodel(batch)
-    print(f"  calibrated {len(quantizers)} activation quantizers on {calib_batches}x"
-          f"{calib_batch_size} training images (one histogram pass, all methods below)")
+    print(
+        f"  calibrated {len(quantizers)} activation quantizers on {calib_batches}x"
+        f"{calib_batch_size} training images (one histogram pass, all methods below)"
+    )
 
     results: dict[str, dict[str, object]] = {}
     print(f"  {'method':<11}{'INT8 acc':>9}{'drop':>8}{'agree':>9}{'cosine':>9}")
@@ -124,8 +131,11 @@ def run_demo(
         amax = {name: q.load_calib_amax(method).item() for name, q in quantizers.items()}
         res = _score(method, _logits(qmodel, images), ref, labels)
         drop = 100 * (res.accuracy - fp32.accuracy)
-        print(f"  {method:<11}{100 * res.accuracy:8.2f}%{drop:+8.2f}{100 * res.agreement:8.2f}%"
-              f"{res.mean_cosine:9.5f}", flush=True)
+        print(
+            f"  {method:<11}{100 * res.accuracy:8.2f}%{drop:+8.2f}{100 * res.agreement:8.2f}%"
+            f"{res.mean_cosine:9.5f}",
+            flush=True,
+        )
         results[method] = {**res.__dict__, "amax": amax}
 
     best = max(results, key=lambda m: float(results[m]["accuracy"]))  # type: ignore[arg-type]
