@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from qdq.api import calibrate, plan_of, prepare, quantizers_of
 from qdq.calib import (
     CalibrationError,
     Calibrator,
@@ -18,7 +19,7 @@ from qdq.calib import (
     MaxCalibrator,
     make_calibrator,
 )
-from qdq.config import CalibSpec, QuantSpec
+from qdq.config import CalibSpec, Override, QuantConfig, QuantSpec
 from qdq.quant import Quantizer, QuantMode, fake_quant, quantizer_mode, scale_from_amax
 
 __version__ = "0.1.0"
@@ -29,12 +30,18 @@ __all__ = [
     "Calibrator",
     "HistogramCalibrator",
     "MaxCalibrator",
+    "Override",
+    "QuantConfig",
     "QuantMode",
     "QuantSpec",
     "Quantizer",
     "__version__",
+    "calibrate",
     "fake_quant",
     "make_calibrator",
+    "plan_of",
+    "prepare",
     "quantizer_mode",
+    "quantizers_of",
     "scale_from_amax",
 ]

@@ -1,0 +1,189 @@
+"""Public verbs: ``prepare`` → ``calibrate``; ``plan_of`` explains what ``prepare`` decided."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from qdq._progress import progress
+from qdq.calib import CalibrationError
+from qdq.config import QuantConfig
+from qdq.graph.capture import capture
+from qdq.graph.insert import materialize
+from qdq.graph.plan import QuantPlan
+from qdq.graph.planner import build_plan
+from qdq.quant import Quantizer, QuantMode
+
+__all__ = ["calibrate", "plan_of", "prepare", "quantizers_of"]
+
+_log = logging.getLogger("qdq")
+_PLAN_ATTR = "qdq_plan"
+
+
+def prepare(
+    model: nn.Module, example_inputs: Sequence[Any], config: QuantConfig | None = None
+) -> fx.GraphModule:
+    """Return a quantization-ready copy of ``model`` with TensorRT-aware Q/DQ placement.
+
+    The copy is a ``torch.fx.GraphModule`` with :class:`~qdq.quant.Quantizer` modules at the
+    planned points; its plan is at ``.qdq_plan`` (or ``qdq.plan_of(m)``). Weights are calibrated
+    immediately (per-channel abs-max); activations need :func:`calibrate`. ``model`` is not modified.
+
+    Args:
+        model: the float model (any ``nn.Module`` torch.fx can trace).
+        example_inputs: a tuple of example inputs (used to check the trace and record shapes).
+        config: placement and calibration settings (default ``QuantConfig.tensorrt()``).
+
+    Raises:
+        TypeError: bad argument types.
+        qdq.graph.capture.CaptureError: the model cannot be traced (see ``qdq.nn`` for building
+            blocks that work without tracing).
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU())
+        >>> qnet = prepare(net, (torch.randn(1, 3, 8, 8),))
+        >>> plan_of(qnet).point("0:input").decision
+        'quantize'
+    """
+    if not isinstance(example_inputs, (tuple, list)):
+        raise TypeError(
+            f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}; "
+            "wrap a single tensor as (x,)"
+        )
+    if config is not None and not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    gm = capture(model, tuple(example_inputs))
+    plan = materialize(gm, build_plan(gm, config, model))
+    setattr(gm, _PLAN_ATTR, plan)
+    gm.train(model.training)
+    _log.info("%s", plan.summary())
+    return gm
+
+
+def plan_of(prepared: nn.Module) -> QuantPlan:
+    """The :class:`~qdq.graph.plan.QuantPlan` of a model returned by :func:`prepare`."""
+    plan = getattr(prepared, _PLAN_ATTR, None)
+    if not isinstance(plan, QuantPlan):
+        raise ValueError(
+            f"{type(prepared).__name__} was not returned by qdq.prepare (it has no .qdq_plan)"
+        )
+    return plan
+
+
+def quantizers_of(prepared: nn.Module) -> dict[str, Quantizer]:
+    """All quantizers of a prepared model by module path."""
+    return {name: m for name, m in prepared.named_modules() if isinstance(m, Quantizer)}
+
+
+Data = Iterable[Any] | Callable[[nn.Module], Any]
+
+
+def calibrate(
+    prepared: nn.Module,
+    data: Data,
+    method: str | None = None,
+    num_batches: int | None = None,
+    *,
+    percentile: float | None = None,
+    show_progress: bool = True,
+) -> nn.Module:
+    """Calibrate the activation quantizers of ``prepared`` in place and return it.
+
+    Runs the model in eval mode, without gradients and without fake quantization (a float forward),
+    collecting one histogram per scale group, then sets every activation amax by ``method``.
+
+    Args:
+        prepared: a model from :func:`prepare`.
+        data: a DataLoader or any iterable of batches, or a ``forward_loop(model)`` callable that
+            runs the model itself. A batch may be a tensor (``model(x)``), a dict (``model(**b)``),
+            or a tuple/list whose first ``n`` items are the model's ``n`` inputs (labels are ignored).
+        method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"`` for every activation
+            quantizer; ``None`` uses each quantizer's ``CalibSpec`` (default mse).
+        num_batches: stop after this many batches (default: all).
+        percentile: for ``method="percentile"`` (default 99.99 or the quantizer's spec).
+        show_progress: show a progress bar.
+
+    Raises:
+        CalibrationError: no batch was seen, or a batch holds NaN/inf (naming quantizer and batch).
+    """
+    plan_of(prepared)
+    if num_batches is not None and num_batches < 1:
+        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    quantizers = quantizers_of(prepared)
+    acts = {
+        n: q
+        for n, q in quantizers.items()
+        if q.spec.axis is None and not n.endswith("weight_quantizer")
+    }
+    for q in acts.values():
+        q.calibrator.reset()
+    n_inputs = _num_inputs(prepared)
+    seen = 0
+    with _calibration_mode(prepared, quantizers, acts):
+        if callable(data) and not isinstance(data, Iterable):
+            data(prepared)
+            seen = max((q.calibrator.num_batches for q in acts.values()), default=0)
+        else:
+            total = num_batches if num_batches is not None else _len_or_none(data)
+            for batch in progress(data, total=total, desc="calibrating", enabled=show_progress):
+                _run(prepared, batch, n_inputs)
+                seen += 1
+                if num_batches is not None and seen >= num_batches:
+                    break
+    if seen == 0:
+        raise CalibrationError("calibration saw no batches: the data is empty")
+    for q in acts.values():
+        uses_percentile = (method or q.calib.method) == "percentile"
+        q.load_calib_amax(method, percentile=percentile if uses_percentile else None)
+    return prepared
+
+
+@contextlib.contextmanager
+def _calibration_mode(
+    model: nn.Module, quantizers: dict[str, Quantizer], acts: dict[str, Quantizer]
+) -> Iterator[None]:
+    saved_modes = {n: q.mode for n, q in quantizers.items()}
+    was_training = model.training
+    try:
+        for n, q in quantizers.items():
+            q.mode = QuantMode.CALIBRATE if n in acts else QuantMode.BYPASS
+        model.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for n, q in quantizers.items():
+            q.mode = saved_modes[n] if n not in acts else QuantMode.QUANTIZE
+        model.train(was_training)
+
+
+def _num_inputs(model: nn.Module) -> int:
+    if isinstance(model, fx.GraphModule):
+        return sum(1 for n in model.graph.nodes if n.op == "placeholder")
+    return 1
+
+
+def _run(model: nn.Module, batch: Any, n_inputs: int) -> None:
+    if isinstance(batch, torch.Tensor):
+        model(batch)
+    elif isinstance(batch, dict):
+        model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        model(*batch[:n_inputs])
+    else:
+        raise TypeError(
+            f"calibration batches must be tensors, dicts or tuples/lists, got {type(batch).__name__}; "
+            "pass a forward_loop(model) callable for anything else"
+        )
+
+
+def _len_or_none(data: Any) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None

@@ -1,0 +1,1 @@
+"""Capture (torch.fx), patterns, planning and materialisation of Q/DQ placement."""

@@ -1,0 +1,264 @@
+"""Op kinds of fx nodes: one vocabulary for module, functional and method forms.
+
+``op_kind(node, modules)`` maps ``nn.ReLU()``, ``F.relu``, ``torch.relu`` and ``x.relu()`` all to
+``"act"``, ``x + y``/``torch.add`` to ``"add"``, ``torch.cat`` to ``"cat"``, and so on. The planner
+and the rules only ever look at kinds, never at concrete callables.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "COPY_KINDS",
+    "EPILOGUE_KINDS",
+    "PASS_THROUGH_KINDS",
+    "WEIGHTED_KINDS",
+    "op_kind",
+    "tensor_inputs",
+    "weight_arg",
+]
+
+WEIGHTED_KINDS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
+#: data movement: TensorRT moves Q/DQ across these (no arithmetic on values)
+COPY_KINDS = frozenset({"copy", "identity"})
+#: ops Q/DQ commute with, so scales on both sides must be shared
+PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize"})
+#: what TensorRT fuses after a weighted op (its epilogue)
+EPILOGUE_KINDS = frozenset({"bn", "act", "silu", "hardswish", "sigmoid", "bias"})
+
+_MODULE_KINDS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
+    ((nn.Conv1d, nn.Conv2d, nn.Conv3d), "conv"),
+    ((nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d), "conv_transpose"),
+    ((nn.Linear,), "linear"),
+    ((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), "bn"),
+    ((nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.ELU, nn.PReLU, nn.Mish), "act"),
+    ((nn.SiLU,), "silu"),
+    ((nn.Hardswish,), "hardswish"),
+    ((nn.Sigmoid, nn.Hardsigmoid), "sigmoid"),
+    ((nn.GELU,), "gelu"),
+    ((nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d), "max_pool"),
+    ((nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d), "max_pool"),
+    ((nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d), "avg_pool"),
+    ((nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d), "avg_pool"),
+    ((nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle), "copy"),
+    ((nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d), "identity"),
+    ((nn.Softmax, nn.LogSoftmax), "softmax"),
+    ((nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), "norm"),
+    ((nn.MultiheadAttention,), "attention"),
+)
+
+_FUNCTION_KINDS: dict[Callable[..., Any], str] = {
+    F.conv1d: "conv",
+    F.conv2d: "conv",
+    F.conv3d: "conv",
+    F.conv_transpose1d: "conv_transpose",
+    F.conv_transpose2d: "conv_transpose",
+    F.conv_transpose3d: "conv_transpose",
+    F.linear: "linear",
+    torch.matmul: "matmul",
+    operator.matmul: "matmul",
+    torch.mm: "matmul",
+    torch.bmm: "matmul",
+    operator.add: "add",
+    operator.iadd: "add",
+    torch.add: "add",
+    operator.mul: "mul",
+    operator.imul: "mul",
+    torch.mul: "mul",
+    torch.cat: "cat",
+    torch.concat: "cat",
+    torch.concatenate: "cat",
+    F.max_pool1d: "max_pool",
+    F.max_pool2d: "max_pool",
+    F.max_pool3d: "max_pool",
+    F.adaptive_max_pool1d: "max_pool",
+    F.adaptive_max_pool2d: "max_pool",
+    F.avg_pool1d: "avg_pool",
+    F.avg_pool2d: "avg_pool",
+    F.avg_pool3d: "avg_pool",
+    F.adaptive_avg_pool1d: "avg_pool",
+    F.adaptive_avg_pool2d: "avg_pool",
+    F.adaptive_avg_pool3d: "avg_pool",
+    F.relu: "act",
+    torch.relu: "act",
+    F.relu6: "act",
+    F.leaky_relu: "act",
+    F.hardtanh: "act",
+    F.elu: "act",
+    torch.clamp: "act",
+    torch.clip: "act",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    F.hardsigmoid: "sigmoid",
+    F.silu: "silu",
+    F.hardswish: "hardswish",
+    F.gelu: "gelu",
+    F.pad: "pad",
+    torch.flatten: "copy",
+    torch.reshape: "copy",
+    torch.permute: "copy",
+    torch.transpose: "copy",
+    torch.squeeze: "copy",
+    torch.unsqueeze: "copy",
+    torch.chunk: "copy",
+    torch.split: "copy",
+    operator.getitem: "copy",
+    F.pixel_shuffle: "copy",
+    F.dropout: "identity",
+    F.interpolate: "resize",
+    F.softmax: "softmax",
+    torch.softmax: "softmax",
+    F.layer_norm: "norm",
+    F.batch_norm: "bn",
+}
+
+_METHOD_KINDS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "view",
+            "reshape",
+            "flatten",
+            "permute",
+            "transpose",
+            "contiguous",
+            "squeeze",
+            "unsqueeze",
+            "chunk",
+            "split",
+            "view_as",
+            "reshape_as",
+        ),
+        "copy",
+    ),
+    **dict.fromkeys(("relu", "relu_", "clamp", "clamp_", "clip"), "act"),
+    "sigmoid": "sigmoid",
+    "add": "add",
+    "add_": "add",
+    "mul": "mul",
+    "mul_": "mul",
+    "matmul": "matmul",
+    "mean": "mean",
+    "softmax": "softmax",
+    **dict.fromkeys(("size", "dim", "numel"), "shape"),
+}
+
+
+def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    """Return the op kind of ``node`` (``"other"`` for anything not in the vocabulary).
+
+    Also: ``"placeholder"``, ``"output"``, ``"get_attr"``; ``"shape"`` for size queries;
+    ``"resize_linear"`` for non-nearest interpolation; ``"pad"`` only for constant-zero padding;
+    ``"avg_pool"`` for ``x.mean`` over spatial dims; ``"bias"`` for adding a constant.
+    """
+    if node.op in ("placeholder", "output", "get_attr"):
+        return node.op
+    if node.op == "call_module":
+        mod = modules.get(str(node.target))
+        if isinstance(mod, nn.Upsample):
+            return "resize" if mod.mode == "nearest" else "resize_linear"
+        if isinstance(mod, (nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)):
+            return "pad"
+        if isinstance(mod, (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d)):
+            return "pad" if float(mod.value) == 0.0 else "other"
+        for types, module_kind in _MODULE_KINDS:
+            if isinstance(mod, types):
+                return module_kind
+        return "other"
+    if node.op == "call_function":
+        found = _FUNCTION_KINDS.get(node.target) if callable(node.target) else None
+        if found is None:
+            return "other"
+        kind: str = found
+        if kind == "pad":
+            mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+            value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else None)
+            return "pad" if mode == "constant" and not value else "other"
+        if kind == "resize":
+            mode = node.kwargs.get("mode", node.args[3] if len(node.args) > 3 else "nearest")
+            return "resize" if mode == "nearest" else "resize_linear"
+        if kind == "copy" and node.target is operator.getitem and _is_shape(node.args[0]):
+            return "shape"
+        return _refine_binary(node, kind)
+    if node.op == "call_method":
+        method_kind = _METHOD_KINDS.get(str(node.target), "other")
+        if method_kind == "mean":
+            return "avg_pool" if _is_spatial_mean(node) else "other"
+        return _refine_binary(node, method_kind)
+    return "other"
+
+
+def _refine_binary(node: fx.Node, kind: str) -> str:
+    """An add with one constant operand is a bias add (an epilogue), not a residual add."""
+    if kind == "add" and len(tensor_inputs(node)) < 2:
+        return "bias"
+    return kind
+
+
+def _is_shape(arg: Any) -> bool:
+    if not isinstance(arg, fx.Node):
+        return False
+    if arg.op == "call_method":
+        return arg.target in ("size", "dim")
+    return bool(arg.op == "call_function" and arg.target is getattr and arg.args[1] == "shape")
+
+
+def _is_spatial_mean(node: fx.Node) -> bool:
+    """``x.mean((2, 3))`` / ``x.mean((-2, -1))`` on NCHW: a global average pool."""
+    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    if isinstance(dims, int):
+        dims = (dims,)
+    if not isinstance(dims, (tuple, list)) or not dims:
+        return False
+    return bool(all(isinstance(d, int) and d >= 2 for d in dims) or sorted(dims) == [-2, -1])
+
+
+def tensor_inputs(node: fx.Node) -> list[tuple[int, fx.Node]]:
+    """``(position, producer)`` of the activation inputs of ``node``.
+
+    Positions index ``node.args`` (for ``cat``, the position inside the list). ``get_attr``
+    producers (parameters/buffers) and shape computations are not activations.
+    """
+    if node.op == "call_function" and node.target in (torch.cat, torch.concat, torch.concatenate):
+        seq = node.args[0] if node.args else node.kwargs.get("tensors", ())
+        items = list(seq) if isinstance(seq, (list, tuple)) else []
+    else:
+        items = list(node.args)
+    return [(i, a) for i, a in enumerate(items) if isinstance(a, fx.Node) and _is_activation(a)]
+
+
+def _is_activation(arg: Any) -> bool:
+    if not isinstance(arg, fx.Node):
+        return False
+    if arg.op == "get_attr":
+        return False
+    if arg.op == "call_method" and arg.target in ("size", "dim", "numel"):
+        return False
+    return not (arg.op == "call_function" and arg.target is getattr)
+
+
+def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
+    """``(position or keyword, get_attr node)`` of a weighted op's constant weight, if it has one.
+
+    Conv/ConvTranspose/Linear: argument 1 (or ``weight=``). MatMul: the second operand when it is a
+    parameter (``x @ W``). Returns ``None`` when the weight is itself an activation.
+    """
+    if len(node.args) > 1:
+        key: int | str = 1
+        w = node.args[1]
+    elif "weight" in node.kwargs:
+        key, w = "weight", node.kwargs["weight"]
+    elif "other" in node.kwargs:
+        key, w = "other", node.kwargs["other"]
+    else:
+        return None
+    if isinstance(w, fx.Node) and w.op == "get_attr":
+        return key, w
+    return None

@@ -1,0 +1,156 @@
+"""The TensorRT Q/DQ placement rules as data.
+
+Each rule has the id of ``reference/tensorrt-qdq-rules.md`` (V/P/S/H), the family a
+:class:`~qdq.config.QuantConfig` can switch off, and what TensorRT does that motivates it. The planner
+(:mod:`qdq.graph.plan`) cites these ids in every decision; ``qdq.rules.explain(id)`` prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FAMILIES", "RULES", "Rule", "explain", "rule"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One TensorRT placement rule.
+
+    Attributes:
+        id: the rule id from the rule specification (``"P03"``) or ``"USER"`` for user overrides.
+        family: the switchable family (``QuantConfig.tensorrt(disable=("residual",))``).
+        title: one line.
+        tensorrt: what TensorRT does, i.e. why the rule exists.
+    """
+
+    id: str
+    family: str
+    title: str
+    tensorrt: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "P01",
+        "weighted",
+        "Quantize the activation input and the weights of every Conv/ConvTranspose/Linear/MatMul",
+        "TensorRT fuses DQ(input) and DQ(weight) into one INT8 kernel only when both are present "
+        "(QuantizeDoubleInputNodes); weights per output channel (axis 0), activations per tensor.",
+    ),
+    Rule(
+        "V12",
+        "weighted",
+        "ConvTranspose weights per tensor by default",
+        "Which per-channel axis TensorRT's deconvolution kernels expect is version-dependent (axis 0 "
+        "in 8.x per maintainers, axis 1 in NVIDIA's 10.2+ tooling); a per-tensor scale is valid on "
+        "every version. Opt in with QuantConfig(conv_transpose_axis=1).",
+    ),
+    Rule(
+        "P02",
+        "weighted",
+        "No Q/DQ inside a Conv epilogue (BN, bias, ReLU, SiLU...): quantize at the next consumer",
+        "TensorRT fuses Conv+BN+activation and propagates the next consumer's Q back into the conv "
+        "as its INT8 output; a Q/DQ in between splits the fusion.",
+    ),
+    Rule(
+        "P03",
+        "residual",
+        "Residual Add: quantize only the skip input, not the fused conv branch",
+        "TensorRT fuses Conv(+BN)+Add(+ReLU); the fused output takes the precision of the other "
+        "(skip) operand, so a quantized skip gives INT8 out. With two conv branches the one on the "
+        "longer path from their common ancestor is fused (ModelOpt build_non_residual_input_map).",
+    ),
+    Rule(
+        "P05",
+        "residual",
+        "Element-wise ops with no weighted producer to fuse into stay float",
+        "Non-weighted layers with INT8 inputs also need INT8 outputs; an Add that cannot join a "
+        "conv epilogue gains nothing from Q/DQ and would add standalone layers.",
+    ),
+    Rule(
+        "S01",
+        "core",
+        "One quantizer per tensor: every quantized consumer of a tensor shares one scale",
+        "TensorRT merges identical Q nodes on a tensor (HorizontalMergeQNodes); different scales "
+        "leave standalone re-quantize layers.",
+    ),
+    Rule(
+        "S02",
+        "concat",
+        "Concat: all inputs and the output's consumers share one scale",
+        "TensorRT splits the Q after a Concat into each input and eliminates the Concat (zero copy) "
+        "only when every scale is equal; otherwise each input gets a re-quantize kernel.",
+    ),
+    Rule(
+        "S03",
+        "pooling",
+        "MaxPool and data-movement ops (Reshape, Flatten, Transpose, Slice, zero Pad, nearest "
+        "Resize) share one scale across them",
+        "Q/DQ commute with these ops; TensorRT moves Q backward and DQ forward across them and "
+        "keeps them INT8 when the scales on both sides are equal.",
+    ),
+    Rule(
+        "P06",
+        "pooling",
+        "Quantize the input of (Global)AveragePool when its output feeds a quantized op",
+        "AveragePool is quantizable but does not commute: with DQ-in/Q-out it runs as one INT8 "
+        "pooling layer instead of a float pool between two reformats.",
+    ),
+    Rule(
+        "P07",
+        "activation",
+        "SiLU/Swish/Hardswish after a conv stays unquantized inside",
+        "TensorRT fuses Conv+Sigmoid+Mul as a conv epilogue; a Q/DQ on one branch of x*sigmoid(x) "
+        "leaves the conv output in float.",
+    ),
+    Rule(
+        "P08",
+        "pad",
+        "Pad before Conv: put the Q/DQ in front of the Pad",
+        "Zero padding commutes with symmetric quantization; Pad+Conv fuse only when adjacent.",
+    ),
+    Rule(
+        "H02",
+        "performance",
+        "Small or odd convolutions stay float",
+        "Convs with fewer than 16 input or output channels get no INT8 tensor-core kernel unless "
+        "(groups=1, a channel count divisible by 8, the other >= 16, square kernel) or (grouped, "
+        "output channels divisible by 8, kernel >= 3); ModelOpt excludes the rest.",
+    ),
+    Rule(
+        "P14",
+        "performance",
+        "GEMV / tiny GEMMs and activation-by-activation MatMuls stay float",
+        "Linear/MatMul with K < 16 or N < 16 cannot use INT8 tensor cores; attention MatMuls "
+        "(both operands activations) are kept in FP16 by TensorRT's MHA fusions.",
+    ),
+    Rule(
+        "P12",
+        "core",
+        "Graph outputs are never quantized",
+        "A Q/DQ feeding only a network output runs as a standalone layer (pure overhead).",
+    ),
+    Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
+)
+
+FAMILIES = frozenset(r.family for r in RULES) - {"core"}
+_BY_ID = {r.id: r for r in RULES}
+
+
+def rule(rule_id: str) -> Rule:
+    """Return the rule with this id (``KeyError`` names the known ids)."""
+    try:
+        return _BY_ID[rule_id]
+    except KeyError:
+        raise KeyError(f"unknown rule id {rule_id!r}; known: {', '.join(_BY_ID)}") from None
+
+
+def explain(rule_id: str) -> str:
+    """A paragraph describing a rule.
+
+    Example:
+        >>> print(explain("P08").splitlines()[0])
+        P08 [pad] Pad before Conv: put the Q/DQ in front of the Pad
+    """
+    r = rule(rule_id)
+    return f"{r.id} [{r.family}] {r.title}\n  TensorRT: {r.tensorrt}"
