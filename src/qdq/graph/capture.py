@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["CaptureError", "capture", "module_path"]
+__all__ = ["CaptureError", "capture", "fetch_attr", "module_path"]
 
 #: Module types traced through (their forward becomes functional calls on their parameters).
 TRACE_THROUGH: tuple[type[nn.Module], ...] = (
@@ -95,3 +95,12 @@ def module_path(node: fx.Node) -> str:
         path, _ = list(stack.values())[-1]
         return str(path)
     return ""
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    """The parameter or buffer a ``get_attr`` node refers to (detached)."""
+    owner, _, attr = target.rpartition(".")
+    value: Any = getattr(gm.get_submodule(owner) if owner else gm, attr)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"get_attr target {target!r} is a {type(value).__name__}, not a tensor")
+    return value.detach()

@@ -10,11 +10,11 @@ weight right away; activation quantizers wait for :func:`qdq.calibrate`.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import torch
 import torch.fx as fx
 
+from qdq.graph.capture import fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
 from qdq.quant import Quantizer, QuantMode
 
@@ -98,20 +98,13 @@ def _insert_weight(
     _replace_arg(consumer, arg, w, q)
     quantizer = gm.get_submodule(path)
     assert isinstance(quantizer, Quantizer)
-    weight = _fetch(gm, str(w.target))
+    weight = fetch_attr(gm, str(w.target))
     with torch.no_grad():
         quantizer.mode = QuantMode.CALIBRATE
         quantizer(weight)
         quantizer.load_calib_amax("max")
         quantizer.calibrator.reset()
         quantizer.mode = QuantMode.QUANTIZE
-
-
-def _fetch(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    owner, _, attr = target.rpartition(".")
-    value: Any = getattr(gm.get_submodule(owner) if owner else gm, attr)
-    assert isinstance(value, torch.Tensor)
-    return value.detach()
 
 
 def _insert_activation(

@@ -1,0 +1,165 @@
+"""Planning state shared by the rule steps, point construction and op naming."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import torch.fx as fx
+from torch import nn
+
+from qdq.config import CalibSpec, QuantConfig
+from qdq.graph.capture import TRACE_THROUGH, module_path
+from qdq.graph.patterns import WEIGHTED_KINDS, tensor_inputs
+from qdq.graph.plan import QUANTIZE, QuantPoint
+
+__all__ = [
+    "PlanContext",
+    "input_label",
+    "make_point",
+    "owner_names",
+    "owner_type",
+    "quantize_input",
+]
+
+
+@dataclass
+class PlanContext:
+    """Everything the rule steps read, and the points decided so far."""
+
+    gm: fx.GraphModule
+    config: QuantConfig
+    modules: dict[str, nn.Module]
+    kinds: dict[fx.Node, str]
+    owners: dict[fx.Node, str]
+    owner_types: dict[fx.Node, type | None]
+    order: dict[fx.Node, int]
+    by_name: dict[str, fx.Node]
+    points: dict[str, QuantPoint]
+    quantized_weighted: set[fx.Node]
+
+    def add(self, point: QuantPoint) -> None:
+        self.points[point.name] = point
+
+
+def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node, str]:
+    """``layer1.0.conv1`` for traced-through modules, ``layer1.0.add`` for functional ops."""
+    names: dict[fx.Node, str] = {}
+    seen: dict[str, list[fx.Node]] = {}
+    for n in nodes:
+        path = module_path(n)
+        stack = n.meta.get("nn_module_stack")
+        inner_type = list(stack.values())[-1][1] if stack else None
+        if n.op == "call_module" or (
+            kinds[n] in WEIGHTED_KINDS
+            and isinstance(inner_type, type)
+            and issubclass(inner_type, TRACE_THROUGH)
+        ):
+            names[n] = path
+            continue
+        base = re.sub(r"_\d+$", "", n.name)
+        key = f"{path}.{base}" if path else base
+        seen.setdefault(key, []).append(n)
+        names[n] = key
+    for key, group in seen.items():
+        if len(group) > 1:
+            for i, n in enumerate(group):
+                names[n] = f"{key}_{i}" if i else key
+    return names
+
+
+def owner_type(node: fx.Node, modules: dict[str, nn.Module]) -> type | None:
+    if node.op == "call_module":
+        return type(modules[str(node.target)])
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        t = list(stack.values())[-1][1]
+        return t if isinstance(t, type) else None
+    return None
+
+
+def make_point(
+    ctx: PlanContext,
+    consumer: fx.Node,
+    arg: int | str,
+    producer: fx.Node,
+    kind: str,
+    label: str,
+    **kw: object,
+) -> QuantPoint:
+    owner = ctx.owners[consumer]
+    return QuantPoint(
+        name=f"{owner}:{label}",
+        owner=owner,
+        op=ctx.kinds[consumer],
+        kind=kind,
+        consumer=consumer.name,
+        arg=arg,
+        producer=producer.name,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def input_label(node: fx.Node, arg: int) -> str:
+    return "input" if len(tensor_inputs(node)) == 1 else f"input{arg}"
+
+
+def quantize_input(
+    ctx: PlanContext,
+    node: fx.Node,
+    pos: int,
+    producer: fx.Node,
+    rule: str,
+    reason: str,
+    calib_o: CalibSpec | None,
+    bits_o: int | None,
+) -> None:
+    spec = (
+        ctx.config.activation if bits_o is None else replace(ctx.config.activation, num_bits=bits_o)
+    )
+    calib = calib_o if calib_o is not None else ctx.config.activation_calib
+    label = input_label(node, pos)
+    if (
+        ctx.kinds[producer] == "pad"
+        and len(producer.users) == 1
+        and ctx.kinds[node] in ("conv", "conv_transpose")
+        and ctx.config.family_enabled("pad")
+    ):
+        pad_in = tensor_inputs(producer)[0][1]
+        point = make_point(
+            ctx,
+            producer,
+            0,
+            pad_in,
+            "input",
+            label,
+            decision=QUANTIZE,
+            rule="P08",
+            reason=f"moved in front of zero Pad {ctx.owners[producer]} so Pad+{ctx.kinds[node]} fuse",
+            spec=spec,
+            calib=calib,
+        )
+        ctx.add(
+            replace(
+                point,
+                name=f"{ctx.owners[node]}:{label}",
+                owner=ctx.owners[node],
+                op=ctx.kinds[node],
+            )
+        )
+        return
+    ctx.add(
+        make_point(
+            ctx,
+            node,
+            pos,
+            producer,
+            "input",
+            label,
+            decision=QUANTIZE,
+            rule=rule,
+            reason=reason,
+            spec=spec,
+            calib=calib,
+        )
+    )

@@ -1,0 +1,124 @@
+"""Scale groups (S01, S02, S03) by union-find, and Conv/Linear coverage of the original model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import torch.fx as fx
+from torch import nn
+
+from qdq.graph.capture import TRACE_THROUGH
+from qdq.graph.context import PlanContext
+from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
+from qdq.graph.plan import SHARE, Coverage, QuantPoint, ScaleGroup
+from qdq.rules import UnionFind
+
+__all__ = ["coverage", "group_points"]
+
+
+def group_points(
+    ctx: PlanContext, nodes: list[fx.Node]
+) -> tuple[list[QuantPoint], list[ScaleGroup]]:
+    """Union-find: one scale per tensor (S01), across pass-through ops (S03), per Concat (S02)."""
+    tensors = UnionFind(nodes)
+    crossing: dict[fx.Node, str] = {}
+    if ctx.config.family_enabled("pooling"):
+        for n in nodes:
+            ins = tensor_inputs(n)
+            if ctx.kinds[n] in PASS_THROUGH_KINDS and len(ins) == 1:
+                tensors.union(ins[0][1], n)
+                crossing[n] = "S03"
+    by_name = ctx.by_name
+    quantized = [p for p in ctx.points.values() if p.quantized and p.kind == "input"]
+    points = UnionFind(p.name for p in quantized)
+    why: dict[str, str] = {}
+    first_on_component: dict[fx.Node, str] = {}
+    for p in quantized:
+        comp = tensors.find(by_name[p.producer])
+        assert isinstance(comp, fx.Node)
+        if comp in first_on_component:
+            leader = first_on_component[comp]
+            points.union(leader, p.name)
+            same_tensor = ctx.points[leader].producer == p.producer
+            why[p.name] = "S01" if same_tensor else "S03"
+        else:
+            first_on_component[comp] = p.name
+    cat_members: dict[str, list[str]] = {}
+    for p in quantized:
+        if p.op == "cat" and p.rule == "S02":
+            cat_members.setdefault(p.consumer, []).append(p.name)
+    for cat_name, members in cat_members.items():
+        cat = by_name[cat_name]
+        downstream = [
+            p.name for p in quantized if tensors.find(by_name[p.producer]) is tensors.find(cat)
+        ]
+        for m in members[1:] + downstream:
+            if points.find(m) != points.find(members[0]):
+                points.union(members[0], m)
+                why.setdefault(m, "S02")
+    result = {p.name: p for p in ctx.points.values()}
+    groups: list[ScaleGroup] = []
+    for gid, group_members in enumerate(points.groups()):
+        names = [str(m) for m in group_members]
+        leader = names[0]
+        rules = sorted({why.get(m, "") for m in names[1:]} - {""})
+        comps = {tensors.find(by_name[ctx.points[m].producer]) for m in names}
+        crosses = sorted(ctx.owners[n] for n in crossing if tensors.find(n) in comps)
+        groups.append(ScaleGroup(gid, leader, tuple(names), tuple(rules), tuple(crosses)))
+        lead = result[leader]
+        for m in names:
+            p = result[m]
+            if m == leader:
+                result[m] = replace(p, group=gid)
+            else:
+                result[m] = replace(
+                    p,
+                    group=gid,
+                    decision=SHARE,
+                    share_rule=why.get(m, "S01"),
+                    spec=lead.spec,
+                    calib=lead.calib,
+                    reason=f"{p.reason} (scale shared with {leader})",
+                )
+    # weights: one group each
+    for p in list(result.values()):
+        if p.kind == "weight" and p.quantized:
+            gid = len(groups)
+            groups.append(ScaleGroup(gid, p.name, (p.name,), ()))
+            result[p.name] = replace(p, group=gid)
+    return list(result.values()), groups
+
+
+# --------------------------------------------------------------- coverage
+def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, ...]:
+    weights = {p.owner: p for p in points if p.kind == "weight"}
+    leaves = [
+        (name, m)
+        for name, m in model.named_modules()
+        if name and not isinstance(m, TRACE_THROUGH) and _is_opaque_leaf(m)
+    ]
+    out = []
+    for name, m in model.named_modules():
+        if not isinstance(m, TRACE_THROUGH):
+            continue
+        p = weights.get(name)
+        if p is not None:
+            status = "int8" if p.quantized else "float"
+            out.append(Coverage(name, type(m).__name__, status, p.rule, p.reason))
+            continue
+        parent = next((ln for ln, lm in leaves if name.startswith(ln + ".")), None)
+        if parent is not None:
+            reason = f"inside {parent} ({type(dict(leaves)[parent]).__name__}), run as one fused op"
+        else:
+            reason = "not called by forward() on the example inputs"
+        out.append(Coverage(name, type(m).__name__, "not reached", "-", reason))
+    return tuple(out)
+
+
+def _is_opaque_leaf(m: nn.Module) -> bool:
+    """A torch.nn leaf module (not traced into) that holds Conv/Linear children."""
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    if not m.__module__.startswith("torch.nn") or isinstance(m, containers):
+        return False
+    return any(isinstance(c, TRACE_THROUGH) for c in m.modules())

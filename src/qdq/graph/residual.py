@@ -1,0 +1,170 @@
+"""Rule step 2: residual Adds (P03, P05) — quantize only the operand TensorRT cannot fuse."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch.fx as fx
+
+from qdq.graph.context import PlanContext, make_point, quantize_input
+from qdq.graph.patterns import COPY_KINDS, EPILOGUE_KINDS, WEIGHTED_KINDS, tensor_inputs
+from qdq.graph.plan import SKIP
+
+__all__ = ["plan_residual_add", "silu_operand"]
+
+
+def _backbone(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
+    """The quantized weighted op whose epilogue can absorb an Add fed by ``x``.
+
+    Walks back through epilogue ops (BN, bias, activations, SiLU) and copy ops; every tensor on the
+    way must be read only by the next op (SiLU's input also by its sigmoid), or TensorRT cannot fuse.
+    """
+    if len(x.users) != 1:
+        return None
+    cur = x
+    while True:
+        kind = ctx.kinds[cur]
+        if kind in WEIGHTED_KINDS:
+            return cur if cur in ctx.quantized_weighted else None
+        silu_x = silu_operand(ctx, cur)
+        ins = tensor_inputs(cur)
+        if silu_x is not None:
+            nxt, readers = silu_x, 2
+        elif kind in EPILOGUE_KINDS | COPY_KINDS and len(ins) == 1:
+            nxt, readers = ins[0][1], 1
+        else:
+            return None
+        if len(nxt.users) != readers:
+            return None
+        cur = nxt
+
+
+def silu_operand(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
+    """For ``x * sigmoid(x)`` return ``x``."""
+    if ctx.kinds[node] != "mul":
+        return None
+    ins = [a for _, a in tensor_inputs(node)]
+    if len(ins) != 2:
+        return None
+    for a, b in (ins, ins[::-1]):
+        if ctx.kinds[b] == "sigmoid" and tensor_inputs(b) and tensor_inputs(b)[0][1] is a:
+            return a
+    return None
+
+
+def _distance_from(ancestor: fx.Node, target: fx.Node) -> int:
+    """Shortest number of edges from ``ancestor`` down to ``target``."""
+    seen = {ancestor}
+    queue = deque([(ancestor, 0)])
+    while queue:
+        n, d = queue.popleft()
+        if n is target:
+            return d
+        for u in n.users:
+            if u not in seen:
+                seen.add(u)
+                queue.append((u, d + 1))
+    return 1 << 30
+
+
+def _ancestors(node: fx.Node) -> set[fx.Node]:
+    out: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for a in n.all_input_nodes:
+            if a not in out:
+                out.add(a)
+                stack.append(a)
+    return out
+
+
+def _fused_operand(ctx: PlanContext, a: fx.Node, b: fx.Node) -> tuple[int | None, str]:
+    """Which of the two Add operands TensorRT fuses into its conv (0 or 1), and why."""
+    ba, bb = _backbone(ctx, a), _backbone(ctx, b)
+    if ba is not None and bb is not None:
+        common = (_ancestors(a) | {a}) & (_ancestors(b) | {b})
+        if not common:
+            return 0, f"two conv branches; fusing into {ctx.owners[ba]}"
+        lca = max(common, key=lambda n: ctx.order[n])
+        da, db = _distance_from(lca, a), _distance_from(lca, b)
+        i, conv = (0, ba) if da >= db else (1, bb)
+        return i, f"two conv branches; {ctx.owners[conv]} is on the longer path from {lca.name}"
+    if ba is not None:
+        other = b
+        if ba in _ancestors(other) or ba is other:
+            return None, f"both operands descend from {ctx.owners[ba]}: not a residual Add"
+        return 0, f"conv branch {ctx.owners[ba]}"
+    if bb is not None:
+        if bb in _ancestors(a) or bb is a:
+            return None, f"both operands descend from {ctx.owners[bb]}: not a residual Add"
+        return 1, f"conv branch {ctx.owners[bb]}"
+    return None, "no quantized conv/linear branch to fuse the Add into"
+
+
+def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
+    ins = tensor_inputs(node)
+    if len(ins) != 2:
+        return
+    owner = ctx.owners[node]
+    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "add")
+    if excluded or not ctx.config.family_enabled("residual"):
+        reason = "excluded by the QuantConfig" if excluded else "rule family 'residual' disabled"
+        for pos, producer in ins:
+            ctx.add(
+                make_point(
+                    ctx,
+                    node,
+                    pos,
+                    producer,
+                    "input",
+                    f"input{pos}",
+                    decision=SKIP,
+                    rule="USER" if excluded else "P03",
+                    reason=reason,
+                )
+            )
+        return
+    fused, why = _fused_operand(ctx, ins[0][1], ins[1][1])
+    if fused is None:
+        for pos, producer in ins:
+            ctx.add(
+                make_point(
+                    ctx,
+                    node,
+                    pos,
+                    producer,
+                    "input",
+                    f"input{pos}",
+                    decision=SKIP,
+                    rule="P05",
+                    reason=f"{why}; the Add stays in its inputs' precision",
+                )
+            )
+        return
+    for i, (pos, producer) in enumerate(ins):
+        if i == fused:
+            ctx.add(
+                make_point(
+                    ctx,
+                    node,
+                    pos,
+                    producer,
+                    "input",
+                    f"input{pos}",
+                    decision=SKIP,
+                    rule="P03",
+                    reason=f"{why}: TensorRT fuses conv+Add here, no Q/DQ",
+                )
+            )
+        else:
+            quantize_input(
+                ctx,
+                node,
+                pos,
+                producer,
+                "P03",
+                "residual skip input: makes the fused conv+Add output INT8",
+                calib_o,
+                bits_o,
+            )

@@ -1,0 +1,168 @@
+"""Rule step 1: weighted ops (P01, V12, P08, H02, P14)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch.fx as fx
+
+from qdq.config import QuantSpec
+from qdq.graph.capture import fetch_attr
+from qdq.graph.context import PlanContext, input_label, make_point, quantize_input
+from qdq.graph.patterns import COPY_KINDS, tensor_inputs, weight_arg
+from qdq.graph.plan import QUANTIZE, SKIP
+
+__all__ = ["plan_weighted"]
+
+
+def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
+    return tuple(fetch_attr(ctx.gm, str(w.target)).shape)
+
+
+def _conv_groups(node: fx.Node) -> int:
+    """``groups`` of F.conv*/F.conv_transpose* (argument 6 in both signatures)."""
+    g = node.kwargs.get("groups", node.args[6] if len(node.args) > 6 else 1)
+    return int(g) if isinstance(g, int) else 1
+
+
+def _is_first_layer(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
+    x = tensor_inputs(node)[0][1] if tensor_inputs(node) else None
+    while x is not None and kinds[x] in COPY_KINDS | {"pad"}:
+        ins = tensor_inputs(x)
+        x = ins[0][1] if ins else None
+    return x is not None and x.op == "placeholder"
+
+
+def _performance_skip(
+    ctx: PlanContext, node: fx.Node, wshape: tuple[int, ...]
+) -> tuple[str, str] | None:
+    """H02 / P14: ``(rule, reason)`` when TensorRT would not run this op in INT8 profitably."""
+    kind = ctx.kinds[node]
+    if kind in ("linear", "matmul"):
+        n_out, k_in = (wshape[0], wshape[1]) if kind == "linear" else (wshape[-1], wshape[-2])
+        if k_in < 16 or n_out < 16:
+            return "P14", f"GEMM with K={k_in}, N={n_out} (< 16): no INT8 tensor-core kernel"
+        return None
+    if kind != "conv":
+        return None
+    groups = _conv_groups(node)
+    oc, ic = wshape[0], wshape[1] * groups
+    ksize = wshape[2:]
+    if ic >= 16 and oc >= 16:
+        return None
+    if groups == 1:
+        ok = (oc % 8 == 0 or ic % 8 == 0) and (
+            _is_first_layer(node, ctx.kinds) or max(ic, oc) >= 16
+        )
+        ok = ok and len(set(ksize)) <= 1
+    else:
+        ok = oc % 8 == 0 and all(k >= 3 for k in ksize)
+    if ok:
+        return None
+    return (
+        "H02",
+        f"small conv ({ic}->{oc} channels, kernel {list(ksize)}, groups {groups}): no INT8 kernel",
+    )
+
+
+def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
+    kind = ctx.kinds[node]
+    owner = ctx.owners[node]
+    acts = tensor_inputs(node)
+    wa = weight_arg(node)
+    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
+    if wa is None:  # activation x activation MatMul (attention) or a conv with a computed weight
+        perf = ctx.config.family_enabled("performance")
+        for pos, producer in acts:
+            if not excluded and not perf:
+                quantize_input(
+                    ctx, node, pos, producer, "P01", f"activation input of {kind}", calib_o, bits_o
+                )
+                continue
+            rule, reason = (
+                ("USER", "excluded by the QuantConfig")
+                if excluded
+                else ("P14", "both operands are activations (attention-style MatMul); kept in FP16")
+            )
+            ctx.add(
+                make_point(
+                    ctx,
+                    node,
+                    pos,
+                    producer,
+                    "input",
+                    input_label(node, pos),
+                    decision=SKIP,
+                    rule=rule,
+                    reason=reason,
+                )
+            )
+        return
+    wkey, wnode = wa
+    wshape = _weight_shape(ctx, wnode)
+    skip: tuple[str, str] | None = ("USER", "excluded by the QuantConfig") if excluded else None
+    if skip is None and ctx.config.family_enabled("performance"):
+        skip = _performance_skip(ctx, node, wshape)
+    if skip is None and not ctx.config.family_enabled("weighted"):
+        skip = ("P01", "rule family 'weighted' disabled")
+    x_pos, x = acts[0] if acts else (0, None)
+    if skip is not None:
+        rule, reason = skip
+        ctx.add(
+            make_point(
+                ctx, node, wkey, wnode, "weight", "weight", decision=SKIP, rule=rule, reason=reason
+            )
+        )
+        if x is not None:
+            ctx.add(
+                make_point(
+                    ctx, node, x_pos, x, "input", "input", decision=SKIP, rule=rule, reason=reason
+                )
+            )
+        return
+    ctx.quantized_weighted.add(node)
+    wspec, wrule, wreason = _weight_spec(ctx, node, kind, wshape, bits_o)
+    ctx.add(
+        make_point(
+            ctx,
+            node,
+            wkey,
+            wnode,
+            "weight",
+            "weight",
+            decision=QUANTIZE,
+            rule=wrule,
+            reason=wreason,
+            spec=wspec,
+            calib=ctx.config.weight_calib,
+        )
+    )
+    if x is not None:
+        quantize_input(ctx, node, x_pos, x, "P01", f"activation input of {kind}", calib_o, bits_o)
+
+
+def _weight_spec(
+    ctx: PlanContext, node: fx.Node, kind: str, wshape: tuple[int, ...], bits: int | None
+) -> tuple[QuantSpec, str, str]:
+    spec = ctx.config.weight if bits is None else replace(ctx.config.weight, num_bits=bits)
+    if kind == "conv_transpose":
+        groups = _conv_groups(node)
+        if ctx.config.conv_transpose_axis == 1 and groups == 1:
+            return (
+                replace(spec, axis=1),
+                "V12",
+                "ConvTranspose weights per output channel (axis 1, TRT >= 10.2)",
+            )
+        why = (
+            "grouped ConvTranspose"
+            if groups > 1
+            else "TensorRT's expected axis is version-dependent"
+        )
+        return replace(spec, axis=None), "V12", f"ConvTranspose weights per tensor ({why})"
+    if kind == "matmul":
+        return (
+            replace(spec, axis=len(wshape) - 1),
+            "P01",
+            "MatMul weight per output column (last axis)",
+        )
+    return spec, "P01", "weights per output channel (axis 0)"
