@@ -235,13 +235,16 @@ def tensor_inputs(node: fx.Node) -> list[tuple[int, fx.Node]]:
 
 
 def _is_activation(arg: Any) -> bool:
-    if not isinstance(arg, fx.Node):
+    """A tensor computed at run time (not a parameter, buffer or shape arithmetic)."""
+    if not isinstance(arg, fx.Node) or arg.op == "get_attr":
         return False
-    if arg.op == "get_attr":
-        return False
+    if "type" in arg.meta:  # shape-propagated graph: trust the recorded result type
+        return "tensor_meta" in arg.meta
     if arg.op == "call_method" and arg.target in ("size", "dim", "numel"):
         return False
-    return not (arg.op == "call_function" and arg.target is getattr)
+    if arg.op == "call_function" and arg.target is getattr:
+        return False
+    return not (arg.op == "call_function" and arg.target is operator.getitem and _is_shape(arg.args[0]))
 
 
 def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:

@@ -1,0 +1,431 @@
+"""Each TensorRT placement rule on a tiny block: assertions on the plan and the prepared graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qdq
+from qdq import QuantConfig
+from qdq.graph.plan import QuantPlan
+from qdq.rules import RULES, explain
+
+torch.manual_seed(0)
+SEEN_RULES: set[str] = set()
+
+
+def plan(model: nn.Module, *shape: int, config: QuantConfig | None = None) -> QuantPlan:
+    p = qdq.plan_of(qdq.prepare(model.eval(), (torch.randn(*shape),), config))
+    SEEN_RULES.update(pt.rule for pt in p.points)
+    SEEN_RULES.update(pt.share_rule for pt in p.points if pt.share_rule)
+    return p
+
+
+def decisions(p: QuantPlan, owner: str) -> dict[str, tuple[str, str]]:
+    return {pt.name.split(":")[1]: (pt.decision, pt.rule) for pt in p.points_of(owner)}
+
+
+def cbr(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+    )
+
+
+class Basic(nn.Module):
+    def __init__(self, c: int = 32, stride: int = 1, cin: int | None = None) -> None:
+        super().__init__()
+        cin = cin or c
+        self.conv1 = nn.Conv2d(cin, c, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.down = None
+        if stride != 1 or cin != c:
+            self.down = nn.Sequential(nn.Conv2d(cin, c, 1, stride, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        identity = x if self.down is None else self.down(x)
+        return F.relu(out + identity)
+
+
+class Net(nn.Module):
+    def __init__(self, *blocks: nn.Module) -> None:
+        super().__init__()
+        self.stem = cbr(16, 32)
+        self.blocks = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+# ----------------------------------------------------------------- P01 / S01
+def test_p01_conv_input_and_weight_quantized_per_channel() -> None:
+    p = plan(Net(Basic()), 1, 16, 8, 8)
+    assert decisions(p, "blocks.0.conv1") == {
+        "weight": ("quantize", "P01"),
+        "input": ("quantize", "P01"),
+    }
+    w = p.point("blocks.0.conv1:weight")
+    assert w.spec is not None and w.spec.axis == 0
+    assert p.point("blocks.0.conv1:input").spec.axis is None  # type: ignore[union-attr]
+
+
+def test_p03_identity_block_quantizes_only_the_skip_and_shares_its_scale() -> None:
+    p = plan(Net(Basic()), 1, 16, 8, 8)
+    add = decisions(p, "blocks.0.add")
+    assert add["input0"] == ("skip", "P03")  # conv2 + bn2 branch: fused
+    assert add["input1"][0] == "share"  # identity skip: quantized...
+    skip = p.point("blocks.0.add:input1")
+    assert skip.rule == "P03" and skip.share_rule == "S01"  # ...with conv1's input scale (S04)
+    assert p.group_of("blocks.0.add:input1") == p.group_of("blocks.0.conv1:input")
+
+
+def test_p03_downsample_block_quantizes_the_short_branch() -> None:
+    p = plan(Net(Basic(64, stride=2, cin=32)), 1, 16, 8, 8)
+    add = decisions(p, "blocks.0.add")
+    assert add == {"input0": ("skip", "P03"), "input1": ("quantize", "P03")}
+    assert p.point("blocks.0.add:input1").producer.startswith(
+        "blocks_0_down_1"
+    )  # downsample BN out
+    # downsample conv and conv1 read the same tensor: one quantizer
+    assert p.group_of("blocks.0.down.0:input") == p.group_of("blocks.0.conv1:input")
+
+
+def test_prepared_graph_has_one_quantizer_call_per_tensor_and_shared_modules() -> None:
+    prepared = qdq.prepare(Net(Basic()).eval(), (torch.randn(1, 16, 8, 8),))
+    calls = [
+        n for n in prepared.graph.nodes if n.op == "call_module" and "quantizer" in str(n.target)
+    ]
+    targets = [str(n.target) for n in calls]
+    act_calls = [t for t in targets if "weight" not in t]
+    assert len(act_calls) == len(
+        set(act_calls)
+    )  # the block input is quantized once for conv1 and add
+    add = next(n for n in prepared.graph.nodes if n.name == "add")
+    conv1_q = next(n for n in calls if n.target == "blocks.0.conv1.input_quantizer")
+    assert conv1_q in add.args  # the Add reads the same quantized tensor as conv1
+
+
+def test_p05_add_without_conv_branch_stays_float() -> None:
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(x)
+            return self.conv(y + torch.sigmoid(x))
+
+    p = plan(Gate(), 1, 16, 8, 8)
+    assert {d for d, _ in decisions(p, "add").values()} == {"skip"}
+    assert {r for _, r in decisions(p, "add").values()} == {"P05"}
+
+
+# ---------------------------------------------------------------------- S02
+class CSP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cv1 = nn.Sequential(nn.Conv2d(32, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU())
+        self.cv2 = nn.Sequential(nn.Conv2d(32, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU())
+        self.m = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.SiLU())
+        self.cv3 = nn.Conv2d(64 + 16, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, dim=1)
+        return self.cv3(torch.cat([a, b, self.m(b), self.cv2(x)], dim=1))
+
+
+def test_s02_concat_inputs_and_consumer_share_one_group() -> None:
+    p = plan(CSP(), 1, 32, 8, 8)
+    cat_points = [pt for pt in p.points if pt.op == "cat"]
+    assert len(cat_points) == 4 and all(pt.quantized for pt in cat_points)
+    groups = {pt.group for pt in cat_points} | {p.point("cv3:input").group}
+    groups |= {p.point("m.0:input").group}  # b is read by m.0 and the cat: one tensor (S01/S03)
+    assert len(groups) == 1
+    group = p.group_of("cv3:input")
+    assert group is not None and "S02" in group.rules
+
+
+def test_s02_concat_feeding_only_float_ops_stays_float() -> None:
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(16, 16, 3)
+            self.b = nn.Conv2d(16, 16, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(torch.cat([self.a(x), self.b(x)], 1), dim=1)
+
+    p = plan(Head(), 1, 16, 8, 8)
+    assert all(pt.decision == "skip" and pt.rule == "S02" for pt in p.points if pt.op == "cat")
+
+
+# ---------------------------------------------------------------------- S03
+class SPPF(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cv1 = nn.Sequential(nn.Conv2d(32, 16, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.pool = nn.MaxPool2d(5, 1, 2)
+        self.cv2 = nn.Conv2d(64, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.cv1(x)
+        y1 = self.pool(x)
+        y2 = self.pool(y1)
+        return self.cv2(torch.cat([x, y1, y2, self.pool(y2)], 1))
+
+
+def test_s03_sppf_maxpools_and_concat_share_one_scale() -> None:
+    p = plan(SPPF(), 1, 32, 8, 8)
+    cat_groups = {pt.group for pt in p.points if pt.op == "cat"}
+    assert len(cat_groups) == 1
+    group = p.groups[cat_groups.pop()]  # type: ignore[index]
+    assert "pool" in group.crosses and "cv2:input" in group.members
+
+
+def test_s03_maxpool_stem_feeds_conv_and_skip_with_one_quantizer() -> None:
+    class Stem(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = cbr(16, 32)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            self.block = Basic()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(self.pool(self.conv(x)))
+
+    p = plan(Stem(), 1, 16, 16, 16)
+    assert p.group_of("block.add:input1") == p.group_of("block.conv1:input")
+    assert p.point("block.conv1:input").producer == "pool"
+
+
+def test_s03_copy_ops_share_scale_across_reshape() -> None:
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16 * 4 * 4, 32)
+            self.fc2 = nn.Linear(16 * 4 * 4, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = F.relu(self.conv(x))
+            return self.fc(torch.flatten(y, 1)) + self.fc2(y.view(y.shape[0], -1))
+
+    p = plan(Flat(), 2, 16, 4, 4)
+    assert p.group_of("fc:input") == p.group_of("fc2:input")
+    assert p.point("fc2:input").share_rule == "S03"
+
+
+# ---------------------------------------------------------------------- P06
+def test_p06_global_average_pool_input_is_quantized() -> None:
+    class Cls(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = cbr(16, 32)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(32, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.flatten(self.pool(self.conv(x)), 1))
+
+    p = plan(Cls(), 2, 16, 8, 8)
+    assert decisions(p, "pool") == {"input": ("quantize", "P06")}
+    assert p.group_of("pool:input") != p.group_of("fc:input")  # avg pool does not commute
+
+
+def test_p06_functional_mean_pool_counts_as_average_pool() -> None:
+    class Cls(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = cbr(16, 32)
+            self.fc = nn.Linear(32, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.conv(x).mean((2, 3)))
+
+    p = plan(Cls(), 2, 16, 8, 8)
+    assert decisions(p, "mean") == {"input": ("quantize", "P06")}
+
+
+# ---------------------------------------------------------------------- P07
+@pytest.mark.parametrize("functional", [False, True])
+def test_p07_silu_epilogue_has_no_qdq_inside(functional: bool) -> None:
+    class SiluConv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(32)
+            self.act = nn.SiLU()
+            self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.bn(self.conv(x))
+            y = y * torch.sigmoid(y) if functional else self.act(y)
+            return self.conv2(y)
+
+    p = plan(SiluConv(), 1, 16, 8, 8)
+    quantized = {pt.name for pt in p.points if pt.quantized}
+    assert quantized == {"conv:input", "conv:weight", "conv2:input", "conv2:weight"}
+    assert any(pt.rule == "P07" and pt.decision == "skip" for pt in p.points)
+
+
+# ---------------------------------------------------------------------- P08
+def test_p08_quantizer_moves_in_front_of_zero_pad() -> None:
+    class SamePad(nn.Conv2d):  # like EfficientNet's Conv2dStaticSamePadding
+        def __init__(self) -> None:
+            super().__init__(16, 32, 3, stride=2, bias=False)
+            self.pad = nn.ZeroPad2d((0, 1, 0, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.conv2d(self.pad(x), self.weight, self.bias, self.stride, 0)
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = SamePad()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x)
+
+    p = plan(M(), 1, 16, 9, 9)
+    point = p.point("conv:input")
+    assert point.rule == "P08" and point.consumer == "conv_pad"  # reads the Pad's input
+    assert p.point("conv:weight").decision == "quantize"  # the Conv2d subclass is covered
+    assert p.coverage[0].status == "int8"
+
+
+def test_functional_conv_on_parameters_is_quantized() -> None:
+    class Fn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(32, 16, 3, 3))
+            self.lw = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = F.conv2d(x, self.w, padding=1).mean((2, 3))
+            return F.linear(y, self.lw)
+
+    p = plan(Fn(), 2, 16, 8, 8)
+    assert decisions(p, "conv2d") == {"weight": ("quantize", "P01"), "input": ("quantize", "P01")}
+    assert decisions(p, "linear") == {"weight": ("quantize", "P01"), "input": ("quantize", "P01")}
+
+
+# ------------------------------------------------------------ V12 / P14 / H02
+def test_v12_conv_transpose_weights_per_tensor_unless_asked() -> None:
+    class Up(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = cbr(16, 32)
+            self.up = nn.ConvTranspose2d(32, 32, 4, 2, 1, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.up(self.conv(x))
+
+    w = plan(Up(), 1, 16, 8, 8).point("up:weight")
+    assert w.rule == "V12" and w.spec is not None and w.spec.axis is None
+    w1 = plan(Up(), 1, 16, 8, 8, config=QuantConfig(conv_transpose_axis=1)).point("up:weight")
+    assert w1.spec is not None and w1.spec.axis == 1
+
+
+def test_p14_attention_matmul_and_tiny_gemm_stay_float_but_weight_matmul_is_quantized() -> None:
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(32, 32)
+            self.k = nn.Linear(32, 32)
+            self.proj = nn.Parameter(torch.randn(32, 64))
+            self.tiny = nn.Linear(64, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            att = torch.softmax(self.q(x) @ self.k(x).transpose(-2, -1), dim=-1)
+            return self.tiny(torch.matmul(att @ x, self.proj))
+
+    p = plan(Attn(), 2, 8, 32)
+    assert {d for d, r in decisions(p, "matmul").values()} == {"skip"}
+    proj = p.point("matmul_2:weight")
+    assert proj.decision == "quantize" and proj.spec is not None and proj.spec.axis == 1
+    assert decisions(p, "tiny")["weight"] == ("skip", "P14")
+
+
+def test_h02_odd_small_conv_skipped_unless_performance_rules_are_off() -> None:
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 28, 3)  # MTCNN RNet-like: 28 % 8 != 0
+            self.c2 = nn.Conv2d(28, 32, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c2(self.c1(x))
+
+    p = plan(Small(), 1, 3, 12, 12)
+    assert decisions(p, "c1")["weight"] == ("skip", "H02")
+    p2 = plan(Small(), 1, 3, 12, 12, config=QuantConfig(disabled=frozenset({"performance"})))
+    assert decisions(p2, "c1")["weight"] == ("quantize", "P01")
+
+
+# ------------------------------------------------------------- overrides, families
+def test_user_exclusions_by_name_regex_type_and_op() -> None:
+    net = Net(Basic(), Basic())
+    cfg = QuantConfig.tensorrt().exclude(name="blocks.0.conv1")
+    assert decisions(plan(net, 1, 16, 8, 8, config=cfg), "blocks.0.conv1")["weight"] == (
+        "skip",
+        "USER",
+    )
+    cfg = QuantConfig.tensorrt().exclude(regex=r"^blocks\.1\.")
+    p = plan(net, 1, 16, 8, 8, config=cfg)
+    assert all(pt.decision == "skip" for pt in p.points if pt.owner.startswith("blocks.1."))
+    cfg = QuantConfig.tensorrt().exclude(module_type=nn.Conv2d)
+    assert not any(pt.quantized for pt in plan(net, 1, 16, 8, 8, config=cfg).points)
+    cfg = QuantConfig.tensorrt().exclude(op="add")
+    assert all(
+        r == "USER"
+        for _, r in decisions(plan(net, 1, 16, 8, 8, config=cfg), "blocks.0.add").values()
+    )
+
+
+def test_overrides_change_calibration_and_bits() -> None:
+    o = qdq.Override(name="blocks.0.conv2", calib=qdq.CalibSpec(method="percentile"), num_bits=6)
+    p = plan(Net(Basic()), 1, 16, 8, 8, config=QuantConfig.tensorrt().with_override(o))
+    point = p.point("blocks.0.conv2:input")
+    assert point.calib is not None and point.calib.method == "percentile"
+    assert point.spec is not None and point.spec.num_bits == 6
+    assert p.point("blocks.0.conv2:weight").spec.num_bits == 6  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("family", "owner", "rule"), [("residual", "blocks.0.add", "P03"), ("concat", "cat", "S02")]
+)
+def test_rule_families_can_be_switched_off(family: str, owner: str, rule: str) -> None:
+    model = Net(Basic()) if family == "residual" else CSP()
+    shape = (1, 16, 8, 8) if family == "residual" else (1, 32, 8, 8)
+    p = plan(model, *shape, config=QuantConfig.tensorrt(disable=(family,)))
+    assert all(pt.decision == "skip" and pt.rule == rule for pt in p.points_of(owner))
+
+
+def test_pooling_family_off_gives_separate_scales_across_maxpool() -> None:
+    p = plan(SPPF(), 1, 32, 8, 8, config=QuantConfig.tensorrt(disable=("pooling",)))
+    cat = [pt for pt in p.points if pt.op == "cat"]
+    # the Concat still groups its inputs (S02), but the pools no longer appear as crossed
+    assert all(not p.groups[pt.group].crosses for pt in cat if pt.group is not None)
+
+
+def test_bad_config_values_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown rule families"):
+        QuantConfig.tensorrt(disable=("residuals",))
+    with pytest.raises(ValueError, match="needs at least one of"):
+        qdq.Override(exclude=True)
+    with pytest.raises(ValueError, match="invalid regex"):
+        qdq.Override(regex="(", exclude=True)
+    with pytest.raises(ValueError, match="conv_transpose_axis"):
+        QuantConfig(conv_transpose_axis=0)
+
+
+# ------------------------------------------------------------------- the rule table
+def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
+    for r in RULES:
+        assert r.title and r.tensorrt and explain(r.id).startswith(r.id)
+    # rules a tiny block cannot show: P12 (outputs are never candidates at all)
+    assert {r.id for r in RULES} - SEEN_RULES - {"P12", "P02"} == set()

@@ -1,0 +1,158 @@
+"""The public verbs prepare / calibrate / plan_of: contracts, data forms and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import qdq
+from qdq.graph.capture import CaptureError
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn = nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def _data(n: int = 4) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(4, 16, 8, 8, generator=g) for _ in range(n)]
+
+
+def test_prepare_leaves_the_user_model_untouched() -> None:
+    model = Small().train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.eval()
+    x = torch.randn(2, 16, 8, 8)
+    before = model(x)
+    model.train()
+    prepared = qdq.prepare(model, (x,))
+    assert model.training and prepared.training  # training flag mirrored, not forced
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert not any(isinstance(m, qdq.Quantizer) for m in model.modules())
+    model.eval()
+    assert torch.equal(model(x), before)
+
+
+def test_calibrated_model_tracks_float_model_and_keeps_parameter_names() -> None:
+    model = Small().eval()
+    prepared = qdq.prepare(model, (torch.randn(1, 16, 8, 8),))
+    qdq.calibrate(prepared, _data(), show_progress=False)
+    x = torch.randn(8, 16, 8, 8)
+    cos = nn.functional.cosine_similarity(prepared(x).flatten(), model(x).flatten(), dim=0)
+    assert cos > 0.999
+    keys = set(prepared.state_dict())
+    assert {"conv.weight", "conv.bias", "fc.weight"} <= keys
+    assert "conv.weight_quantizer.amax" in keys and "conv.input_quantizer.amax" in keys
+
+
+def test_group_members_hold_one_amax_after_calibration() -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(16, 16, 3, padding=1)
+            self.b = nn.Conv2d(16, 16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    prepared = qdq.prepare(Two().eval(), (torch.randn(1, 16, 8, 8),))
+    qdq.calibrate(prepared, _data(), method="max", show_progress=False)
+    plan = qdq.plan_of(prepared)
+    group = plan.group_of("a:input")
+    assert group is not None and set(group.members) == {"a:input", "b:input"}
+    q = prepared.get_submodule(group.quantizer)
+    assert isinstance(q, qdq.Quantizer)
+    assert q.amax.item() == max(float(d.abs().max()) for d in _data())
+
+
+def test_calibrate_accepts_loaders_tuples_dicts_and_forward_loops() -> None:
+    model = Small().eval()
+    images = torch.cat(_data())
+    loader = DataLoader(TensorDataset(images, torch.zeros(len(images))), batch_size=4)
+    amaxes = []
+    for data in (
+        loader,  # (images, labels) tuples: the labels are ignored
+        _data(),
+        [{"x": b} for b in _data()],
+        lambda m: [m(b) for b in _data()],
+    ):
+        prepared = qdq.prepare(model, (images[:1],))
+        qdq.calibrate(prepared, data, method="max", show_progress=False)
+        amaxes.append(prepared.get_submodule("conv.input_quantizer").amax.item())
+    assert len(set(amaxes)) == 1
+
+
+def test_calibrate_num_batches_and_methods() -> None:
+    prepared = qdq.prepare(Small().eval(), (torch.randn(1, 16, 8, 8),))
+    qdq.calibrate(prepared, _data(8), method="max", num_batches=2, show_progress=False)
+    q = prepared.get_submodule("conv.input_quantizer")
+    assert q.calibrator.num_batches == 2
+    assert q.amax.item() == max(float(d.abs().max()) for d in _data(2))
+    qdq.calibrate(prepared, _data(), method="percentile", percentile=99.0, show_progress=False)
+    assert q.amax.item() < max(float(d.abs().max()) for d in _data())
+
+
+def test_calibrate_errors() -> None:
+    prepared = qdq.prepare(Small().eval(), (torch.randn(1, 16, 8, 8),))
+    with pytest.raises(qdq.CalibrationError, match="no batches"):
+        qdq.calibrate(prepared, [], show_progress=False)
+    with pytest.raises(TypeError, match="calibration batches must be"):
+        qdq.calibrate(prepared, ["not a tensor"], show_progress=False)
+    with pytest.raises(ValueError, match="num_batches must be >= 1"):
+        qdq.calibrate(prepared, _data(), num_batches=0)
+    bad = [torch.full((1, 16, 8, 8), float("nan"))]
+    with pytest.raises(
+        qdq.CalibrationError, match=r"'conv:input': calibration batch 0 contains NaN"
+    ):
+        qdq.calibrate(prepared, bad, show_progress=False)
+    with pytest.raises(ValueError, match="not returned by qdq.prepare"):
+        qdq.calibrate(Small(), _data())
+
+
+def test_uncalibrated_prepared_model_names_the_quantizer() -> None:
+    prepared = qdq.prepare(Small().eval(), (torch.randn(1, 16, 8, 8),))
+    with pytest.raises(RuntimeError, match="'conv:input' has no amax"):
+        prepared(torch.randn(1, 16, 8, 8))
+
+
+def test_prepare_bad_input() -> None:
+    with pytest.raises(TypeError, match="wrap a single tensor"):
+        qdq.prepare(Small(), torch.randn(1, 16, 8, 8))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        qdq.prepare("model", (torch.randn(1),))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config must be a QuantConfig"):
+        qdq.prepare(Small(), (torch.randn(1, 16, 8, 8),), config={"x": 1})  # type: ignore[arg-type]
+
+
+def test_untraceable_model_raises_capture_error_naming_it() -> None:
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent control flow
+                return self.conv(x)
+            return self.conv(-x)
+
+    with pytest.raises(CaptureError, match="cannot trace Branchy"):
+        qdq.prepare(Branchy(), (torch.randn(1, 3, 8, 8),))
+
+
+def test_plan_is_printable_and_serialisable() -> None:
+    plan = qdq.plan_of(qdq.prepare(Small().eval(), (torch.randn(1, 16, 8, 8),)))
+    text = str(plan)
+    assert "conv:input" in text and "P01" in text and "Conv/Linear modules" in text
+    assert '"rule": "P01"' in plan.to_json()
+    counts = plan.counts()
+    assert counts["quantize"]["P01"] == 4 and counts["quantize"]["P06"] == 1
