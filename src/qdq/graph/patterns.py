@@ -244,7 +244,9 @@ def _is_activation(arg: Any) -> bool:
         return False
     if arg.op == "call_function" and arg.target is getattr:
         return False
-    return not (arg.op == "call_function" and arg.target is operator.getitem and _is_shape(arg.args[0]))
+    return not (
+        arg.op == "call_function" and arg.target is operator.getitem and _is_shape(arg.args[0])
+    )
 
 
 def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
