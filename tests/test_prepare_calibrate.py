@@ -146,7 +146,39 @@ def test_untraceable_model_raises_capture_error_naming_it() -> None:
             return self.conv(-x)
 
     with pytest.raises(CaptureError, match="cannot trace Branchy"):
-        qdq.prepare(Branchy(), (torch.randn(1, 3, 8, 8),))
+        qdq.prepare(Branchy(), (torch.randn(1, 3, 8, 8),), fallback=False)
+
+
+def test_untraceable_model_falls_back_to_module_replacement() -> None:
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(16, 32, 3, padding=1)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(32, 32)
+            self.skip = qdq.nn.QuantAdd()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv(x))
+            if y.mean() > 0:  # data-dependent control flow
+                y = self.skip(y, y)
+            return self.fc(torch.flatten(self.pool(y), 1))
+
+    model = Branchy().eval()
+    with pytest.warns(UserWarning, match="cannot trace Branchy.*NOT placed"):
+        prepared = qdq.prepare(model, (torch.randn(1, 16, 8, 8),))
+    plan = qdq.plan_of(prepared)
+    assert {c.module: c.status for c in plan.coverage} == {"conv": "int8", "fc": "int8"}
+    assert plan.point("pool:input").rule == "P06"
+    assert any("QuantAdd" in n for n in plan.notes)
+    assert not isinstance(model.conv, qdq.nn.QuantWeighted)  # the user's model is untouched
+    qdq.calibrate(prepared, _data(), show_progress=False)
+    x = torch.randn(4, 16, 8, 8)
+    with qdq.quantizer_mode(model, "bypass"):
+        ref = model(x)
+    cos = nn.functional.cosine_similarity(prepared(x).flatten(), ref.flatten(), dim=0)
+    assert cos > 0.999
+    assert prepared.skip.skip_quantizer.is_calibrated  # user-placed building blocks calibrate too
 
 
 def test_plan_is_printable_and_serialisable() -> None:

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from qdq import nn
 from qdq.api import calibrate, plan_of, prepare, quantizers_of
 from qdq.calib import (
     CalibrationError,
@@ -39,6 +40,7 @@ __all__ = [
     "calibrate",
     "fake_quant",
     "make_calibrator",
+    "nn",
     "plan_of",
     "prepare",
     "quantizer_mode",

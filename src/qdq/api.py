@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -14,10 +15,11 @@ from torch import nn
 from qdq._progress import progress
 from qdq.calib import CalibrationError
 from qdq.config import QuantConfig
-from qdq.graph.capture import capture
+from qdq.graph.capture import CaptureError, capture
 from qdq.graph.insert import materialize
 from qdq.graph.plan import QuantPlan
 from qdq.graph.planner import build_plan
+from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import Quantizer, QuantMode
 
 __all__ = ["calibrate", "plan_of", "prepare", "quantizers_of"]
@@ -27,8 +29,12 @@ _PLAN_ATTR = "qdq_plan"
 
 
 def prepare(
-    model: nn.Module, example_inputs: Sequence[Any], config: QuantConfig | None = None
-) -> fx.GraphModule:
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    config: QuantConfig | None = None,
+    *,
+    fallback: bool = True,
+) -> nn.Module:
     """Return a quantization-ready copy of ``model`` with TensorRT-aware Q/DQ placement.
 
     The copy is a ``torch.fx.GraphModule`` with :class:`~qdq.quant.Quantizer` modules at the
@@ -39,11 +45,13 @@ def prepare(
         model: the float model (any ``nn.Module`` torch.fx can trace).
         example_inputs: a tuple of example inputs (used to check the trace and record shapes).
         config: placement and calibration settings (default ``QuantConfig.tensorrt()``).
+        fallback: when torch.fx cannot trace the model, warn and quantize by module replacement
+            (Conv/Linear/average pools only; the plan's notes say what placement was lost) instead
+            of raising. See :mod:`qdq.nn` for the building blocks to place the rest by hand.
 
     Raises:
         TypeError: bad argument types.
-        qdq.graph.capture.CaptureError: the model cannot be traced (see ``qdq.nn`` for building
-            blocks that work without tracing).
+        qdq.graph.capture.CaptureError: the model cannot be traced and ``fallback`` is false.
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU())
@@ -58,12 +66,22 @@ def prepare(
         )
     if config is not None and not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
-    gm = capture(model, tuple(example_inputs))
-    plan = materialize(gm, build_plan(gm, config, model))
-    setattr(gm, _PLAN_ATTR, plan)
-    gm.train(model.training)
+    cfg = config if config is not None else QuantConfig.tensorrt()
+    prepared: nn.Module
+    try:
+        gm = capture(model, tuple(example_inputs))
+    except CaptureError as err:
+        if not fallback:
+            raise
+        prepared, plan = prepare_by_replacement(model, cfg, str(err))
+        warnings.warn(f"{plan.notes[0]}; {plan.notes[1]}", stacklevel=2)
+    else:
+        plan = materialize(gm, build_plan(gm, cfg, model))
+        prepared = gm
+    setattr(prepared, _PLAN_ATTR, plan)
+    prepared.train(model.training)
     _log.info("%s", plan.summary())
-    return gm
+    return prepared
 
 
 def plan_of(prepared: nn.Module) -> QuantPlan:

@@ -37,6 +37,10 @@ class CaptureError(RuntimeError):
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        from qdq.quant import Quantizer
+
+        if isinstance(m, Quantizer):  # user-placed qdq.nn blocks keep their quantizers
+            return True
         if isinstance(m, TRACE_THROUGH):
             return False
         return super().is_leaf_module(m, module_qualified_name)

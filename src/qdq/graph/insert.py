@@ -41,7 +41,7 @@ def materialize(gm: fx.GraphModule, plan: QuantPlan) -> QuantPlan:
             _insert_activation(gm, members, nodes, order, path)
     gm.graph.lint()
     gm.recompile()
-    return QuantPlan(plan.model, plan.points, tuple(groups), plan.coverage)
+    return QuantPlan(plan.model, plan.points, tuple(groups), plan.coverage, plan.notes)
 
 
 def _register(

@@ -93,6 +93,7 @@ class QuantPlan:
     points: tuple[QuantPoint, ...]
     groups: tuple[ScaleGroup, ...]
     coverage: tuple[Coverage, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     # ------------------------------------------------------------- queries
     def point(self, name: str) -> QuantPoint:
@@ -152,6 +153,7 @@ class QuantPlan:
         for decision in (QUANTIZE, SHARE, SKIP):
             by_rule = ", ".join(f"{r} {n}" for r, n in c[decision].items()) or "-"
             parts.append(f"  {decision:<8} {sum(c[decision].values()):>4}  ({by_rule})")
+        parts.extend(f"  note: {n}" for n in self.notes)
         if self.coverage:
             status = Counter(cv.status for cv in self.coverage)
             parts.append(

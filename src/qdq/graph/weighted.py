@@ -12,7 +12,7 @@ from qdq.graph.context import PlanContext, input_label, make_point, quantize_inp
 from qdq.graph.patterns import COPY_KINDS, tensor_inputs, weight_arg
 from qdq.graph.plan import QUANTIZE, SKIP
 
-__all__ = ["plan_weighted"]
+__all__ = ["performance_skip", "plan_weighted"]
 
 
 def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
@@ -36,8 +36,22 @@ def _is_first_layer(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
 def _performance_skip(
     ctx: PlanContext, node: fx.Node, wshape: tuple[int, ...]
 ) -> tuple[str, str] | None:
-    """H02 / P14: ``(rule, reason)`` when TensorRT would not run this op in INT8 profitably."""
     kind = ctx.kinds[node]
+    first = kind == "conv" and _is_first_layer(node, ctx.kinds)
+    return performance_skip(kind, wshape, _conv_groups(node), first_layer=first)
+
+
+def performance_skip(
+    kind: str, wshape: tuple[int, ...], groups: int = 1, *, first_layer: bool = False
+) -> tuple[str, str] | None:
+    """H02 / P14: ``(rule, reason)`` when TensorRT would not run this op in INT8 profitably.
+
+    Example:
+        >>> performance_skip("conv", (28, 3, 3, 3))[0]
+        'H02'
+        >>> performance_skip("linear", (1000, 512)) is None
+        True
+    """
     if kind in ("linear", "matmul"):
         n_out, k_in = (wshape[0], wshape[1]) if kind == "linear" else (wshape[-1], wshape[-2])
         if k_in < 16 or n_out < 16:
@@ -45,15 +59,12 @@ def _performance_skip(
         return None
     if kind != "conv":
         return None
-    groups = _conv_groups(node)
     oc, ic = wshape[0], wshape[1] * groups
     ksize = wshape[2:]
     if ic >= 16 and oc >= 16:
         return None
     if groups == 1:
-        ok = (oc % 8 == 0 or ic % 8 == 0) and (
-            _is_first_layer(node, ctx.kinds) or max(ic, oc) >= 16
-        )
+        ok = (oc % 8 == 0 or ic % 8 == 0) and (first_layer or max(ic, oc) >= 16)
         ok = ok and len(set(ksize)) <= 1
     else:
         ok = oc % 8 == 0 and all(k >= 3 for k in ksize)
