@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from qdq import nn
-from qdq.api import calibrate, plan_of, prepare, quantizers_of
+from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
     CalibrationError,
     Calibrator,
@@ -45,5 +45,6 @@ __all__ = [
     "prepare",
     "quantizer_mode",
     "quantizers_of",
+    "recompute_amax",
     "scale_from_amax",
 ]

@@ -22,7 +22,7 @@ from qdq.graph.planner import build_plan
 from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import Quantizer, QuantMode
 
-__all__ = ["calibrate", "plan_of", "prepare", "quantizers_of"]
+__all__ = ["calibrate", "plan_of", "prepare", "quantizers_of", "recompute_amax"]
 
 _log = logging.getLogger("qdq")
 _PLAN_ATTR = "qdq_plan"
@@ -134,11 +134,7 @@ def calibrate(
     if num_batches is not None and num_batches < 1:
         raise ValueError(f"num_batches must be >= 1, got {num_batches}")
     quantizers = quantizers_of(prepared)
-    acts = {
-        n: q
-        for n, q in quantizers.items()
-        if q.spec.axis is None and not n.endswith("weight_quantizer")
-    }
+    acts = _activation_quantizers(prepared)
     for q in acts.values():
         q.calibrator.reset()
     n_inputs = _num_inputs(prepared)
@@ -156,10 +152,26 @@ def calibrate(
                     break
     if seen == 0:
         raise CalibrationError("calibration saw no batches: the data is empty")
-    for q in acts.values():
+    return recompute_amax(prepared, method, percentile=percentile)
+
+
+def recompute_amax(
+    prepared: nn.Module, method: str | None = None, *, percentile: float | None = None
+) -> nn.Module:
+    """Set every activation amax from the statistics already collected, by ``method``.
+
+    Calibrate once, evaluate many: after :func:`calibrate`, switch between ``"max"``,
+    ``"entropy"``, ``"mse"`` and ``"percentile"`` without running data again.
+    """
+    plan_of(prepared)
+    for q in _activation_quantizers(prepared).values():
         uses_percentile = (method or q.calib.method) == "percentile"
         q.load_calib_amax(method, percentile=percentile if uses_percentile else None)
     return prepared
+
+
+def _activation_quantizers(prepared: nn.Module) -> dict[str, Quantizer]:
+    return {n: q for n, q in quantizers_of(prepared).items() if not q.name.endswith(":weight")}
 
 
 @contextlib.contextmanager

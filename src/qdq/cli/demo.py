@@ -1,15 +1,13 @@
 """``qdq demo``: the pipeline as far as it goes, on the built-in Fashion-MNIST model and data.
 
-Today that is: per-channel max weights, per-tensor activation quantizers on every Conv/Linear input,
-one histogram calibration pass, then INT8 (fake-quant, bit-exact with ONNX Q/DQ) accuracy for each
-calibration method computed from that single collection. TensorRT-aware placement (residual Add,
-Concat, pooling), export and the linter arrive with their issues and will replace the simple
-Conv/Linear-input placement used here.
+Today that is: TensorRT-aware placement (``qdq.prepare``), one histogram calibration pass
+(``qdq.calibrate``), then INT8 accuracy (fake-quant, bit-exact with ONNX Q/DQ) for every calibration
+method recomputed from that single collection (``qdq.recompute_amax``). Export and the TensorRT
+linter join as they land.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -20,10 +18,10 @@ from torch import nn
 
 from qdq import __version__
 from qdq._io import atomic_write_text
-from qdq.config import CALIBRATION_METHODS, QuantSpec
-from qdq.quant import Quantizer, fake_quant, quantizer_mode
+from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
+from qdq.config import CALIBRATION_METHODS
 
-__all__ = ["DemoResult", "quantize_conv_linear", "run_demo"]
+__all__ = ["DemoResult", "run_demo"]
 
 
 @dataclass(frozen=True)
@@ -34,34 +32,6 @@ class DemoResult:
     accuracy: float
     agreement: float  # top-1 agreement with FP32
     mean_cosine: float  # mean cosine similarity of the logits with FP32
-
-
-def quantize_conv_linear(model: nn.Module) -> tuple[nn.Module, dict[str, Quantizer]]:
-    """Return a quantized copy of ``model`` and its activation quantizers by module name.
-
-    Weights of every Conv/Linear are fake-quantized per output channel (abs-max) in the copy; an
-    input :class:`Quantizer` (histogram calibrator) runs before each of them. ``model`` itself is
-    never modified.
-    """
-    qmodel = copy.deepcopy(model)
-    quantizers: dict[str, Quantizer] = {}
-    for name, module in qmodel.named_modules():
-        if not isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
-            continue
-        with torch.no_grad():
-            w = module.weight
-            amax = w.detach().abs().flatten(1).amax(dim=1)
-            w.copy_(fake_quant(w, amax, axis=0))
-        q = Quantizer(QuantSpec(), name=f"{name}.input")
-        module.add_module("input_quantizer", q)
-        module.register_forward_pre_hook(_quantize_first_input)
-        quantizers[name] = q
-    return qmodel, quantizers
-
-
-def _quantize_first_input(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple:
-    quantizer = module.get_submodule("input_quantizer")
-    return (quantizer(args[0]), *args[1:])
 
 
 def _logits(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
@@ -115,20 +85,22 @@ def run_demo(
     fp32 = _score("fp32", ref, ref, labels)
     print(f"  FP32 accuracy {100 * fp32.accuracy:.2f}%", flush=True)
 
-    qmodel, quantizers = quantize_conv_linear(model)
+    qmodel = prepare(model, (images[:1],))
+    plan = plan_of(qmodel)
+    print("  " + plan.summary().replace("\n", "\n  "))
     batches = fm.calibration_batches(num_batches=calib_batches, batch_size=calib_batch_size)
-    with quantizer_mode(qmodel, "calibrate"), torch.no_grad():
-        for batch in batches:
-            qmodel(batch)
+    calibrate(qmodel, batches, show_progress=False)
+    acts = {n: q for n, q in quantizers_of(qmodel).items() if not q.name.endswith(":weight")}
     print(
-        f"  calibrated {len(quantizers)} activation quantizers on {calib_batches}x"
+        f"  calibrated {len(acts)} activation quantizers on {calib_batches}x"
         f"{calib_batch_size} training images (one histogram pass, all methods below)"
     )
 
     results: dict[str, dict[str, object]] = {}
     print(f"  {'method':<11}{'INT8 acc':>9}{'drop':>8}{'agree':>9}{'cosine':>9}")
     for method in CALIBRATION_METHODS:
-        amax = {name: q.load_calib_amax(method).item() for name, q in quantizers.items()}
+        recompute_amax(qmodel, method)
+        amax = {q.name: q.amax.item() for q in acts.values()}
         res = _score(method, _logits(qmodel, images), ref, labels)
         drop = 100 * (res.accuracy - fp32.accuracy)
         print(
@@ -149,7 +121,7 @@ def run_demo(
         "dataset": "Fashion-MNIST test (Debian dataset-fashion-mnist)",
         "test_images": len(images),
         "calibration": {"batches": calib_batches, "batch_size": calib_batch_size},
-        "placement": "per-channel max weights + per-tensor input of every Conv/Linear",
+        "plan": plan.to_dict(),
         "fp32": fp32.__dict__,
         "int8": results,
         "best_method": best,
