@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from qdq import nn
+from qdq._version import __version__
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
     CalibrationError,
@@ -21,14 +22,15 @@ from qdq.calib import (
     make_calibrator,
 )
 from qdq.config import CalibSpec, Override, QuantConfig, QuantSpec
+from qdq.export import ExportError, ExportResult, export_onnx, load_calibration
 from qdq.quant import Quantizer, QuantMode, fake_quant, quantizer_mode, scale_from_amax
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CalibSpec",
     "CalibrationError",
     "Calibrator",
+    "ExportError",
+    "ExportResult",
     "HistogramCalibrator",
     "MaxCalibrator",
     "Override",
@@ -38,7 +40,9 @@ __all__ = [
     "Quantizer",
     "__version__",
     "calibrate",
+    "export_onnx",
     "fake_quant",
+    "load_calibration",
     "make_calibrator",
     "nn",
     "plan_of",

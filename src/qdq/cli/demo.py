@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qdq import __version__
 from qdq._io import atomic_write_text
+from qdq._version import __version__
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.config import CALIBRATION_METHODS
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from qdq import __version__
+from qdq._version import __version__
 
 __all__ = ["main"]
 

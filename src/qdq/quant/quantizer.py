@@ -12,6 +12,7 @@ from torch import nn
 
 from qdq.calib import CalibrationError, make_calibrator
 from qdq.config import CalibSpec, QuantSpec
+from qdq.quant.onnx_qdq import current_exporter, emit_qdq
 from qdq.quant.primitives import check_amax_values, fake_quant_unchecked
 
 __all__ = ["QuantMode", "Quantizer", "quantizer_mode"]
@@ -57,6 +58,7 @@ class Quantizer(nn.Module):
         self.name = name
         self.calibrator = make_calibrator(self.spec, calib)
         self.mode = QuantMode.QUANTIZE
+        self.export_opset = 13
         self.register_buffer("amax", torch.empty(0))
 
     # ------------------------------------------------------------------ state
@@ -121,6 +123,8 @@ class Quantizer(nn.Module):
         """Apply the current mode to ``x``."""
         if self._mode is QuantMode.BYPASS:
             return x
+        if current_exporter() is not None and self._mode is QuantMode.QUANTIZE:
+            return self._export_qdq(x)
         if self._mode is QuantMode.CALIBRATE:
             try:
                 self.calibrator.collect(x)
@@ -139,6 +143,15 @@ class Quantizer(nn.Module):
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
         )
+
+    def _export_qdq(self, x: torch.Tensor) -> torch.Tensor:
+        scale = getattr(self, "export_scale", None)
+        zero_point = getattr(self, "export_zero_point", None)
+        if not isinstance(scale, torch.Tensor) or not isinstance(zero_point, torch.Tensor):
+            raise RuntimeError(
+                f"quantizer {self.name!r} has no export scale; export with qdq.export_onnx"
+            )
+        return emit_qdq(x, scale, zero_point, self.spec.axis, int(self.export_opset))
 
     def _load_from_state_dict(
         self,

@@ -1,0 +1,1 @@
+"""Execution backends: ONNX Runtime on CPU (exact Q/DQ); TensorRT (optional, lazy)."""

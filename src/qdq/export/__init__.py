@@ -1,0 +1,8 @@
+"""Q/DQ ONNX export: emission, post-processing, validation and the manifest."""
+
+from __future__ import annotations
+
+from qdq.export.manifest import SCHEMA, load_calibration
+from qdq.export.onnx_export import EXPORTERS, ExportError, ExportResult, export_onnx
+
+__all__ = ["EXPORTERS", "SCHEMA", "ExportError", "ExportResult", "export_onnx", "load_calibration"]

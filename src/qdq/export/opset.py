@@ -1,0 +1,93 @@
+"""Down-convert a dynamo export (opset 18) to opsets 13..17.
+
+torch's dynamo exporter emits opset 18; ``onnx.version_converter`` cannot take BatchNormalization-15
+below 15 and leaves ReduceMean-18's ``noop_with_empty_axes`` behind. Inference graphs of CNNs only
+need these rewrites, which this pass does explicitly:
+
+* ``Reduce{Mean,Max,Min,Prod,SumSquare,L1,L2,LogSum,LogSumExp}``: constant ``axes`` input →
+  ``axes`` attribute (ReduceSum keeps its input form, which exists since 13);
+* ``Split``: drop ``num_outputs`` (13..17 split equally by the number of outputs);
+* ``BatchNormalization``: drop ``training_mode`` (must be 0) below 14; ``Reshape``: drop
+  ``allowzero`` below 14 (same meaning unless the target shape holds a literal 0; a shape computed
+  at run time is assumed to have no zero-size dimension);
+* ``Resize`` / ``Pad``: drop opset-18 attributes and inputs when they hold their defaults.
+
+Anything else newer than the target is reported by ``onnx.checker`` with the node name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["downgrade"]
+
+_REDUCE_ATTR_AXES = {
+    "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
+    "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+}  # fmt: skip
+
+
+def downgrade(model: Any, target: int) -> Any:
+    """Rewrite ``model`` (opset 18) for opset ``target`` (13..17) in place and return it."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    constants = {
+        n.output[0]: n.attribute[0].t
+        for n in model.graph.node
+        if n.op_type == "Constant" and n.attribute
+    }
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type in _REDUCE_ATTR_AXES:
+            if len(node.input) > 1 and node.input[1]:
+                src = inits.get(node.input[1]) or constants.get(node.input[1])
+                if src is None:
+                    raise ValueError(
+                        f"{node.name}: dynamic reduction axes cannot be expressed below opset 18"
+                    )
+                axes = [int(a) for a in numpy_helper.to_array(src).flatten()]
+                del node.input[1:]
+                node.attribute.append(helper.make_attribute("axes", axes))
+            _drop_attr(node, attrs, "noop_with_empty_axes", default=0)
+        elif node.op_type == "Split":
+            _drop_attr(node, attrs, "num_outputs", default=None)
+        elif node.op_type == "Reshape" and target < 14 and "allowzero" in attrs:
+            shape = inits.get(node.input[1]) or constants.get(node.input[1])
+            if shape is not None and 0 in numpy_helper.to_array(shape).tolist():
+                raise ValueError(f"{node.name}: Reshape to a literal 0 dimension needs opset >= 14")
+            node.attribute.remove(attrs["allowzero"])  # no literal 0 in the shape: same meaning
+        elif node.op_type == "BatchNormalization" and target < 14:
+            _drop_attr(node, attrs, "training_mode", default=0)
+        elif node.op_type == "Resize":
+            _drop_attr(node, attrs, "antialias", default=0)
+            _drop_attr(node, attrs, "keep_aspect_ratio_policy", default="stretch")
+            _drop_attr(node, attrs, "axes", default=None)
+        elif node.op_type == "Pad" and len(node.input) > 3:
+            if node.input[3]:
+                raise ValueError(f"{node.name}: Pad with axes needs opset >= 18")
+            del node.input[3:]
+    used = {i.name for i in model.graph.initializer}
+    referenced = {name for n in model.graph.node for name in n.input}
+    for name in used - referenced - {i.name for i in model.graph.input}:
+        model.graph.initializer.remove(inits[name])
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            op.version = target
+    return model
+
+
+def _drop_attr(node: Any, attrs: dict[str, Any], name: str, default: object) -> None:
+    from onnx import helper
+
+    attr = attrs.get(name)
+    if attr is None:
+        return
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        value = value.decode()
+    if default is not None and value != default:
+        raise ValueError(
+            f"{node.name}: {node.op_type} attribute {name}={value!r} needs opset >= 18"
+        )
+    node.attribute.remove(attr)

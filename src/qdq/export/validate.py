@@ -1,0 +1,117 @@
+"""Validation of an exported Q/DQ graph: checker, strict shape inference, planned Q/DQ present."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from qdq.graph.plan import QuantPlan
+
+__all__ = ["validate_export"]
+
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: ops a DequantizeLinear may pass through before reaching its consumer (data movement)
+PASS_OPS = frozenset(
+    {
+        "Pad",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Identity",
+        "MaxPool",
+        "Slice",
+    }
+)
+
+
+def validate_export(model: Any, plan: QuantPlan) -> tuple[int, int]:
+    """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ)."""
+    import onnx
+
+    from qdq.export.onnx_export import ExportError
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        raise ExportError(f"onnx.checker rejected the exported model: {err}") from err
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as err:
+        raise ExportError(f"ONNX shape inference failed on the exported model: {err}") from err
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = defaultdict(list)
+    for n in graph.node:
+        for i in n.input:
+            consumers[i].append(n)
+    _check_zero_points(graph)
+    problems = []
+    for group in plan.groups:
+        leader = plan.point(group.leader)
+        if leader.kind != "weight" or not group.quantizer:
+            continue
+        dqs = [
+            n
+            for n in graph.node
+            if n.op_type == "DequantizeLinear" and n.name.startswith(group.quantizer + "/")
+        ]
+        ops = [
+            c for dq in dqs for c in _through(consumers, dq.output[0]) if c.op_type in WEIGHTED_OPS
+        ]
+        if not ops:
+            problems.append(
+                f"{leader.owner}: weight DequantizeLinear does not feed a Conv/Gemm/MatMul"
+            )
+            continue
+        for op in ops:
+            data = _source(producers, op.input[0])
+            if data is None or data.op_type != "DequantizeLinear":
+                problems.append(
+                    f"{leader.owner}: {op.name} reads a float activation (no DequantizeLinear)"
+                )
+    if problems:
+        raise ExportError("planned Q/DQ missing in the exported graph:\n  " + "\n  ".join(problems))
+    n_q = sum(1 for n in graph.node if n.op_type == "QuantizeLinear")
+    n_dq = sum(1 for n in graph.node if n.op_type == "DequantizeLinear")
+    return n_q, n_dq
+
+
+def _through(consumers: dict[str, list[Any]], tensor: str) -> list[Any]:
+    out, stack = [], [tensor]
+    while stack:
+        for c in consumers.get(stack.pop(), []):
+            if c.op_type in PASS_OPS:
+                stack.extend(c.output)
+            else:
+                out.append(c)
+    return out
+
+
+def _source(producers: dict[str, Any], tensor: str) -> Any:
+    node = producers.get(tensor)
+    while node is not None and node.op_type in PASS_OPS:
+        node = producers.get(node.input[0])
+    return node
+
+
+def _check_zero_points(graph: Any) -> None:
+    from onnx import TensorProto, numpy_helper
+
+    from qdq.export.onnx_export import ExportError
+
+    inits = {i.name: i for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if len(n.input) < 3 or n.input[2] not in inits:
+            raise ExportError(
+                f"{n.name}: zero point is not an initializer (TensorRT needs a constant 0)"
+            )
+        zp = inits[n.input[2]]
+        if zp.data_type != TensorProto.INT8 or numpy_helper.to_array(zp).any():
+            raise ExportError(f"{n.name}: zero point must be int8 zeros")
+        scale = numpy_helper.to_array(inits[n.input[1]]) if n.input[1] in inits else None
+        if scale is None or not (scale > 0).all():
+            raise ExportError(f"{n.name}: scale must be a positive constant initializer")
