@@ -11,8 +11,8 @@ write the ONNX and its manifest atomically.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -222,15 +222,16 @@ def _run_exporter(
 
                 proto = downgrade(proto, opset)
             return proto
-        buffer = io.BytesIO()
         axes = {n: {0: "batch"} for n in input_names} if dynamic_batch else None
         if axes is not None:
             axes["output"] = {0: "batch"}
-        torch.onnx.export(  # type: ignore[arg-type]  # file-like objects are accepted
-            model, args, buffer, dynamo=False, opset_version=opset, input_names=input_names,
-            output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
-        )  # fmt: skip
-        return onnx.load_from_string(buffer.getvalue())
+        with tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp:
+            out = Path(tmp) / "model.onnx"
+            torch.onnx.export(
+                model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
+                output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
+            )  # fmt: skip
+            return onnx.load(str(out))
 
 
 def load_onnx(path: str | Path) -> Any:
