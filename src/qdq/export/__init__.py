@@ -4,5 +4,14 @@ from __future__ import annotations
 
 from qdq.export.manifest import SCHEMA, load_calibration
 from qdq.export.onnx_export import EXPORTERS, ExportError, ExportResult, export_onnx
+from qdq.export.summary import graph_summary
 
-__all__ = ["EXPORTERS", "SCHEMA", "ExportError", "ExportResult", "export_onnx", "load_calibration"]
+__all__ = [
+    "EXPORTERS",
+    "SCHEMA",
+    "ExportError",
+    "ExportResult",
+    "export_onnx",
+    "graph_summary",
+    "load_calibration",
+]

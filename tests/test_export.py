@@ -1,0 +1,199 @@
+"""Q/DQ ONNX export: parity with ONNX Runtime, structure, manifest, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+import qdq
+from qdq.backends.onnxruntime import parity, run, session
+from qdq.export import ExportError, graph_summary
+
+pytest.importorskip("onnxruntime")
+fm = pytest.importorskip("qdq.zoo.fashion_mnist")
+
+
+@pytest.fixture(scope="module")
+def fashion() -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    model = fm.load_pretrained()
+    images, _ = fm.load_split("test")
+    prepared = qdq.prepare(model, (images[:2],))
+    qdq.calibrate(prepared, fm.calibration_batches(), show_progress=False)
+    return model, prepared, images[:1000]
+
+
+def _step(prepared: nn.Module, path: str) -> float:
+    return float(prepared.get_submodule(path).amax.max()) / 127
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("opset", [13, 17])
+def test_parity_with_onnx_runtime(fashion, tmp_path: Path, exporter: str, opset: int) -> None:
+    _, prepared, images = fashion
+    out = qdq.export_onnx(
+        prepared, (images[:2],), tmp_path / "m.onnx", exporter=exporter, opset=opset
+    )
+    assert out.exporter == exporter and out.opset == opset
+    assert onnx.load(str(out.path)).opset_import[0].version == opset
+    report = parity(
+        prepared, out.path, [images[i : i + 250] for i in range(0, 1000, 250)], per_layer=True
+    )
+    assert report.top1_agreement is not None and report.top1_agreement >= 0.998
+    assert report.min_cosine > 0.99999 and report.max_rel_diff < 5e-3
+    layers = report.layers
+    assert len(layers) == 9  # every activation quantizer compared by name
+    # the first quantizer reads the network input: bit-identical, 0 differing codes
+    assert layers["conv1.input_quantizer"].differing_codes == 0
+    assert layers["layer1.conv1.input_quantizer"].differing_codes == 0
+    for path, lp in layers.items():
+        # after float ops the frameworks accumulate in different orders: values within float
+        # rounding of a code boundary land on the neighbouring code, and such flips propagate a
+        # little downstream; they stay rare and a few steps at most
+        assert lp.max_abs_diff <= 4 * _step(prepared, path) * 1.001, path
+        assert lp.code_mismatch_rate < 1e-3, path
+
+
+def test_single_layer_is_exact(tmp_path: Path) -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 36, 32)
+    ).eval()
+    x = torch.randn(8, 3, 8, 8)
+    prepared = qdq.prepare(model, (x,))
+    qdq.calibrate(prepared, [torch.randn(8, 3, 8, 8) for _ in range(3)], show_progress=False)
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx")
+    report = parity(prepared, out.path, [x], per_layer=True)
+    assert report.layers["0.input_quantizer"].differing_codes == 0
+    assert report.max_rel_diff < 1e-5
+
+
+def test_structure_names_and_dynamic_batch(fashion, tmp_path: Path) -> None:
+    _, prepared, images = fashion
+    out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx")
+    model = onnx.load(str(out.path))
+    names = {n.name for n in model.graph.node}
+    assert {"layer1.conv1/Conv", "layer1.conv1.input_quantizer/QuantizeLinear"} <= names
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert inits[node.input[2]].dtype == np.int8 and not inits[node.input[2]].any()
+            assert (inits[node.input[1]] > 0).all()
+            if "weight_quantizer" in node.name:
+                assert node.attribute[0].name == "axis" and node.attribute[0].i == 0
+    consumers: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    dq_outputs = [n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(consumers[o] == 1 for o in dq_outputs)  # one DQ per consumer
+    assert out.num_quantize == 18 and out.num_dequantize == 21
+    sess = session(out.path)
+    for batch in (1, 3, 5):
+        assert run(sess, [images[:batch]])[0].shape == (batch, 10)
+
+
+def test_manifest_round_trip(fashion, tmp_path: Path) -> None:
+    model, prepared, images = fashion
+    out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx")
+    doc = json.loads(out.manifest_path.read_text())
+    assert doc["schema"] == "qdq.manifest/1" and doc["opset"] == 17
+    entries = {e["path"]: e for e in doc["quantizers"]}
+    conv1 = entries["layer1.conv1.input_quantizer"]
+    assert conv1["rule"] == "P01" and conv1["members"] == [
+        "layer1.conv1:input",
+        "layer1.add:input1",
+    ]
+    assert conv1["onnx_nodes"][0] == "layer1.conv1.input_quantizer/QuantizeLinear"
+    assert len(entries["layer1.conv1.weight_quantizer"]["amax"]) == 16
+    fresh = qdq.prepare(model, (images[:2],))
+    qdq.load_calibration(fresh, out.manifest_path)
+    assert torch.equal(fresh(images[:50]), prepared(images[:50]))
+
+
+def test_manifest_errors(fashion, tmp_path: Path) -> None:
+    _, prepared, images = fashion
+    with pytest.raises(FileNotFoundError):
+        qdq.load_calibration(prepared, tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "other/9"}))
+    with pytest.raises(ValueError, match="expected schema"):
+        qdq.load_calibration(prepared, bad)
+    other = qdq.prepare(nn.Sequential(nn.Conv2d(1, 16, 3)), (images[:1],))
+    qdq.calibrate(other, [images[:8]], show_progress=False)
+    res = qdq.export_onnx(other, (images[:1],), tmp_path / "o.onnx")
+    with pytest.raises(ValueError, match="belongs to another model"):
+        qdq.load_calibration(prepared, res.manifest_path)
+
+
+def test_bad_input(fashion, tmp_path: Path) -> None:
+    model, prepared, images = fashion
+    args = (images[:2],)
+    with pytest.raises(ValueError, match="opset must be an int in 13..21"):
+        qdq.export_onnx(prepared, args, tmp_path / "a.onnx", opset=12)
+    with pytest.raises(ValueError, match="exporter must be one of"):
+        qdq.export_onnx(prepared, args, tmp_path / "a.onnx", exporter="tvm")
+    with pytest.raises(ValueError, match="before calibration"):
+        qdq.export_onnx(qdq.prepare(model, args), args, tmp_path / "a.onnx")
+    broken = qdq.prepare(model, args)
+    state = {k: v.clone() for k, v in prepared.state_dict().items()}
+    state["layer2.conv1.input_quantizer.amax"] = torch.tensor(float("nan"))
+    broken.load_state_dict(state)
+    with pytest.raises(ValueError, match="'layer2.conv1.input_quantizer' amax has non-finite"):
+        qdq.export_onnx(broken, args, tmp_path / "a.onnx")
+    (tmp_path / "exists.onnx").write_bytes(b"old")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        qdq.export_onnx(prepared, args, tmp_path / "exists.onnx")
+    assert (tmp_path / "exists.onnx").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.onnx"]  # nothing half-written
+    with pytest.raises(ValueError, match="not returned by qdq.prepare"):
+        qdq.export_onnx(model, args, tmp_path / "a.onnx")
+
+
+def test_dead_channels_are_floored_with_a_warning(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 16, 3)).eval()
+    with torch.no_grad():
+        model[0].weight[5].zero_()
+        model[0].weight[9].zero_()
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(model, (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    with pytest.warns(UserWarning, match=r"0.weight_quantizer: channels \[5, 9\]"):
+        out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx")
+    assert out.floored == {"0.weight_quantizer": [5, 9]}
+    scales = [
+        numpy_helper.to_array(i)
+        for i in onnx.load(str(out.path)).graph.initializer
+        if "scale" in i.name
+    ]
+    assert all((s > 0).all() for s in scales)
+    assert parity(prepared, out.path, [x]).max_rel_diff < 1e-5
+
+
+def test_structural_check_catches_a_missing_dequantize(fashion, tmp_path: Path) -> None:
+    from qdq.export.validate import validate_export
+
+    _, prepared, images = fashion
+    out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx")
+    model = onnx.load(str(out.path))
+    conv = next(n for n in model.graph.node if n.name == "layer2.conv2/Conv")
+    dq = next(n for n in model.graph.node if n.output[0] == conv.input[0])
+    q = next(n for n in model.graph.node if n.output[0] == dq.input[0])
+    conv.input[0] = q.input[0]  # bypass the activation Q/DQ
+    with pytest.raises(
+        ExportError, match="layer2.conv2: layer2.conv2/Conv reads a float activation"
+    ):
+        validate_export(model, qdq.plan_of(prepared))
+
+
+def test_graph_summary_lists_dq_inputs(fashion, tmp_path: Path) -> None:
+    _, prepared, images = fashion
+    out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx", exporter="torchscript")
+    text = graph_summary(onnx.load(str(out.path)))
+    assert "layer1.conv1/Conv  Conv  in=[DQ, DQ" in text
+    assert text.startswith("ops: ") and "QuantizeLinear 18" in text
