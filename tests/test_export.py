@@ -53,6 +53,7 @@ def test_parity_with_onnx_runtime(fashion, tmp_path: Path, exporter: str, opset:
     assert layers["conv1.input_quantizer"].differing_codes == 0
     assert layers["layer1.conv1.input_quantizer"].differing_codes == 0
     for path, lp in layers.items():
+        assert lp.qdq_mismatches == 0, path  # every Q/DQ is bit-exact given the same input
         # after float ops the frameworks accumulate in different orders: values within float
         # rounding of a code boundary land on the neighbouring code, and such flips propagate a
         # little downstream; they stay rare and a few steps at most

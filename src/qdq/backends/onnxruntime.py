@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq.quant import fake_quant
+
 __all__ = ["LayerParity", "ParityReport", "parity", "run", "session"]
 
 
@@ -74,6 +76,11 @@ class LayerParity:
     cosine: float
     differing_codes: int
     elements: int
+    qdq_mismatches: int = 0
+
+    # ``qdq_mismatches``: ORT's own pre-quantization tensor fake-quantized by torch (qdq.fake_quant
+    # with this quantizer's amax) vs ORT's DequantizeLinear output — a test of the Q/DQ numerics
+    # alone, free of upstream float differences. It must be 0.
 
     @property
     def code_mismatch_rate(self) -> float:
@@ -116,7 +123,7 @@ def parity(
     import onnx
 
     model = onnx_model if hasattr(onnx_model, "graph") else onnx.load(str(onnx_model))
-    taps: dict[str, str] = {}
+    taps: dict[str, tuple[str, str]] = {}
     if per_layer:
         model = _with_quantizer_outputs(model, taps)
     sess = session(model)
@@ -131,7 +138,7 @@ def parity(
                 scales[path] = (
                     torch.clamp(amax.detach().float() / 127, min=2.0**-24 / 127)
                 ).numpy()
-    n_out = len(sess.get_outputs()) - len(taps)
+    n_out = len(sess.get_outputs()) - 2 * len(taps)
     max_abs = max_ref = 0.0
     min_cos = 1.0
     agree = rows = 0
@@ -153,14 +160,20 @@ def parity(
                     if a_np.ndim == 2:
                         agree += int((a_np.argmax(1) == b.argmax(1)).sum())
                         rows += a_np.shape[0]
-                for (path, _), value in zip(taps.items(), theirs[n_out:], strict=True):
+                extra = theirs[n_out:]
+                for k, path in enumerate(taps):
+                    pre, value = extra[2 * k], extra[2 * k + 1]
                     t = captured[path].cpu().numpy()
                     d, c = float(np.abs(t - value).max(initial=0.0)), _cosine(t, value)
                     codes = np.round(t / scales[path]) != np.round(value / scales[path])
+                    amax = prepared.get_submodule(path).amax
+                    ours_on_theirs = fake_quant(torch.from_numpy(pre), amax).numpy()
+                    exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
                     old = layer_stats.get(path, LayerParity(0.0, 1.0, 0, 0))
                     layer_stats[path] = LayerParity(
                         max(old.max_abs_diff, d), min(old.cosine, c),
                         old.differing_codes + int(codes.sum()), old.elements + codes.size,
+                        old.qdq_mismatches + exact,
                     )  # fmt: skip
                 count += 1
     finally:
@@ -180,22 +193,29 @@ def _capture(store: dict[str, torch.Tensor], path: str) -> Any:
     return hook
 
 
-def _with_quantizer_outputs(model: Any, taps: dict[str, str]) -> Any:
-    """A copy of ``model`` that also outputs every activation quantizer's DequantizeLinear."""
+def _with_quantizer_outputs(model: Any, taps: dict[str, tuple[str, str]]) -> Any:
+    """A copy of ``model`` that also outputs, for every activation quantizer, the tensor entering
+    its QuantizeLinear and the tensor leaving its DequantizeLinear."""
     import onnx
 
     extended = onnx.ModelProto()
     extended.CopyFrom(model)
     existing = {o.name for o in extended.graph.output}
+    quantize = {n.output[0]: n for n in extended.graph.node if n.op_type == "QuantizeLinear"}
     for node in extended.graph.node:
         if node.op_type != "DequantizeLinear" or "/" not in node.name:
             continue
         path, _, tail = node.name.rpartition("/")
         if tail != "DequantizeLinear" or path.endswith("weight_quantizer") or path in taps:
             continue
-        taps[path] = node.output[0]
-        if node.output[0] not in existing:
-            extended.graph.output.append(onnx.helper.make_empty_tensor_value_info(node.output[0]))
+        q = quantize.get(node.input[0])
+        if q is None:
+            continue
+        taps[path] = (q.input[0], node.output[0])
+        for name in taps[path]:
+            if name not in existing:
+                extended.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+                existing.add(name)
     return extended
 
 

@@ -117,6 +117,7 @@ def _dedicate_dequantize(model: Any) -> None:
         for i, name in enumerate(node.input):
             consumers[name].append((node, i))
     outputs = {o.name for o in graph.output}
+    taken = {n.name for n in graph.node}
     new_nodes = []
     for node in graph.node:
         new_nodes.append(node)
@@ -128,7 +129,10 @@ def _dedicate_dequantize(model: Any) -> None:
         for k, (consumer, idx) in enumerate(uses[1:], start=1):
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"{node.name}_{k}"
+            copy.name = f"{node.name}.{k}"
+            while copy.name in taken:
+                copy.name += "_"
+            taken.add(copy.name)
             copy.output[0] = f"{node.output[0]}_{k}"
             consumer.input[idx] = copy.output[0]
             new_nodes.append(copy)
