@@ -166,7 +166,8 @@ def parity(
                     t = captured[path].cpu().numpy()
                     d, c = float(np.abs(t - value).max(initial=0.0)), _cosine(t, value)
                     codes = np.round(t / scales[path]) != np.round(value / scales[path])
-                    amax = prepared.get_submodule(path).amax
+                    amax = getattr(prepared.get_submodule(path), "amax", None)
+                    assert isinstance(amax, torch.Tensor)
                     ours_on_theirs = fake_quant(torch.from_numpy(pre), amax).numpy()
                     exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
                     old = layer_stats.get(path, LayerParity(0.0, 1.0, 0, 0))
