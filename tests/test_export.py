@@ -198,3 +198,21 @@ def test_graph_summary_lists_dq_inputs(fashion, tmp_path: Path) -> None:
     text = graph_summary(onnx.load(str(out.path)))
     assert "layer1.conv1/Conv  Conv  in=[DQ, DQ" in text
     assert text.startswith("ops: ") and "QuantizeLinear 18" in text
+
+
+@pytest.mark.parametrize(("exporter", "opset"), [("dynamo", 17), ("torchscript", 19)])
+def test_fp16_remainder(fashion, tmp_path: Path, exporter: str, opset: int) -> None:
+    _, prepared, images = fashion
+    out = qdq.export_onnx(
+        prepared, (images[:2],), tmp_path / "m.onnx", exporter=exporter, opset=opset, fp16=True
+    )
+    model = onnx.load(str(out.path))
+    fp16 = onnx.TensorProto.FLOAT16
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # I/O kept
+    bn = [i for i in model.graph.initializer if i.name.endswith("running_var")]
+    assert bn and all(i.data_type == fp16 for i in bn)  # the float remainder is FP16
+    scales = [i for i in model.graph.initializer if i.name.endswith("export_scale")]
+    expected = fp16 if opset >= 19 else onnx.TensorProto.FLOAT
+    assert scales and all(i.data_type == expected for i in scales)
+    report = parity(prepared, out.path, [images[i : i + 250] for i in range(0, 1000, 250)])
+    assert report.min_cosine > 0.9999 and report.top1_agreement >= 0.99  # type: ignore[operator]

@@ -11,6 +11,7 @@ write the ONNX and its manifest atomically.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import tempfile
 import time
@@ -62,6 +63,7 @@ def export_onnx(
     opset: int = 17,
     dynamic_batch: bool = True,
     exporter: str = "auto",
+    fp16: bool = False,
     overwrite: bool = False,
 ) -> ExportResult:
     """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX (and ``*.manifest.json``).
@@ -74,6 +76,10 @@ def export_onnx(
         dynamic_batch: make dimension 0 of every input and output dynamic.
         exporter: ``"dynamo"`` (torch.export based, the default in torch >= 2.9), ``"torchscript"``
             or ``"auto"`` (dynamo, falling back to TorchScript with a warning).
+        fp16: write everything outside Q/DQ in float16 (TensorRT 11 strongly typed builds take
+            precision from the ONNX). Inputs and outputs stay float32 behind Casts. Below opset 19
+            QuantizeLinear needs float32, so Q/DQ keep float32 scales with Casts around them; from
+            opset 19 the scales themselves are float16 (rounded from the float32 scale).
         overwrite: replace an existing file.
 
     Raises:
@@ -107,6 +113,10 @@ def export_onnx(
         raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
+    export_model, export_args = prepared, tuple(example_inputs)
+    if fp16:
+        export_model, export_args = _half_copy(prepared, export_args)
+    export_quantizers = quantizers_of(export_model)
     start = time.perf_counter()
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
     model_proto = None
@@ -115,9 +125,10 @@ def export_onnx(
     for candidate in order:
         try:
             symbolic_opset = max(opset, 18) if candidate == "dynamo" else opset
-            with _export_state(prepared, quantizers, symbolic_opset):
+            scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
+            with _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype):
                 model_proto = _run_exporter(
-                    prepared, tuple(example_inputs), candidate, opset, dynamic_batch
+                    export_model, export_args, candidate, opset, dynamic_batch
                 )
             used = candidate
             break
@@ -131,6 +142,10 @@ def export_onnx(
     if model_proto is None:
         raise ExportError("every exporter failed:\n" + "\n".join(errors))
     model_proto = postprocess(model_proto)
+    if fp16:
+        from qdq.export.postprocess import float32_io
+
+        float32_io(model_proto)
     counts = validate_export(model_proto, plan)
     seconds = time.perf_counter() - start
     manifest = build_manifest(plan, quantizers, model_proto, exporter=used, opset=opset)
@@ -173,13 +188,28 @@ def _check_quantizers(quantizers: dict[str, Quantizer]) -> dict[str, list[int]]:
     return floored
 
 
+def _half_copy(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, tuple[Any, ...]]:
+    """A float16 copy of the model whose quantizers keep their float32 amax."""
+    half = copy.deepcopy(prepared).half()
+    for name, q in quantizers_of(half).items():
+        original = prepared.get_submodule(name)
+        assert isinstance(original, Quantizer)
+        q.amax = original.amax.detach().clone()
+    cast = tuple(
+        a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    )
+    return half, cast
+
+
 @contextlib.contextmanager
-def _export_state(model: nn.Module, quantizers: dict[str, Quantizer], opset: int) -> Iterator[None]:
+def _export_state(
+    model: nn.Module, quantizers: dict[str, Quantizer], opset: int, scale_dtype: torch.dtype
+) -> Iterator[None]:
     """Attach export scales/zero points, eval mode, no grad; undo everything afterwards."""
     was_training = model.training
     try:
         for q in quantizers.values():
-            scale = scale_from_amax(q.amax).detach().clone()
+            scale = scale_from_amax(q.amax).detach().clone().to(scale_dtype)
             q.register_buffer("export_scale", scale)
             q.register_buffer(
                 "export_zero_point", torch.zeros(scale.shape, dtype=torch.int8, device=scale.device)

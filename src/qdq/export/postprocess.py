@@ -17,7 +17,7 @@ import ast
 from collections import Counter, defaultdict
 from typing import Any
 
-__all__ = ["node_scope", "postprocess"]
+__all__ = ["float32_io", "node_scope", "postprocess"]
 
 
 def postprocess(model: Any) -> Any:
@@ -94,7 +94,7 @@ def _rename_nodes(model: Any) -> None:
     for node in model.graph.node:
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(node.input) > 1:
             src = producers.get(node.input[1])
-            while src is not None and src.op_type in ("Transpose", "Reshape", "Identity"):
+            while src is not None and src.op_type in ("Transpose", "Reshape", "Identity", "Cast"):
                 src = producers.get(src.input[0])
             if src is not None and src.op_type == "DequantizeLinear" and id(src) in scopes:
                 scopes[id(node)] = (
@@ -138,3 +138,46 @@ def _dedicate_dequantize(model: Any) -> None:
             new_nodes.append(copy)
     del graph.node[:]
     graph.node.extend(new_nodes)
+
+
+def float32_io(model: Any) -> Any:
+    """Give a float16 graph float32 inputs and outputs, with Casts at the boundary."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    front, back = [], []
+    for inp in graph.input:
+        if inp.type.tensor_type.elem_type != TensorProto.FLOAT16:
+            continue
+        inner = f"{inp.name}_fp16"
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name == inp.name:
+                    node.input[i] = inner
+        front.append(
+            helper.make_node(
+                "Cast", [inp.name], [inner], to=TensorProto.FLOAT16, name=f"{inp.name}/Cast"
+            )
+        )
+        inp.type.tensor_type.elem_type = TensorProto.FLOAT
+    for out in graph.output:
+        if out.type.tensor_type.elem_type != TensorProto.FLOAT16:
+            continue
+        inner = f"{out.name}_fp16"
+        for node in graph.node:
+            for i, name in enumerate(node.output):
+                if name == out.name:
+                    node.output[i] = inner
+            for i, name in enumerate(node.input):
+                if name == out.name:
+                    node.input[i] = inner
+        back.append(
+            helper.make_node(
+                "Cast", [inner], [out.name], to=TensorProto.FLOAT, name=f"{out.name}/Cast"
+            )
+        )
+        out.type.tensor_type.elem_type = TensorProto.FLOAT
+    nodes = [*front, *graph.node, *back]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

@@ -22,6 +22,7 @@ PASS_OPS = frozenset(
         "Identity",
         "MaxPool",
         "Slice",
+        "Cast",
     }
 )
 

@@ -45,7 +45,14 @@ def current_exporter() -> str | None:
 def emit_qdq(
     x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int | None, opset: int
 ) -> torch.Tensor:
-    """``DequantizeLinear(QuantizeLinear(x))`` as ONNX ops for the current exporter."""
+    """``DequantizeLinear(QuantizeLinear(x))`` as ONNX ops for the current exporter.
+
+    When ``x`` and ``scale`` differ in dtype (a float16 graph with float32 scales below opset 19,
+    where QuantizeLinear only takes float32), ``x`` is cast to the scale's dtype and the result
+    back to ``x``'s dtype.
+    """
+    if x.dtype != scale.dtype:
+        return emit_qdq(x.to(scale.dtype), scale, zero_point, axis, opset).to(x.dtype)
     if _EXPORTER == "dynamo":
         attrs: dict[str, Any] = {} if axis is None else {"axis": axis}
         q = torch.onnx.ops.symbolic(
