@@ -7,6 +7,7 @@ do not represent TensorRT.) onnxruntime is imported lazily (extra ``qdq[onnx]``)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,11 +124,11 @@ def parity(
     import onnx
 
     model = onnx_model if hasattr(onnx_model, "graph") else onnx.load(str(onnx_model))
-    taps: dict[str, tuple[str, str]] = {}
+    taps: dict[str, list[tuple[str, str]]] = {}
     if per_layer:
         model = _with_quantizer_outputs(model, taps)
     sess = session(model)
-    captured: dict[str, torch.Tensor] = {}
+    captured: dict[str, list[torch.Tensor]] = {}
     hooks = []
     scales: dict[str, np.ndarray] = {}
     if per_layer:
@@ -138,7 +139,7 @@ def parity(
                 scales[path] = (
                     torch.clamp(amax.detach().float() / 127, min=2.0**-24 / 127)
                 ).numpy()
-    n_out = len(sess.get_outputs()) - 2 * len(taps)
+    n_out = len(sess.get_outputs()) - 2 * sum(len(v) for v in taps.values())
     max_abs = max_ref = 0.0
     min_cos = 1.0
     agree = rows = 0
@@ -149,6 +150,7 @@ def parity(
     try:
         with torch.no_grad():
             for batch in batches:
+                captured.clear()
                 inputs = [batch] if isinstance(batch, torch.Tensor) else list(batch)
                 ours = _flatten_outputs(prepared(*inputs))
                 theirs = run(sess, inputs)
@@ -160,22 +162,18 @@ def parity(
                     if a_np.ndim == 2:
                         agree += int((a_np.argmax(1) == b.argmax(1)).sum())
                         rows += a_np.shape[0]
-                extra = theirs[n_out:]
-                for k, path in enumerate(taps):
-                    pre, value = extra[2 * k], extra[2 * k + 1]
-                    t = captured[path].cpu().numpy()
-                    d, c = float(np.abs(t - value).max(initial=0.0)), _cosine(t, value)
-                    codes = np.round(t / scales[path]) != np.round(value / scales[path])
-                    amax = getattr(prepared.get_submodule(path), "amax", None)
-                    assert isinstance(amax, torch.Tensor)
-                    ours_on_theirs = fake_quant(torch.from_numpy(pre), amax).numpy()
-                    exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
-                    old = layer_stats.get(path, LayerParity(0.0, 1.0, 0, 0))
-                    layer_stats[path] = LayerParity(
-                        max(old.max_abs_diff, d), min(old.cosine, c),
-                        old.differing_codes + int(codes.sum()), old.elements + codes.size,
-                        old.qdq_mismatches + exact,
-                    )  # fmt: skip
+                extra = iter(theirs[n_out:])
+                for path, sites in taps.items():
+                    calls = list(captured.get(path, []))
+                    for _ in sites:
+                        pre, value = next(extra), next(extra)
+                        match = next(
+                            (i for i, t in enumerate(calls) if t.shape == value.shape), None
+                        )
+                        ours_t = calls.pop(match).cpu().numpy() if match is not None else None
+                        layer_stats[path] = _layer(
+                            layer_stats.get(path), prepared, path, ours_t, pre, value, scales[path]
+                        )
                 count += 1
     finally:
         prepared.train(was_training)
@@ -187,14 +185,42 @@ def parity(
     return ParityReport(max_abs, rel, min_cos, agree / rows if rows else None, count, layer_stats)
 
 
-def _capture(store: dict[str, torch.Tensor], path: str) -> Any:
+def _capture(store: dict[str, list[torch.Tensor]], path: str) -> Any:
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-        store[path] = output.detach()
+        store.setdefault(path, []).append(output.detach())
 
     return hook
 
 
-def _with_quantizer_outputs(model: Any, taps: dict[str, tuple[str, str]]) -> Any:
+def _layer(
+    old: LayerParity | None,
+    prepared: nn.Module,
+    path: str,
+    ours: np.ndarray | None,
+    pre: np.ndarray,
+    value: np.ndarray,
+    scale: np.ndarray,
+) -> LayerParity:
+    """Fold one call site of quantizer ``path`` into its running :class:`LayerParity`."""
+    amax = getattr(prepared.get_submodule(path), "amax", None)
+    assert isinstance(amax, torch.Tensor)
+    ours_on_theirs = fake_quant(torch.from_numpy(pre), amax).numpy()
+    exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
+    prev = old or LayerParity(0.0, 1.0, 0, 0)
+    if ours is None:  # no torch tensor of that shape at this call site: numerics check only
+        return LayerParity(prev.max_abs_diff, prev.cosine, prev.differing_codes, prev.elements,
+                           prev.qdq_mismatches + exact)  # fmt: skip
+    codes = np.round(ours / scale) != np.round(value / scale)
+    return LayerParity(
+        max(prev.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
+        min(prev.cosine, _cosine(ours, value)),
+        prev.differing_codes + int(codes.sum()),
+        prev.elements + codes.size,
+        prev.qdq_mismatches + exact,
+    )
+
+
+def _with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -> Any:
     """A copy of ``model`` that also outputs, for every activation quantizer, the tensor entering
     its QuantizeLinear and the tensor leaving its DequantizeLinear."""
     import onnx
@@ -207,13 +233,13 @@ def _with_quantizer_outputs(model: Any, taps: dict[str, tuple[str, str]]) -> Any
         if node.op_type != "DequantizeLinear" or "/" not in node.name:
             continue
         path, _, tail = node.name.rpartition("/")
-        if tail != "DequantizeLinear" or path.endswith("weight_quantizer") or path in taps:
-            continue
+        if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):
+            continue  # weights, and the per-consumer copies ("....1") of a DequantizeLinear
         q = quantize.get(node.input[0])
         if q is None:
             continue
-        taps[path] = (q.input[0], node.output[0])
-        for name in taps[path]:
+        taps.setdefault(path, []).append((q.input[0], node.output[0]))
+        for name in (q.input[0], node.output[0]):
             if name not in existing:
                 extended.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
                 existing.add(name)
