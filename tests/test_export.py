@@ -216,3 +216,23 @@ def test_fp16_remainder(fashion, tmp_path: Path, exporter: str, opset: int) -> N
     assert scales and all(i.data_type == expected for i in scales)
     report = parity(prepared, out.path, [images[i : i + 250] for i in range(0, 1000, 250)])
     assert report.min_cosine > 0.9999 and report.top1_agreement >= 0.99  # type: ignore[operator]
+
+
+def test_torchscript_names_survive_equal_scales(tmp_path: Path) -> None:
+    # TorchScript de-duplicates equal initializers, so scale names cannot identify quantizers
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3)).eval()
+    x = torch.randn(2, 3, 10, 10)
+    prepared = qdq.prepare(model, (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    for path in ("0.input_quantizer", "2.input_quantizer"):
+        prepared.get_submodule(path).set_amax(2.0)
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter="torchscript")
+    names = [n.name for n in onnx.load(str(out.path)).graph.node if n.op_type == "QuantizeLinear"]
+    assert names == [
+        "0.input_quantizer/QuantizeLinear",
+        "0.weight_quantizer/QuantizeLinear",
+        "2.input_quantizer/QuantizeLinear",
+        "2.weight_quantizer/QuantizeLinear",
+    ]
+    report = parity(prepared, out.path, [x], per_layer=True)
+    assert all(lp.qdq_mismatches == 0 for lp in report.layers.values())

@@ -120,6 +120,7 @@ def export_onnx(
     start = time.perf_counter()
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
     model_proto = None
+    call_order: list[str] | None = None
     used = order[0]
     errors: list[str] = []
     for candidate in order:
@@ -127,7 +128,7 @@ def export_onnx(
             symbolic_opset = max(opset, 18) if candidate == "dynamo" else opset
             scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
             with _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype):
-                model_proto = _run_exporter(
+                model_proto, call_order = _run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch
                 )
             used = candidate
@@ -141,7 +142,7 @@ def export_onnx(
             )
     if model_proto is None:
         raise ExportError("every exporter failed:\n" + "\n".join(errors))
-    model_proto = postprocess(model_proto)
+    model_proto = postprocess(model_proto, call_order)
     if fp16:
         from qdq.export.postprocess import float32_io
 
@@ -228,7 +229,8 @@ def _export_state(
 
 def _run_exporter(
     model: nn.Module, args: tuple[Any, ...], exporter: str, opset: int, dynamic_batch: bool
-) -> Any:
+) -> tuple[Any, list[str] | None]:
+    """Run one exporter; return the ONNX model and (TorchScript) the quantizer call order."""
     import onnx
 
     tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
@@ -251,17 +253,26 @@ def _run_exporter(
                 from qdq.export.opset import downgrade
 
                 proto = downgrade(proto, opset)
-            return proto
+            return proto, None
         axes = {n: {0: "batch"} for n in input_names} if dynamic_batch else None
         if axes is not None:
             axes["output"] = {0: "batch"}
-        with tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp:
-            out = Path(tmp) / "model.onnx"
-            torch.onnx.export(
-                model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
-                output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
-            )  # fmt: skip
-            return onnx.load(str(out))
+        order: list[str] = []
+        hooks = [
+            q.register_forward_pre_hook(lambda m, a, path=path: order.append(path))
+            for path, q in quantizers_of(model).items()
+        ]
+        try:
+            with tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp:
+                out = Path(tmp) / "model.onnx"
+                torch.onnx.export(
+                    model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
+                    output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
+                )  # fmt: skip
+                return onnx.load(str(out)), order
+        finally:
+            for h in hooks:
+                h.remove()
 
 
 def load_onnx(path: str | Path) -> Any:

@@ -20,10 +20,15 @@ from typing import Any
 __all__ = ["float32_io", "node_scope", "postprocess"]
 
 
-def postprocess(model: Any) -> Any:
-    """Apply the three passes to ``model`` (an ``onnx.ModelProto``) in place and return it."""
+def postprocess(model: Any, quantizer_order: list[str] | None = None) -> Any:
+    """Apply the three passes to ``model`` (an ``onnx.ModelProto``) in place and return it.
+
+    ``quantizer_order``: the module paths of the quantizers in the order they ran while the
+    TorchScript exporter traced; the i-th QuantizeLinear of the graph belongs to the i-th entry.
+    (The dynamo exporter records each node's module path in metadata instead.)
+    """
     _drop_constant_identities(model)
-    _rename_nodes(model)
+    _rename_nodes(model, quantizer_order)
     _dedicate_dequantize(model)
     return model
 
@@ -77,20 +82,32 @@ def node_scope(node: Any) -> str:
     return ""
 
 
-def _rename_nodes(model: Any) -> None:
-    """Module-path names; Q/DQ are named after their quantizer (read off the scale initializer,
-    which keeps the buffer name ``<quantizer path>.export_scale``), weighted ops after the quantizer
-    of their weight, the rest after the exporter's scope metadata."""
+def _quantizer_scopes(model: Any, quantizer_order: list[str] | None) -> dict[int, str]:
+    """The quantizer path of every Q and DQ node."""
     producers = {o: n for n in model.graph.node for o in n.output}
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     scopes: dict[int, str] = {}
-    for node in model.graph.node:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
+    by_order = quantizer_order is not None and len(quantizer_order) == len(quantize)
+    for i, node in enumerate(quantize):
         meta = _metadata_scope(node)  # dynamo: exact even when equal scales share an initializer
         if meta is not None and meta.endswith("_quantizer"):
             scopes[id(node)] = meta
-        elif node.input[1].endswith(".export_scale"):
-            scopes[id(node)] = node.input[1].removesuffix(".export_scale")
+        elif by_order:
+            assert quantizer_order is not None
+            scopes[id(node)] = quantizer_order[i]
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear":
+            q = producers.get(node.input[0])
+            if q is not None and id(q) in scopes:
+                scopes[id(node)] = scopes[id(q)]
+    return scopes
+
+
+def _rename_nodes(model: Any, quantizer_order: list[str] | None) -> None:
+    """Module-path names: Q/DQ after their quantizer, weighted ops after the quantizer of their
+    weight, the rest after the exporter's scope metadata."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    scopes = _quantizer_scopes(model, quantizer_order)
     for node in model.graph.node:
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(node.input) > 1:
             src = producers.get(node.input[1])
