@@ -24,9 +24,13 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "FP32 accuracy" in proc.stdout and "lint verdict" in proc.stdout
+    assert "ONNX Runtime INT8 accuracy" in proc.stdout and "bit-exact: True" in proc.stdout
     report = json.loads((out / "demo.json").read_text())
     assert report["test_images"] == 2000
     assert report["plan"]["coverage"][0]["status"] == "int8"
+    assert Path(report["onnx"]["path"]).is_file() and report["onnx"]["qdq_bit_exact"]
+    best = report["int8"][report["best_method"]]["accuracy"]
+    assert abs(report["onnx"]["accuracy"] - best) <= 0.002  # ORT accuracy == torch accuracy
     assert set(report["int8"]) == {"max", "entropy", "mse", "percentile"}
     fp32 = report["fp32"]["accuracy"]
     assert fp32 > 0.9

@@ -1,0 +1,458 @@
+"""Read TensorRT engine layer information (``trtexec --exportLayerInfo``) into plain data.
+
+Both JSON schemas are accepted: TensorRT 8–10 (``{"Layers": [...], "Bindings": [...]}`` with one
+``Format/Datatype`` string per tensor) and TensorRT 11 (``"I/O Tensors"`` objects and separate
+``Format``/``DataType`` fields), as well as a bare list of layers. Layers of optimization profile
+N >= 1 carry a ``" [profile N]"`` suffix. A profile JSON (``--exportProfile``) adds per-layer times,
+a trex ``*.build.metadata.json`` the build options. Nothing here needs TensorRT or a GPU.
+
+Example:
+    >>> int8 = "Thirty-two wide channel vectorized row major Int8 format"
+    >>> report = parse_engine_report([{"Name": "Conv_0 + Relu_1", "LayerType": "CaskConvolution",
+    ...     "Inputs": [{"Name": "x", "Dimensions": [1, 3, 8, 8], "Format/Datatype": int8}],
+    ...     "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear FP32"}],
+    ...     "ParameterType": "Convolution", "Weights": {"Type": "Int8", "Count": 216}}])
+    >>> layer = report.find("Relu_1")
+    >>> layer.input_precision, layer.output_precision, layer.weights_dtype
+    ('int8', 'fp32', 'int8')
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "DTYPES",
+    "EngineIOTensor",
+    "EngineLayer",
+    "EngineReport",
+    "EngineTensor",
+    "load_engine_report",
+    "normalize_dtype",
+    "parse_engine_report",
+]
+
+DTYPES = ("int8", "fp16", "fp32", "bf16", "fp8", "int32", "int64", "bool", "uint8", "fp4", "int4")
+_DTYPE_WORDS = {
+    "int8": "int8", "fp16": "fp16", "half": "fp16", "float16": "fp16", "fp32": "fp32",
+    "float": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8",
+    "float8": "fp8", "e4m3": "fp8", "fp8e4m3": "fp8", "e5m2": "fp8", "fp8e5m2": "fp8",
+    "int32": "int32", "int64": "int64", "bool": "bool", "uint8": "uint8", "fp4": "fp4",
+    "float4": "fp4", "e2m1": "fp4", "fp4e2m1": "fp4", "int4": "int4",
+}  # fmt: skip
+_WEIGHTED = ("convolution", "deconvolution", "convactpool", "fullyconnected", "matrixmultiply",
+             "matmul", "gemm")  # fmt: skip
+_PROFILE_SUFFIX = re.compile(r" \[profile (\d+)\]$")
+_ONNX_LAYER = re.compile(r"\[ONNX Layer:\s*(.+?)\](?=\[|$)")
+_WRAPPERS = ("PWN(", "fusedPointwiseNode(")
+
+
+def normalize_dtype(text: str | None) -> str | None:
+    """The dtype named in a TensorRT format or data-type string, as one of :data:`DTYPES`.
+
+    Example:
+        >>> normalize_dtype("Thirty-two wide channel vectorized row major Int8 format")
+        'int8'
+        >>> normalize_dtype("Half"), normalize_dtype("DataType.BF16"), normalize_dtype("kLINEAR")
+        ('fp16', 'bf16', None)
+    """
+    for word in re.findall(r"[A-Za-z0-9]+", text or ""):
+        low = word.lower()
+        if low in _DTYPE_WORDS:
+            return _DTYPE_WORDS[low]
+        if low.startswith("k") and low[1:] in _DTYPE_WORDS:  # TensorRT enum names: kHALF, kINT8
+            return _DTYPE_WORDS[low[1:]]
+    return None
+
+
+@dataclass(frozen=True)
+class EngineTensor:
+    """One tensor a layer reads or writes: ``format`` is TensorRT's text, ``dtype`` normalised."""
+
+    name: str
+    dims: tuple[int, ...]
+    format: str
+    dtype: str | None
+
+
+@dataclass(frozen=True)
+class EngineIOTensor:
+    """An engine input or output (``mode`` ``"input"``/``"output"``, ``None`` if unknown)."""
+
+    name: str
+    mode: str | None
+    dims: tuple[int, ...]
+    dtype: str | None
+    format: str = ""
+
+
+@dataclass(frozen=True)
+class EngineLayer:
+    """One engine layer (often several fused network layers).
+
+    Attributes:
+        name: TensorRT's name, fused names joined with ``" + "`` (as in the profile JSON).
+        layer_type: implementation family (``CaskConvolution``, ``Reformat``, ``NoOp``, ...).
+        parameter_type: logical type (``Convolution``, ``Reformat``, ...), if given.
+        inputs, outputs: the activation tensors (weights are not among them).
+        origin: ``"QDQ"`` or ``"REFORMAT"`` on reformat layers.
+        tactic: the kernel name (``TacticName``), if any.
+        weights_dtype: normalised ``Weights.Type`` (``ConvWeights`` for ConvActPool).
+        onnx_nodes: the network layer names it absorbed: ``Name`` split on ``" + "``/``" || "``
+            (``PWN(...)`` unwrapped) plus ``[ONNX Layer: ...]`` entries of ``Metadata``.
+        profile: the optimization profile (from a ``" [profile N]"`` suffix, else 0).
+        median_ms, average_ms: from the profile JSON, when one was given and names this layer.
+        constants: TensorRT 10+ ``Constants`` tensors (weights of fused regions).
+        raw: the layer's JSON object, for any other field (``Kernel``, ``OutMaps``, ...).
+    """
+
+    name: str
+    layer_type: str
+    parameter_type: str | None
+    inputs: tuple[EngineTensor, ...]
+    outputs: tuple[EngineTensor, ...]
+    origin: str | None = None
+    tactic: str | None = None
+    weights_dtype: str | None = None
+    onnx_nodes: tuple[str, ...] = ()
+    profile: int = 0
+    median_ms: float | None = None
+    average_ms: float | None = None
+    constants: tuple[EngineTensor, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def compute_inputs(self) -> tuple[EngineTensor, ...]:
+        """Inputs that are not constants (weights)."""
+        const = {t.name for t in self.constants}
+        return tuple(t for t in self.inputs if t.name not in const)
+
+    @property
+    def input_precision(self) -> str | None:
+        """dtype of the first compute input (a fused residual addend is a later input)."""
+        return next((t.dtype for t in self.compute_inputs if t.dtype), None)
+
+    @property
+    def output_precision(self) -> str | None:
+        """dtype of the first output."""
+        return next((t.dtype for t in self.outputs if t.dtype), None)
+
+    @property
+    def is_reformat(self) -> bool:
+        """A ``Reformat`` layer (builder-inserted or an unfused Q/DQ)."""
+        return "Reformat" in (self.layer_type, self.parameter_type)
+
+    @property
+    def is_qdq_reformat(self) -> bool:
+        """An unfused Q/DQ: a Reformat of origin QDQ, or a Scale whose input XOR output is INT8."""
+        if self.is_reformat:
+            return (self.origin or "").upper() == "QDQ"
+        if "Scale" in (self.layer_type, self.parameter_type) and self.inputs and self.outputs:
+            return (self.inputs[0].dtype == "int8") != (self.outputs[0].dtype == "int8")
+        return False
+
+    @property
+    def is_weighted(self) -> bool:
+        """A Convolution/Deconvolution/FullyConnected/MatMul/Gemm-like compute layer."""
+        kinds = f"{self.layer_type} {self.parameter_type or ''}".lower()
+        return any(k in kinds for k in _WEIGHTED)
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """A parsed engine report.
+
+    Attributes:
+        layers: every engine layer in TensorRT's order.
+        io_tensors: the engine inputs and outputs (from ``I/O Tensors``, or ``Bindings`` completed
+            from the layers' tensors).
+        schema: ``"trt11"`` when split ``Format``/``DataType`` fields or ``I/O Tensors`` were seen,
+            else ``"trt8-10"``.
+        build_metadata: the trex ``*.build.metadata.json`` object, if given.
+        profile_count: iterations of the profile run (the profile's ``count`` record), if any.
+        unmatched_timings: median ms of profile records that name no layer.
+        has_timings: whether a profile JSON was read.
+    """
+
+    layers: tuple[EngineLayer, ...]
+    io_tensors: tuple[EngineIOTensor, ...] = ()
+    schema: str = "trt8-10"
+    build_metadata: dict[str, Any] | None = None
+    profile_count: int | None = None
+    unmatched_timings: dict[str, float] = field(default_factory=dict)
+    has_timings: bool = False
+
+    @property
+    def build_precision(self) -> str | None:
+        """``build_options.Precision`` of the build metadata (``"FP32+FP16+INT8"``), if known."""
+        options = (self.build_metadata or {}).get("build_options") or {}
+        return options.get("Precision") if isinstance(options, dict) else None
+
+    def reformats(self, origin: str | None = None) -> tuple[EngineLayer, ...]:
+        """Reformat layers, optionally only those of ``origin`` (``"QDQ"``/``"REFORMAT"``)."""
+        want = origin.upper() if origin is not None else None
+        return tuple(
+            x for x in self.layers
+            if x.is_reformat and (want is None or (x.origin or "").upper() == want)
+        )  # fmt: skip
+
+    def qdq_reformats(self) -> tuple[EngineLayer, ...]:
+        """Unfused Q/DQ layers (see :attr:`EngineLayer.is_qdq_reformat`)."""
+        return tuple(x for x in self.layers if x.is_qdq_reformat)
+
+    def layers_by_precision(
+        self, which: Literal["input", "output"] = "input"
+    ) -> dict[str | None, tuple[EngineLayer, ...]]:
+        """Layers grouped by compute-input (or output) precision; ``None``: no typed tensor."""
+        groups: dict[str | None, list[EngineLayer]] = {}
+        for x in self.layers:
+            key = x.input_precision if which == "input" else x.output_precision
+            groups.setdefault(key, []).append(x)
+        return {k: tuple(v) for k, v in groups.items()}
+
+    def int8_layers(self) -> tuple[EngineLayer, ...]:
+        """Layers that compute on INT8 inputs (reformats and NoOps excluded)."""
+        return tuple(
+            x for x in self.layers
+            if x.input_precision == "int8" and not x.is_reformat and x.layer_type != "NoOp"
+        )  # fmt: skip
+
+    def weighted_layers(self) -> tuple[EngineLayer, ...]:
+        """Convolution/Deconvolution/FullyConnected/MatMul/Gemm-like layers (ConvActPool too)."""
+        return tuple(x for x in self.layers if x.is_weighted)
+
+    def find(self, onnx_node_name: str, *, profile: int = 0) -> EngineLayer | None:
+        """The layer that absorbed ONNX node ``onnx_node_name`` (``None`` if none names it).
+
+        Example:
+            >>> r = parse_engine_report([{"Name": "w + QuantizeLinear_7 + Conv_9",
+            ...     "LayerType": "CaskConvolution", "Inputs": [], "Outputs": []}])
+            >>> r.find("Conv_9").name
+            'w + QuantizeLinear_7 + Conv_9'
+        """
+        return next(
+            (x for x in self.layers if x.profile == profile and onnx_node_name in x.onnx_nodes),
+            None,
+        )
+
+    def total_median_ms(self) -> float:
+        """Sum of the per-layer median times of the profile JSON (all its records).
+
+        Raises:
+            ValueError: no profile JSON was given.
+        """
+        if not self.has_timings:
+            raise ValueError("this engine report has no timings; pass profile_json")
+        return sum(x.median_ms or 0.0 for x in self.layers) + sum(self.unmatched_timings.values())
+
+
+def load_engine_report(
+    graph_json: str | Path,
+    profile_json: str | Path | None = None,
+    metadata_json: str | Path | None = None,
+) -> EngineReport:
+    """Read ``trtexec --exportLayerInfo`` JSON (and optionally ``--exportProfile`` and build metadata).
+
+    Args:
+        graph_json: the layer-information file (written with ``--profilingVerbosity=detailed``).
+        profile_json: the per-layer profile file, for :attr:`EngineLayer.median_ms`.
+        metadata_json: trex's ``*.build.metadata.json``.
+
+    Raises:
+        FileNotFoundError: a file does not exist.
+        ValueError: a file is not JSON or not of the expected shape (layers given as plain strings
+            mean the engine was built without detailed profiling verbosity).
+
+    Example:
+        >>> import json, os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.graph.json")
+        >>> with open(path, "w") as fh:
+        ...     json.dump({"Layers": [{"Name": "QuantizeLinear_2", "LayerType": "Reformat",
+        ...         "Origin": "QDQ", "Inputs": [], "Outputs": []}], "Bindings": []}, fh)
+        >>> len(load_engine_report(path).qdq_reformats())
+        1
+    """
+    profile = _read_json(profile_json, "profile JSON") if profile_json is not None else None
+    meta = _read_json(metadata_json, "build metadata JSON") if metadata_json is not None else None
+    return parse_engine_report(_read_json(graph_json, "layer-information JSON"), profile, meta)
+
+
+def parse_engine_report(
+    layer_info: str | bytes | dict[str, Any] | list[Any],
+    profile: list[Any] | None = None,
+    build_metadata: dict[str, Any] | None = None,
+) -> EngineReport:
+    """Like :func:`load_engine_report` for JSON text or already-decoded objects.
+
+    ``layer_info`` is what ``IEngineInspector.get_engine_information(LayerInformationFormat.JSON)``
+    returns, or the decoded object; ``profile`` the decoded ``--exportProfile`` list.
+    """
+    if isinstance(layer_info, (str, bytes)):
+        try:
+            layer_info = json.loads(layer_info)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"engine layer information is not JSON: {err}") from err
+    if isinstance(layer_info, list):
+        raw_layers, io_raw, bindings = layer_info, None, None
+    elif isinstance(layer_info, dict) and isinstance(layer_info.get("Layers"), list):
+        raw_layers = layer_info["Layers"]
+        io_raw, bindings = layer_info.get("I/O Tensors"), layer_info.get("Bindings")
+    else:
+        raise ValueError(
+            "engine layer information must be a list of layers or an object with a 'Layers' list, "
+            f"got {type(layer_info).__name__}"
+            + (f" with keys {sorted(layer_info)[:8]}" if isinstance(layer_info, dict) else "")
+        )
+    bad = next((x for x in raw_layers if not isinstance(x, dict)), None)
+    if isinstance(bad, str):
+        raise ValueError(
+            f"the engine report lists layers as plain names (first: {bad!r}): the engine was built "
+            "without detailed profiling verbosity; rebuild with trtexec "
+            "--profilingVerbosity=detailed (or ProfilingVerbosity.DETAILED in the builder config)"
+        )
+    if bad is not None:
+        raise ValueError(f"engine layer entries must be JSON objects, got {type(bad).__name__}")
+    if build_metadata is not None and not isinstance(build_metadata, dict):
+        raise ValueError("build metadata JSON must be an object")
+    timings, count = _timings(profile)
+    layers = tuple(_layer(x, timings) for x in raw_layers)
+    names = {x.name for x in layers}
+    unmatched = {k: v[0] for k, v in timings.items() if k not in names and v[0] is not None}
+    split = isinstance(io_raw, list) or any(
+        isinstance(t, dict) and ("DataType" in t or "Datatype" in t) and "Format/Datatype" not in t
+        for x in raw_layers for t in [*(x.get("Inputs") or []), *(x.get("Outputs") or [])]
+    )  # fmt: skip
+    io = _io_tensors(io_raw) if isinstance(io_raw, list) else _from_bindings(bindings, layers)
+    schema = "trt11" if split else "trt8-10"
+    return EngineReport(layers, io, schema, build_metadata, count, unmatched, profile is not None)
+
+
+def _read_json(path: str | Path, what: str) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no {what} file at {p}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what} {p} is not valid JSON: {err}") from err
+
+
+def _timings(profile: Any) -> tuple[dict[str, tuple[float | None, float | None]], int | None]:
+    """``{layer name: (median ms, average ms)}`` and the iteration count of a profile JSON."""
+    if profile is None:
+        return {}, None
+    if not isinstance(profile, list):
+        raise ValueError(f"profile JSON must be a list of records, got {type(profile).__name__}")
+    out: dict[str, tuple[float | None, float | None]] = {}
+    count: int | None = None
+    for rec in profile:
+        if not isinstance(rec, dict):
+            raise ValueError(f"profile JSON records must be objects, got {rec!r:.80}")
+        if "name" in rec:
+            out[str(rec["name"])] = (_ms(rec.get("medianMs")), _ms(rec.get("averageMs")))
+        elif isinstance(rec.get("count"), int):
+            count = rec["count"]
+    return out, count
+
+
+def _ms(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _tensor(raw: Any) -> EngineTensor:
+    if not isinstance(raw, dict):
+        return EngineTensor(str(raw), (), "", None)
+    combined = raw.get("Format/Datatype") or raw.get("Format/DataType")
+    fmt = str(combined or raw.get("Format") or "")
+    dtype_text = raw.get("DataType") or raw.get("Datatype")
+    dtype = normalize_dtype(str(dtype_text)) if dtype_text else normalize_dtype(fmt)
+    return EngineTensor(str(raw.get("Name", "")), _dims(raw.get("Dimensions")), fmt, dtype)
+
+
+def _dims(value: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in value) if isinstance(value, list) else ()
+
+
+def _layer(
+    raw: dict[str, Any], timings: dict[str, tuple[float | None, float | None]]
+) -> EngineLayer:
+    name = str(raw.get("Name", ""))
+    match = _PROFILE_SUFFIX.search(name)
+    base = name[: match.start()] if match else name
+    weights = raw.get("Weights") or raw.get("ConvWeights")
+    wtype = weights.get("Type") if isinstance(weights, dict) else None
+    median, average = timings.get(name, (None, None))
+    return EngineLayer(
+        name=name,
+        layer_type=str(raw.get("LayerType", "")),
+        parameter_type=raw.get("ParameterType"),
+        inputs=tuple(_tensor(t) for t in raw.get("Inputs") or []),
+        outputs=tuple(_tensor(t) for t in raw.get("Outputs") or []),
+        origin=raw.get("Origin"),
+        tactic=raw.get("TacticName"),
+        weights_dtype=normalize_dtype(str(wtype)) if wtype else None,
+        onnx_nodes=_fused_names(base, raw.get("Metadata")),
+        profile=int(match.group(1)) if match else 0,
+        median_ms=median,
+        average_ms=average,
+        constants=tuple(_tensor(t) for t in raw.get("Constants") or [] if isinstance(t, dict)),
+        raw=raw,
+    )
+
+
+def _fused_names(name: str, metadata: Any) -> tuple[str, ...]:
+    """Network layer names in a fused ``Name`` and in ``Metadata``, deduplicated, in order."""
+    found: list[str] = []
+    for part in re.split(r" \+ | \|\| ", name):
+        found.extend(_unwrap(part.strip()))
+    if isinstance(metadata, str):
+        for chunk in re.split("[\x1e\x1f]", metadata):
+            found.extend(m.strip() for m in _ONNX_LAYER.findall(chunk.strip()))
+    return tuple(dict.fromkeys(n for n in found if n))
+
+
+def _unwrap(token: str) -> list[str]:
+    """``PWN(Clip_16)`` -> ``["Clip_16"]``; ``PWN(PWN(A, B), C)`` -> ``["A", "B", "C"]``."""
+    for prefix in _WRAPPERS:
+        if token.startswith(prefix) and token.endswith(")"):
+            inner, depth, start, parts = token[len(prefix) : -1], 0, 0, []
+            for i, ch in enumerate(inner):
+                depth += (ch == "(") - (ch == ")")
+                if ch == "," and depth == 0:
+                    parts.append(inner[start:i])
+                    start = i + 1
+            parts.append(inner[start:])
+            return [n for p in parts for n in _unwrap(p.strip())]
+    return [token]
+
+
+def _io_tensors(raw: Sequence[Any]) -> tuple[EngineIOTensor, ...]:
+    """TensorRT 11 ``I/O Tensors`` objects."""
+    out = []
+    for t in raw:
+        if not isinstance(t, dict):
+            raise ValueError(f"'I/O Tensors' entries must be objects, got {t!r:.80}")
+        infos = t.get("ProfileInfo") or [{}]
+        fmt = str(infos[0].get("Format", "")) if isinstance(infos[0], dict) else ""
+        mode = str(t.get("IOMode", "")).lower() or None
+        dtype = normalize_dtype(str(t.get("DataType") or t.get("Datatype") or fmt))
+        out.append(
+            EngineIOTensor(str(t.get("Name", "")), mode, _dims(t.get("Dimensions")), dtype, fmt)
+        )
+    return tuple(out)
+
+
+def _from_bindings(bindings: Any, layers: Sequence[EngineLayer]) -> tuple[EngineIOTensor, ...]:
+    """TensorRT 8–10 ``Bindings`` (names only): mode, dims and dtype from the layers' tensors."""
+    seen = {t.name: (t, "input") for x in reversed(layers) for t in x.inputs}
+    seen.update({t.name: (t, "output") for x in layers for t in x.outputs})
+    out = []
+    for name in map(str, bindings if isinstance(bindings, list) else []):
+        t, mode = seen.get(name, (EngineTensor(name, (), "", None), None))
+        out.append(EngineIOTensor(name, mode, t.dims, t.dtype, t.format))
+    return tuple(out)
