@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.models.yolo import (
+from .yolo import (
     C3,
     SPPF,
     Bottleneck,

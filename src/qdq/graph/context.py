@@ -43,9 +43,14 @@ class PlanContext:
 
 
 def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node, str]:
-    """``layer1.0.conv1`` for traced-through modules, ``layer1.0.add`` for functional ops."""
+    """``layer1.0.conv1`` for traced-through modules, ``layer1.0.add`` for functional ops.
+
+    A module called several times (a weight-shared head) gets ``head``, ``head.call1``, ... so
+    every call is planned on its own.
+    """
     names: dict[fx.Node, str] = {}
     seen: dict[str, list[fx.Node]] = {}
+    calls: dict[str, int] = {}
     for n in nodes:
         path = module_path(n)
         stack = n.meta.get("nn_module_stack")
@@ -55,7 +60,9 @@ def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node
             and isinstance(inner_type, type)
             and issubclass(inner_type, TRACE_THROUGH)
         ):
-            names[n] = path
+            i = calls.get(path, 0)
+            calls[path] = i + 1
+            names[n] = path if i == 0 else f"{path}.call{i}"
             continue
         base = re.sub(r"_\d+$", "", n.name)
         key = f"{path}.{base}" if path else base

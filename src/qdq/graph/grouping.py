@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -32,7 +33,6 @@ def group_points(
     by_name = ctx.by_name
     quantized = [p for p in ctx.points.values() if p.quantized and p.kind == "input"]
     points = UnionFind(p.name for p in quantized)
-    why: dict[str, str] = {}
     first_on_component: dict[fx.Node, str] = {}
     for p in quantized:
         comp = tensors.find(by_name[p.producer])
@@ -40,8 +40,6 @@ def group_points(
         if comp in first_on_component:
             leader = first_on_component[comp]
             points.union(leader, p.name)
-            same_tensor = ctx.points[leader].producer == p.producer
-            why[p.name] = "S01" if same_tensor else "S03"
         else:
             first_on_component[comp] = p.name
     cat_members: dict[str, list[str]] = {}
@@ -54,15 +52,15 @@ def group_points(
             p.name for p in quantized if tensors.find(by_name[p.producer]) is tensors.find(cat)
         ]
         for m in members[1:] + downstream:
-            if points.find(m) != points.find(members[0]):
-                points.union(members[0], m)
-                why.setdefault(m, "S02")
+            points.union(members[0], m)
     result = {p.name: p for p in ctx.points.values()}
     groups: list[ScaleGroup] = []
     for gid, group_members in enumerate(points.groups()):
         names = [str(m) for m in group_members]
         leader = names[0]
-        rules = sorted({why.get(m, "") for m in names[1:]} - {""})
+        lead_tensor = by_name[ctx.points[leader].producer]
+        share = {m: _share_rule(ctx, tensors, by_name, lead_tensor, m) for m in names[1:]}
+        rules = sorted(set(share.values()))
         comps = {tensors.find(by_name[ctx.points[m].producer]) for m in names}
         crosses = sorted(ctx.owners[n] for n in crossing if tensors.find(n) in comps)
         groups.append(ScaleGroup(gid, leader, tuple(names), tuple(rules), tuple(crosses)))
@@ -76,7 +74,7 @@ def group_points(
                     p,
                     group=gid,
                     decision=SHARE,
-                    share_rule=why.get(m, "S01"),
+                    share_rule=share[m],
                     spec=lead.spec,
                     calib=lead.calib,
                     reason=f"{p.reason} (scale shared with {leader})",
@@ -90,9 +88,34 @@ def group_points(
     return list(result.values()), groups
 
 
+def _share_rule(
+    ctx: PlanContext,
+    tensors: UnionFind,
+    by_name: dict[str, fx.Node],
+    lead_tensor: fx.Node,
+    member: str,
+) -> str:
+    """Why ``member`` shares the leader's scale: same tensor (S01), the same tensor across
+    pass-through ops (S03), or a Concat group (S02)."""
+    tensor = by_name[ctx.points[member].producer]
+    if tensor is lead_tensor:
+        return "S01"
+    if tensors.find(tensor) is tensors.find(lead_tensor):
+        return "S03"
+    return "S02"
+
+
 # --------------------------------------------------------------- coverage
 def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, ...]:
-    weights = {p.owner: p for p in points if p.kind == "weight"}
+    """One entry per Conv/Linear module; a module called several times is int8 only if every
+    call is (the entry then cites the first float call)."""
+    weights: dict[str, QuantPoint] = {}
+    for p in points:
+        if p.kind != "weight":
+            continue
+        name = re.sub(r"\.call\d+$", "", p.owner)
+        if name not in weights or (weights[name].quantized and not p.quantized):
+            weights[name] = p
     leaves = [
         (name, m)
         for name, m in model.named_modules()
@@ -102,10 +125,10 @@ def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, 
     for name, m in model.named_modules():
         if not isinstance(m, TRACE_THROUGH):
             continue
-        p = weights.get(name)
-        if p is not None:
-            status = "int8" if p.quantized else "float"
-            out.append(Coverage(name, type(m).__name__, status, p.rule, p.reason))
+        wp = weights.get(name)
+        if wp is not None:
+            status = "int8" if wp.quantized else "float"
+            out.append(Coverage(name, type(m).__name__, status, wp.rule, wp.reason))
             continue
         parent = next((ln for ln, lm in leaves if name.startswith(ln + ".")), None)
         if parent is not None:
