@@ -216,10 +216,11 @@ class EngineReport:
         return {k: tuple(v) for k, v in groups.items()}
 
     def int8_layers(self) -> tuple[EngineLayer, ...]:
-        """Layers that compute on INT8 inputs (reformats and NoOps excluded)."""
+        """Layers that compute on INT8 inputs (reformats, unfused Q/DQ and NoOps excluded)."""
         return tuple(
             x for x in self.layers
-            if x.input_precision == "int8" and not x.is_reformat and x.layer_type != "NoOp"
+            if x.input_precision == "int8" and x.layer_type != "NoOp"
+            and not (x.is_reformat or x.is_qdq_reformat)
         )  # fmt: skip
 
     def weighted_layers(self) -> tuple[EngineLayer, ...]:
