@@ -108,8 +108,8 @@ class HistogramCalibrator(Calibrator):
         factor = 2.0 ** (self._log2_grid - self._exp)
         counts = self._counts
         for start in range(0, a.numel(), _CHUNK):
-            chunk = a[start : start + _CHUNK]
-            idx = (chunk * factor).to(torch.int64).clamp_(max=self._grid - 1)
+            chunk = a[start : start + _CHUNK].mul_(factor)  # ``a`` is our own copy (abs)
+            idx = chunk.to(torch.int32).clamp_(max=self._grid - 1)
             counts += torch.bincount(idx, minlength=self._grid)
 
     def _grow(self, exp: int) -> None:
