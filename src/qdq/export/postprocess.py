@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -66,7 +67,8 @@ def _metadata_scope(node: Any) -> str | None:
                 scopes = ast.literal_eval(prop.value)
             except (ValueError, SyntaxError):
                 return None
-            return str(scopes[-2]) if len(scopes) >= 2 else ""
+            scope = str(scopes[-2]) if len(scopes) >= 2 else ""
+            return re.sub(r"@\d+$", "", scope)  # torch.export marks repeated calls "path@1"
     return None
 
 
