@@ -139,7 +139,8 @@ def parity(
                 scales[path] = (
                     torch.clamp(amax.detach().float() / 127, min=2.0**-24 / 127)
                 ).numpy()
-    n_out = len(sess.get_outputs()) - 2 * sum(len(v) for v in taps.values())
+    out_names = [o.name for o in sess.get_outputs()]
+    n_out = len(out_names) - 2 * sum(len(v) for v in taps.values())
     max_abs = max_ref = 0.0
     min_cos = 1.0
     agree = rows = 0
@@ -162,11 +163,11 @@ def parity(
                     if a_np.ndim == 2:
                         agree += int((a_np.argmax(1) == b.argmax(1)).sum())
                         rows += a_np.shape[0]
-                extra = iter(theirs[n_out:])
+                by_name = dict(zip(out_names, theirs, strict=True))
                 for path, sites in taps.items():
                     calls = list(captured.get(path, []))
-                    for _ in sites:
-                        pre, value = next(extra), next(extra)
+                    for pre_name, value_name in sites:
+                        pre, value = by_name[pre_name], by_name[value_name]
                         match = next(
                             (i for i, t in enumerate(calls) if t.shape == value.shape), None
                         )

@@ -10,7 +10,9 @@ need these rewrites, which this pass does explicitly:
 * ``BatchNormalization``: drop ``training_mode`` (must be 0) below 14; ``Reshape``: drop
   ``allowzero`` below 14 (same meaning unless the target shape holds a literal 0; a shape computed
   at run time is assumed to have no zero-size dimension);
-* ``Resize`` / ``Pad``: drop opset-18 attributes and inputs when they hold their defaults.
+* ``Resize`` / ``Pad``: drop opset-18 attributes and inputs when they hold their defaults;
+* ``HardSwish`` (opset 14) → ``x * HardSigmoid(x, alpha=1/6, beta=0.5)`` below 14;
+* ``Shape`` with ``start``/``end`` (opset 15) → ``Shape`` + ``Slice`` below 15.
 
 Anything else newer than the target is reported by ``onnx.checker`` with the node name.
 """
@@ -37,6 +39,7 @@ def downgrade(model: Any, target: int) -> Any:
         for n in model.graph.node
         if n.op_type == "Constant" and n.attribute
     }
+    _rewrite_new_ops(model, target)
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}
         if node.op_type in _REDUCE_ATTR_AXES:
@@ -91,3 +94,40 @@ def _drop_attr(node: Any, attrs: dict[str, Any], name: str, default: object) -> 
             f"{node.name}: {node.op_type} attribute {name}={value!r} needs opset >= 18"
         )
     node.attribute.remove(attr)
+
+
+def _rewrite_new_ops(model: Any, target: int) -> None:
+    """Express HardSwish (14) and Shape start/end (15) with older ops."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    nodes = []
+    for k, node in enumerate(graph.node):
+        if node.op_type == "HardSwish" and target < 14:
+            sig = f"{node.output[0]}_hardsigmoid"
+            nodes.append(helper.make_node("HardSigmoid", [node.input[0]], [sig], alpha=1.0 / 6, beta=0.5,
+                                          name=f"{node.name}_hardsigmoid"))  # fmt: skip
+            nodes.append(
+                helper.make_node("Mul", [node.input[0], sig], list(node.output), name=node.name)
+            )
+            continue
+        if node.op_type == "Shape" and target < 15 and node.attribute:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            full = f"{node.output[0]}_full"
+            nodes.append(
+                helper.make_node("Shape", [node.input[0]], [full], name=f"{node.name}_full")
+            )
+            names = [f"{node.output[0]}_{w}{k}" for w in ("starts", "ends", "axes")]
+            end = int(attrs.get("end", np.iinfo(np.int64).max))
+            for name, value in zip(names, (int(attrs.get("start", 0)), end, 0), strict=True):
+                graph.initializer.append(
+                    numpy_helper.from_array(np.array([value], dtype=np.int64), name)
+                )
+            nodes.append(
+                helper.make_node("Slice", [full, *names], list(node.output), name=node.name)
+            )
+            continue
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
