@@ -44,7 +44,8 @@ def build() -> tuple[torch.nn.Module, list[torch.Tensor]]:
 
 def counts(path: Path) -> str:
     ops = Counter(n.op_type for n in onnx.load(str(path)).graph.node)
-    return f"Q {ops['QuantizeLinear']:>3}  DQ {ops['DequantizeLinear']:>3}  Conv {ops['Conv']}  Gemm {ops['Gemm']}"
+    q, dq = ops["QuantizeLinear"], ops["DequantizeLinear"]
+    return f"Q {q:>3}  DQ {dq:>3}  Conv {ops['Conv']}  Gemm {ops['Gemm']}"
 
 
 def main() -> None:
@@ -70,7 +71,12 @@ def main() -> None:
         check=True,
     )  # fmt: skip
 
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
