@@ -11,7 +11,7 @@ from torch import nn
 from qdq.config import CalibSpec, QuantConfig
 from qdq.graph.capture import TRACE_THROUGH, module_path
 from qdq.graph.patterns import WEIGHTED_KINDS, tensor_inputs
-from qdq.graph.plan import QUANTIZE, QuantPoint
+from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
 __all__ = [
     "PlanContext",
@@ -20,6 +20,7 @@ __all__ = [
     "owner_names",
     "owner_type",
     "quantize_input",
+    "skip_input",
 ]
 
 
@@ -168,5 +169,23 @@ def quantize_input(
             reason=reason,
             spec=spec,
             calib=calib,
+        )
+    )
+
+
+def skip_input(
+    ctx: PlanContext,
+    node: fx.Node,
+    pos: int | str,
+    producer: fx.Node,
+    rule: str,
+    reason: str,
+    *,
+    label: str,
+) -> None:
+    """Record an input of ``node`` that stays float, with the rule and reason."""
+    ctx.add(
+        make_point(
+            ctx, node, pos, producer, "input", label, decision=SKIP, rule=rule, reason=reason
         )
     )

@@ -18,10 +18,16 @@ import torch.fx as fx
 from torch import nn
 
 from qdq.config import QuantConfig
-from qdq.graph.context import PlanContext, make_point, owner_names, owner_type, quantize_input
+from qdq.graph.context import (
+    PlanContext,
+    owner_names,
+    owner_type,
+    quantize_input,
+    skip_input,
+)
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import PASS_THROUGH_KINDS, WEIGHTED_KINDS, op_kind, tensor_inputs
-from qdq.graph.plan import SKIP, QuantPlan
+from qdq.graph.plan import QuantPlan
 from qdq.graph.residual import plan_residual_add, silu_operand
 from qdq.graph.weighted import plan_weighted
 
@@ -100,19 +106,7 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "avg_pool")
     if excluded or not ctx.config.family_enabled("pooling"):
         reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
-        ctx.add(
-            make_point(
-                ctx,
-                node,
-                pos,
-                producer,
-                "input",
-                "input",
-                decision=SKIP,
-                rule="USER" if excluded else "P06",
-                reason=reason,
-            )
-        )
+        skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
         return
     if _reaches_quantized(ctx, node):
         quantize_input(
@@ -126,18 +120,14 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
             bits_o,
         )
     else:
-        ctx.add(
-            make_point(
-                ctx,
-                node,
-                pos,
-                producer,
-                "input",
-                "input",
-                decision=SKIP,
-                rule="P06",
-                reason="output does not feed a quantized op; the pool stays float",
-            )
+        skip_input(
+            ctx,
+            node,
+            pos,
+            producer,
+            "P06",
+            "output does not feed a quantized op; the pool stays float",
+            label="input",
         )
 
 
@@ -167,19 +157,7 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
             rule, reason = "S02", "rule family 'concat' disabled"
         else:
             rule, reason = "S02", "output does not feed a quantized op; the Concat stays float"
-        ctx.add(
-            make_point(
-                ctx,
-                node,
-                pos,
-                producer,
-                "input",
-                f"input{pos}",
-                decision=SKIP,
-                rule=rule,
-                reason=reason,
-            )
-        )
+        skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
 
 
 def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:
@@ -189,16 +167,12 @@ def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:
         x = tensor_inputs(node)[0][1]
     if x is None:
         return
-    ctx.add(
-        make_point(
-            ctx,
-            node,
-            0,
-            x,
-            "input",
-            "input",
-            decision=SKIP,
-            rule="P07",
-            reason="SiLU/Hardswish epilogue: fused into the producing conv, no Q/DQ inside",
-        )
+    skip_input(
+        ctx,
+        node,
+        0,
+        x,
+        "P07",
+        "SiLU/Hardswish epilogue: fused into the producing conv, no Q/DQ inside",
+        label="input",
     )

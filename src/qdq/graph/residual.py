@@ -6,9 +6,8 @@ from collections import deque
 
 import torch.fx as fx
 
-from qdq.graph.context import PlanContext, make_point, quantize_input
+from qdq.graph.context import PlanContext, quantize_input, skip_input
 from qdq.graph.patterns import COPY_KINDS, EPILOGUE_KINDS, WEIGHTED_KINDS, tensor_inputs
-from qdq.graph.plan import SKIP
 
 __all__ = ["plan_residual_add", "silu_operand"]
 
@@ -111,51 +110,33 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
     if excluded or not ctx.config.family_enabled("residual"):
         reason = "excluded by the QuantConfig" if excluded else "rule family 'residual' disabled"
         for pos, producer in ins:
-            ctx.add(
-                make_point(
-                    ctx,
-                    node,
-                    pos,
-                    producer,
-                    "input",
-                    f"input{pos}",
-                    decision=SKIP,
-                    rule="USER" if excluded else "P03",
-                    reason=reason,
-                )
+            skip_input(
+                ctx, node, pos, producer, "USER" if excluded else "P03", reason, label=f"input{pos}"
             )
         return
     fused, why = _fused_operand(ctx, ins[0][1], ins[1][1])
     if fused is None:
         for pos, producer in ins:
-            ctx.add(
-                make_point(
-                    ctx,
-                    node,
-                    pos,
-                    producer,
-                    "input",
-                    f"input{pos}",
-                    decision=SKIP,
-                    rule="P05",
-                    reason=f"{why}; the Add stays in its inputs' precision",
-                )
+            skip_input(
+                ctx,
+                node,
+                pos,
+                producer,
+                "P05",
+                f"{why}; the Add stays in its inputs' precision",
+                label=f"input{pos}",
             )
         return
     for i, (pos, producer) in enumerate(ins):
         if i == fused:
-            ctx.add(
-                make_point(
-                    ctx,
-                    node,
-                    pos,
-                    producer,
-                    "input",
-                    f"input{pos}",
-                    decision=SKIP,
-                    rule="P03",
-                    reason=f"{why}: TensorRT fuses conv+Add here, no Q/DQ",
-                )
+            skip_input(
+                ctx,
+                node,
+                pos,
+                producer,
+                "P03",
+                f"{why}: TensorRT fuses conv+Add here, no Q/DQ",
+                label=f"input{pos}",
             )
         else:
             quantize_input(

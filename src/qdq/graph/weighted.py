@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from qdq.config import QuantSpec
 from qdq.graph.capture import fetch_attr
-from qdq.graph.context import PlanContext, input_label, make_point, quantize_input
+from qdq.graph.context import PlanContext, input_label, make_point, quantize_input, skip_input
 from qdq.graph.patterns import COPY_KINDS, tensor_inputs, weight_arg
 from qdq.graph.plan import QUANTIZE, SKIP
 
@@ -95,19 +95,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
                 if excluded
                 else ("P14", "both operands are activations (attention-style MatMul); kept in FP16")
             )
-            ctx.add(
-                make_point(
-                    ctx,
-                    node,
-                    pos,
-                    producer,
-                    "input",
-                    input_label(node, pos),
-                    decision=SKIP,
-                    rule=rule,
-                    reason=reason,
-                )
-            )
+            skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
         return
     wkey, wnode = wa
     wshape = _weight_shape(ctx, wnode)
