@@ -1,0 +1,297 @@
+"""Validity rules V01–V12: what the TensorRT ONNX parser rejects or silently misreads.
+
+Each check reads only the ONNX graph (no GPU). Rule texts and sources are in
+``reference/tensorrt-qdq-rules.md`` §1.1.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from qdq.lint.findings import ERROR, WARN, Finding
+
+__all__ = ["check_validity"]
+
+QOPERATOR_OPS = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+        "QLinearAdd",
+        "QLinearConcat",
+        "QLinearMul",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QGemm",
+    }
+)
+_THROUGH_CONST = frozenset(
+    {"Transpose", "Reshape", "Cast", "Identity", "QuantizeLinear", "Unsqueeze"}
+)
+_SRC = "reference/tensorrt-qdq-rules.md §1.1"
+
+
+class _Graph:
+    def __init__(self, model: Any) -> None:
+        from onnx import numpy_helper
+
+        self.graph = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.inits = {i.name: i for i in model.graph.initializer}
+        self.const: dict[str, np.ndarray] = {
+            name: numpy_helper.to_array(t) for name, t in self.inits.items()
+        }
+        for n in model.graph.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.const[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        self.producers = {o: n for n in model.graph.node for o in n.output}
+        self.consumers: dict[str, list[Any]] = defaultdict(list)
+        for n in model.graph.node:
+            for i in n.input:
+                self.consumers[i].append(n)
+
+    def rooted_at_constant(self, tensor: str) -> bool:
+        node = self.producers.get(tensor)
+        while node is not None and node.op_type in _THROUGH_CONST:
+            tensor = node.input[0]
+            node = self.producers.get(tensor)
+        return tensor in self.const
+
+    def const_dims(self, tensor: str) -> tuple[int, ...] | None:
+        node = self.producers.get(tensor)
+        while node is not None and node.op_type in ("Cast", "Identity", "QuantizeLinear"):
+            tensor = node.input[0]
+            node = self.producers.get(tensor)
+        value = self.const.get(tensor)
+        return None if value is None else tuple(value.shape)
+
+
+def check_validity(model: Any) -> list[Finding]:
+    """Run V01–V12 on an ``onnx.ModelProto``; return the findings."""
+    g = _Graph(model)
+    out: list[Finding] = []
+    has_qdq = False
+    for node in g.graph.node:
+        if node.op_type in QOPERATOR_OPS:
+            out.append(
+                Finding(
+                    "V08",
+                    ERROR,
+                    (node.name,),
+                    f"{node.name}: operator-oriented quantized op {node.op_type} is not "
+                    "supported by TensorRT",
+                    "import error",
+                    "export in QDQ format (ORT quant_format=QuantFormat.QDQ)",
+                    _SRC,
+                )
+            )
+            continue
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            has_qdq = True
+            out.extend(_check_qdq(g, node))
+    if has_qdq and g.opset and g.opset < 10:
+        out.append(
+            Finding(
+                "V07",
+                ERROR,
+                (),
+                f"model opset {g.opset}: Q/DQ needs opset >= 10",
+                "parse failure",
+                "export with opset >= 13",
+                _SRC,
+            )
+        )
+    return out
+
+
+def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
+    out: list[Finding] = []
+    name = node.name or node.output[0]
+    scale = g.const.get(node.input[1]) if len(node.input) > 1 else None
+    zp_name = node.input[2] if len(node.input) > 2 else ""
+    zp = g.const.get(zp_name) if zp_name else None
+    if scale is None or (zp_name and zp is None):
+        out.append(
+            Finding(
+                "V09",
+                ERROR,
+                (name,),
+                f"{name}: scale/zero point are not constants",
+                "parse failure ('Dynamic shape for scale tensor is not supported')",
+                "make scale and zero point initializers",
+                _SRC,
+            )
+        )
+    if node.op_type == "QuantizeLinear" and not zp_name:
+        out.append(
+            Finding(
+                "V02",
+                ERROR,
+                (name,),
+                f"{name}: no zero point, so QuantizeLinear outputs UINT8",
+                "rejected by the parser",
+                "write an explicit int8 zero point 0",
+                _SRC,
+            )
+        )
+    if zp is not None:
+        if zp.dtype == np.uint8:
+            out.append(
+                Finding(
+                    "V02",
+                    ERROR,
+                    (name,),
+                    f"{name}: UINT8 quantization is not supported by TensorRT",
+                    "rejected by the parser",
+                    "use INT8 symmetric quantization",
+                    _SRC,
+                )
+            )
+        if np.any(zp != 0):
+            vals = sorted({int(v) for v in np.unique(zp)})[:4]
+            out.append(
+                Finding(
+                    "V01",
+                    ERROR,
+                    (name,),
+                    f"{name}: zero_point != 0 ({vals}); TensorRT supports symmetric INT8 only",
+                    "parse error",
+                    "re-export with ActivationSymmetric=True, WeightSymmetric=True",
+                    _SRC,
+                )
+            )
+    if scale is not None:
+        bad = int(np.sum(~(scale > 0)))  # catches <= 0 and NaN
+        if scale.size == 0 or bad:
+            out.append(
+                Finding(
+                    "V03",
+                    ERROR,
+                    (name,),
+                    f"{name}: scale has {bad if scale.size else 'no'} non-positive/NaN "
+                    f"entries (min={float(np.nanmin(scale)) if scale.size else 'n/a'})",
+                    "'Scale coefficients must all be positive'",
+                    "floor scales at a positive epsilon (dead channels)",
+                    _SRC,
+                )
+            )
+    if node.op_type == "DequantizeLinear":
+        src = g.const.get(node.input[0])
+        if src is not None and src.dtype == np.int32:
+            out.append(
+                Finding(
+                    "V06",
+                    ERROR,
+                    (name,),
+                    f"{name}: INT32 bias DequantizeLinear is not supported",
+                    "import failure",
+                    "keep the bias in float (QuantizeBias=False)",
+                    _SRC,
+                )
+            )
+    if scale is not None and scale.size > 1:
+        out.extend(_check_per_channel(g, node, name, scale))
+    return out
+
+
+def _check_per_channel(g: _Graph, node: Any, name: str, scale: np.ndarray) -> list[Finding]:
+    out: list[Finding] = []
+    attrs = {a.name: a.i for a in node.attribute if a.name == "axis"}
+    axis = attrs.get("axis", 1)
+    if g.opset and g.opset < 13:
+        out.append(
+            Finding(
+                "V07",
+                ERROR,
+                (name,),
+                f"{name}: per-channel Q/DQ requires opset >= 13 (model opset {g.opset})",
+                "parse failure or silently per-tensor",
+                "export with opset >= 13",
+                _SRC,
+            )
+        )
+    if not g.rooted_at_constant(node.input[0]):
+        out.append(
+            Finding(
+                "V05",
+                ERROR,
+                (name,),
+                f"{name}: per-channel Q/DQ on activation tensor {node.input[0]}; "
+                "TensorRT requires per-tensor activation scales",
+                "unsupported",
+                "quantize activations per tensor",
+                _SRC,
+            )
+        )
+        return out
+    dims = g.const_dims(node.input[0])
+    if dims is not None and -len(dims) <= axis < len(dims) and dims[axis] != scale.size:
+        out.append(
+            Finding(
+                "V04",
+                ERROR,
+                (name,),
+                f"{name}: {scale.size} scales for {dims[axis]} channels on axis {axis}",
+                "'The number of scales is not equal to the number of output channels'",
+                "one scale per output channel",
+                _SRC,
+            )
+        )
+    if node.op_type == "DequantizeLinear":
+        for consumer in g.consumers.get(node.output[0], []):
+            out.extend(_check_weight_axis(g, consumer, node, name, axis))
+    return out
+
+
+def _check_weight_axis(g: _Graph, consumer: Any, dq: Any, name: str, axis: int) -> list[Finding]:
+    if len(consumer.input) < 2 or consumer.input[1] != dq.output[0]:
+        return []
+    attrs = {a.name: a for a in consumer.attribute}
+    if consumer.op_type == "ConvTranspose":
+        group = attrs["group"].i if "group" in attrs else 1
+        grouped = (
+            " (grouped: one axis cannot express per-output-channel scales)" if group > 1 else ""
+        )
+        return [
+            Finding(
+                "V12",
+                WARN,
+                (name, consumer.name),
+                f"{consumer.name}: per-channel ConvTranspose weights on axis {axis}{grouped}; "
+                "TensorRT's expected axis is version-dependent (8.x: axis 0; 10.2+ tooling: 1)",
+                "possibly wrong results or FP fallback",
+                "use per-tensor weights or verify numerics on the target TensorRT",
+                "NVIDIA/TensorRT#2380, #1694",
+            )
+        ]
+    expected = None
+    if consumer.op_type == "Conv":
+        expected = 0
+    elif consumer.op_type == "Gemm":
+        expected = 0 if ("transB" in attrs and attrs["transB"].i == 1) else 1
+    elif consumer.op_type == "MatMul":
+        dims = g.const_dims(dq.input[0])
+        expected = (len(dims) - 1) if dims else None
+    dims = g.const_dims(dq.input[0])
+    if expected is None or dims is None:
+        return []
+    if axis % len(dims) != expected:
+        return [
+            Finding(
+                "V04b",
+                WARN,
+                (name, consumer.name),
+                f"{consumer.name}: weight quantized on axis {axis}, but its output-channel "
+                f"axis is {expected}",
+                "numerically different from the intent",
+                f"quantize the weight per output channel (axis {expected})",
+                _SRC,
+            )
+        ]
+    return []
