@@ -29,6 +29,15 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--calib-batches", type=int, default=8, help="calibration batches (8)")
     demo.add_argument("--calib-batch-size", type=int, default=32, help="images per batch (32)")
     demo.add_argument("--limit", type=int, default=None, help="evaluate only N test images")
+    lint = sub.add_parser(
+        "lint",
+        help="predict what TensorRT does with a Q/DQ ONNX (no GPU needed)",
+        description="Lint a Q/DQ ONNX for TensorRT. Exit code: 0 clean, 1 warnings, 2 errors.",
+    )
+    lint.add_argument("model", help="the .onnx file")
+    lint.add_argument("--target", choices=("trt10", "trt11"), default="trt10")
+    lint.add_argument("--json", action="store_true", help="print one JSON object")
+    lint.add_argument("--engine-report", help="trtexec --exportLayerInfo JSON to compare with")
     return parser
 
 
@@ -52,4 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as err:
             print(f"qdq demo: error: {err}", file=sys.stderr)
             return 2
+    if args.command == "lint":
+        from qdq.cli.lint import run_lint
+
+        return run_lint(
+            args.model, target=args.target, as_json=args.json, engine=args.engine_report
+        )
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command

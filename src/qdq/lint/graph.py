@@ -1,0 +1,165 @@
+"""A read-only index of a Q/DQ ONNX graph for the linter: who produces and consumes each tensor,
+which inputs arrive through DequantizeLinear (and with what scale), which ops are weighted."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput"]
+
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+EPILOGUE_OPS = frozenset(
+    {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Mul", "HardSwish", "Add"}
+)
+COPY_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+
+
+@dataclass(frozen=True)
+class QInput:
+    """An input that arrives through Q → DQ: the float tensor quantized and its scale."""
+
+    source: str  # the float tensor entering QuantizeLinear
+    scale: tuple[float, ...]
+    q: Any
+    dq: Any
+
+
+class LintGraph:
+    """Index over ``model.graph`` (no copies of tensors beyond constants)."""
+
+    def __init__(self, model: Any) -> None:
+        from onnx import numpy_helper
+
+        self.model = model
+        self.graph = model.graph
+        self.nodes = list(model.graph.node)
+        self.const: dict[str, np.ndarray] = {
+            i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+        }
+        for n in self.nodes:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.const[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        self.producer = {o: n for n in self.nodes for o in n.output}
+        self.consumers: dict[str, list[Any]] = defaultdict(list)
+        for n in self.nodes:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+        self.inputs = {i.name for i in model.graph.input} - set(self.const)
+        self.outputs = {o.name for o in model.graph.output}
+
+    def name(self, node: Any) -> str:
+        """A node's name, or its first output when unnamed."""
+        return str(node.name or node.output[0])
+
+    def is_const(self, tensor: str) -> bool:
+        """Whether ``tensor`` is a constant, possibly through Q/DQ/Cast/Transpose/Reshape."""
+        node = self.producer.get(tensor)
+        while node is not None and node.op_type in COPY_OPS | {
+            "Cast",
+            "QuantizeLinear",
+            "DequantizeLinear",
+        }:
+            tensor = node.input[0]
+            node = self.producer.get(tensor)
+        return tensor in self.const
+
+    def qinput(self, tensor: str) -> QInput | None:
+        """If ``tensor`` is a DequantizeLinear output (possibly through copy ops and zero Pad, which
+        DQ propagates forward across) fed by a QuantizeLinear, describe it."""
+        dq = self.producer.get(tensor)
+        while dq is not None and dq.op_type in COPY_OPS | {"Pad"}:
+            dq = self.producer.get(dq.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        q = self.producer.get(dq.input[0])
+        scale = self.const.get(dq.input[1])
+        values = tuple(float(v) for v in np.asarray(scale).flatten()) if scale is not None else ()
+        if q is None or q.op_type != "QuantizeLinear":
+            return QInput(dq.input[0], values, None, dq)  # pre-quantized constant (DQ-only)
+        return QInput(q.input[0], values, q, dq)
+
+    def quantized_uses(self, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
+        """(Q node, final consumer, scale) for every use of ``tensor`` through Q → DQ."""
+        out: list[tuple[Any, Any, tuple[float, ...]]] = []
+        for q in self.consumers.get(tensor, []):
+            if q.op_type != "QuantizeLinear":
+                continue
+            for dq in self.consumers.get(q.output[0], []):
+                if dq.op_type != "DequantizeLinear":
+                    continue
+                scale = tuple(
+                    float(v) for v in np.asarray(self.const.get(dq.input[1], [])).flatten()
+                )
+                out.extend((q, c, scale) for c in self.consumers.get(dq.output[0], []))
+        return out
+
+    def float_uses(self, tensor: str) -> list[Any]:
+        """Consumers reading ``tensor`` directly in float (not Q, not Shape)."""
+        return [
+            c
+            for c in self.consumers.get(tensor, [])
+            if c.op_type not in ("QuantizeLinear", "Shape")
+        ]
+
+    def weighted(self, node: Any) -> bool:
+        """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            return False
+        return node.op_type != "MatMul" or self.is_const(node.input[1])
+
+    def int8_weighted(self, node: Any) -> bool:
+        """A weighted op whose activation and weight both arrive through DequantizeLinear."""
+        return (
+            self.weighted(node)
+            and self.qinput(node.input[0]) is not None
+            and self._dq_weight(node.input[1])
+        )
+
+    def _dq_weight(self, tensor: str) -> bool:
+        node = self.producer.get(tensor)
+        while node is not None and node.op_type in COPY_OPS:
+            node = self.producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    def backbone(self, tensor: str) -> Any:
+        """The weighted op whose epilogue chain ends in ``tensor`` (each step read only by the
+        next; Q readers and Shape ignored), or ``None``. Follows BN, Relu/Clip/LeakyRelu, bias
+        Add, copies and SiLU (x * sigmoid(x))."""
+        cur = tensor
+        while True:
+            node = self.producer.get(cur)
+            if node is None:
+                return None
+            if self.weighted(node):
+                return node
+            nxt = self._epilogue_input(node)
+            if nxt is None:
+                return None
+            readers = [
+                c
+                for c in self.consumers.get(nxt, [])
+                if c.op_type not in ("Shape", "QuantizeLinear")
+            ]
+            if len(readers) > (2 if node.op_type == "Mul" else 1):
+                return None
+            cur = nxt
+
+    def _epilogue_input(self, node: Any) -> str | None:
+        op = node.op_type
+        if op in ("BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish") or op in COPY_OPS:
+            return str(node.input[0])
+        if op == "Add" and len(node.input) == 2:
+            consts = [self.is_const(i) for i in node.input]
+            if consts.count(True) == 1:
+                return str(node.input[consts.index(False)])
+        if op == "Mul" and len(node.input) == 2:  # SiLU: x * sigmoid(x)
+            for a, b in (node.input, node.input[::-1]):
+                sig = self.producer.get(b)
+                if sig is not None and sig.op_type == "Sigmoid" and sig.input[0] == a:
+                    return str(a)
+        return None

@@ -1,0 +1,465 @@
+"""Placement and scale-sharing rules (P, S, H): where TensorRT will not fuse, will re-quantize, or
+will fall back to float — predicted from the ONNX graph alone (rule spec §1.2–1.4, §1.6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qdq.lint.findings import INFO, WARN, Finding
+from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
+
+__all__ = ["check_placement"]
+
+_SRC = "reference/tensorrt-qdq-rules.md §1.2-1.4"
+_NO_INT8 = frozenset({"Softmax", "LayerNormalization", "Sigmoid", "Resize", "Gelu", "Erf", "Tanh"})
+_POOLS = frozenset({"GlobalAveragePool", "AveragePool", "ReduceMean"})
+
+
+def check_placement(g: LintGraph) -> list[Finding]:
+    """Run the P/S/H rules; findings are ordered by graph position."""
+    out: list[Finding] = []
+    for node in g.nodes:
+        op = node.op_type
+        if g.weighted(node):
+            out.extend(_weighted(g, node))
+        elif op == "Add" and _is_residual(g, node):
+            out.extend(_residual_add(g, node))
+        elif op == "Concat":
+            out.extend(_concat(g, node))
+        elif op == "MaxPool":
+            out.extend(_maxpool(g, node))
+        elif op in _POOLS:
+            out.extend(_avg_pool(g, node))
+        elif op == "MatMul" and len(node.input) == 2:
+            out.append(
+                Finding(
+                    "P14",
+                    INFO,
+                    (g.name(node),),
+                    f"{g.name(node)}: MatMul of two activations (attention-style) is not "
+                    "quantized by default",
+                    "runs FP16",
+                    "",
+                    _SRC,
+                )
+            )
+        elif op == "Pad":
+            out.extend(_pad(g, node))
+        elif op == "DequantizeLinear":
+            out.extend(_dangling_dq(g, node))
+        elif op == "QuantizeLinear" and node.input[0] in g.inputs:
+            out.append(
+                Finding(
+                    "P13",
+                    INFO,
+                    (g.name(node),),
+                    f"{g.name(node)}: quantizes the network input",
+                    "one input Quantize reformat (expected)",
+                    "",
+                    _SRC,
+                )
+            )
+    out.extend(_tensor_rules(g))
+    return out
+
+
+def _weighted(g: LintGraph, node: Any) -> list[Finding]:
+    out: list[Finding] = []
+    name = g.name(node)
+    act = g.qinput(node.input[0]) is not None
+    wgt = g._dq_weight(node.input[1])
+    if act != wgt:
+        which = "activation" if act else "weights"
+        out.append(
+            Finding(
+                "P01",
+                WARN,
+                (name,),
+                f"{name}: only its {which} quantized -> {node.op_type} runs in float; "
+                "the remaining Q/DQ executes standalone",
+                "float layer + standalone Q/DQ",
+                "quantize both the activation input and the weights, or neither",
+                _SRC,
+            )
+        )
+    if not (act and wgt):
+        return out
+    out.extend(_epilogue_qdq(g, node))
+    if node.op_type == "ConvTranspose":
+        nxt = g.consumers.get(node.output[0], [])
+        if any(c.op_type in ("Relu", "BatchNormalization", "LeakyRelu", "Clip") for c in nxt):
+            out.append(
+                Finding(
+                    "P09",
+                    WARN,
+                    (name,),
+                    f"{name}: ConvTranspose -> activation fusion is unreliable in explicit INT8",
+                    "activation may run FP32",
+                    "verify on the GPU, or try Q/DQ before the activation / FP16 for this layer",
+                    "NVIDIA/TensorRT#4366, #1699",
+                )
+            )
+    if node.op_type in ("Conv", "ConvTranspose"):
+        out.extend(_channels(g, node, name))
+    return out
+
+
+def _channels(g: LintGraph, node: Any, name: str) -> list[Finding]:
+    w = g.qinput(node.input[1])
+    weight = g.const.get(w.source) if w is not None else None
+    if weight is None or weight.ndim < 2:
+        return []
+    shape = weight.shape
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    k, c = (shape[0], shape[1] * group) if node.op_type == "Conv" else (shape[1] * group, shape[0])
+    out = []
+    act = g.qinput(node.input[0])
+    first = act is not None and act.source in g.inputs
+    if (c % 4 or k % 4) and not first:
+        out.append(
+            Finding(
+                "H01",
+                WARN,
+                (name,),
+                f"{name}: {c}->{k} channels are not a multiple of 4",
+                "no vectorized INT8 format: reformat layers around it",
+                "pad channels to a multiple of 32 (at least 4)",
+                _SRC,
+            )
+        )
+    elif c % 32 or k % 32 or first:
+        out.append(
+            Finding(
+                "H01",
+                INFO,
+                (name,),
+                f"{name}: {c}->{k} channels are not a multiple of 32",
+                "padded NC/32HW32 or NC/4HW4 kernels",
+                "",
+                _SRC,
+            )
+        )
+    if c < 16 or k < 16:
+        out.append(
+            Finding(
+                "H02",
+                INFO,
+                (name,),
+                f"{name}: small conv ({c}->{k} channels)",
+                "int8x4 kernels, little INT8 gain",
+                "",
+                _SRC,
+            )
+        )
+    return out
+
+
+def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
+    """P02: a Q/DQ between a weighted op and its BN/activation/residual-Add epilogue."""
+    out = []
+    cur, seen = node.output[0], 0
+    while cur and seen < 8:
+        seen += 1
+        for q, consumer, _ in g.quantized_uses(cur):
+            # a residual Add may read one branch through Q/DQ (P03); that is wrong only when the
+            # Add ends up unfusable (both inputs quantized, or only the conv branch)
+            residual = consumer.op_type == "Add" and _is_residual(g, consumer)
+            if residual and not {f.rule for f in _residual_add(g, consumer)} & {"P03b", "P03c"}:
+                continue
+            if consumer.op_type in EPILOGUE_OPS and consumer.op_type != "Mul":
+                out.append(
+                    Finding(
+                        "P02",
+                        WARN,
+                        (g.name(node), g.name(q)),
+                        f"{g.name(q)}: Q/DQ between {g.name(node)} and {consumer.op_type} "
+                        f"{g.name(consumer)} prevents their fusion",
+                        f"{consumer.op_type} runs as a separate layer",
+                        "move the Q/DQ to the input of the next quantizable consumer",
+                        _SRC,
+                    )
+                )
+        readers = g.float_uses(cur)
+        if len(readers) != 1 or readers[0].op_type not in (
+            "BatchNormalization",
+            "Relu",
+            "Clip",
+            "LeakyRelu",
+        ):
+            break
+        cur = readers[0].output[0]
+    return out
+
+
+def _residual_add(g: LintGraph, node: Any) -> list[Finding]:
+    """P03: exactly one operand should be read in float and be fusible into its conv (the conv
+    branch); the other (the skip) should arrive through Q/DQ."""
+    name = g.name(node)
+    ops = []
+    for i in node.input:
+        qi = g.qinput(i)
+        ops.append(
+            (qi is not None, g.backbone(qi.source if qi is not None else i), _fusible(g, i, node))
+        )
+    if not any(bb is not None and g.int8_weighted(bb) for _, bb, _ in ops):
+        return []
+    fix = "quantize only the skip (non-conv) operand, sharing the scale of its other quantized uses"
+    n_quantized = sum(q for q, _, _ in ops)
+    if n_quantized == 2:
+        return [
+            Finding(
+                "P03b",
+                WARN,
+                (name,),
+                f"{name}: both inputs quantized",
+                "conv fused alone; Add(+Relu) runs as a separate INT8 PointWise layer",
+                fix,
+                _SRC,
+            )
+        ]
+    if n_quantized == 0:
+        return [
+            Finding(
+                "P03a",
+                WARN,
+                (name,),
+                f"{name}: the skip input is not quantized",
+                "conv+Add fused with FP16/FP32 output; the next Quantize runs standalone",
+                fix,
+                _SRC,
+            )
+        ]
+    (float_fusible,) = [fusible for q, _, fusible in ops if not q]
+    if not float_fusible:
+        return [
+            Finding(
+                "P03c",
+                WARN,
+                (name,),
+                f"{name}: the conv-branch input is quantized and the skip is float",
+                "Add runs standalone in float with an unfused DQ",
+                fix,
+                _SRC,
+            )
+        ]
+    return []
+
+
+def _fusible(g: LintGraph, tensor: str, add: Any) -> bool:
+    """``tensor`` can be the conv branch TensorRT fuses ``add`` into: it comes out of a conv
+    epilogue and nothing but ``add`` reads it."""
+    if g.backbone(tensor) is None:
+        return False
+    return [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"] == [add]
+
+
+def _is_residual(g: LintGraph, node: Any) -> bool:
+    return len(node.input) == 2 and not any(g.is_const(i) for i in node.input)
+
+
+def _concat(g: LintGraph, node: Any) -> list[Finding]:
+    name = g.name(node)
+    out_scales = {s for _, _, s in _uses_through(g, node.output[0])}
+    if not out_scales:
+        return []
+    ins = [g.qinput(i) for i in node.input]
+    if any(q is None for q in ins):
+        floats = [i for i, q in zip(node.input, ins, strict=True) if q is None]
+        return [
+            Finding(
+                "S02b",
+                WARN,
+                (name,),
+                f"{name}: inputs {floats} not quantized while the output is",
+                "Quantize kernels on the float inputs",
+                "quantize every input with the output's scale",
+                _SRC,
+            )
+        ]
+    scales = {q.scale for q in ins if q is not None} | out_scales
+    if len(scales) > 1:
+        return [
+            Finding(
+                "S02",
+                WARN,
+                (name,),
+                f"{name}: input scales "
+                f"{sorted({q.scale[0] for q in ins if q is not None and q.scale})} / output "
+                f"{sorted(s[0] for s in out_scales if s)} differ",
+                "re-quantize ops; the Concat cannot be eliminated",
+                "share one scale",
+                _SRC,
+            )
+        ]
+    return []
+
+
+def _maxpool(g: LintGraph, node: Any) -> list[Finding]:
+    name = g.name(node)
+    after = {s for _, _, s in _uses_through(g, node.output[0])}
+    if not after:
+        return []
+    qi = g.qinput(node.input[0])
+    source = qi.source if qi is not None else node.input[0]
+    before = {s for _, _, s in g.quantized_uses(source)}
+    if qi is not None:
+        before.add(qi.scale)
+    if before and (before | after) != after:
+        return [
+            Finding(
+                "S03",
+                WARN,
+                (name,),
+                f"{name}: scales across MaxPool differ "
+                f"({sorted(s[0] for s in before if s)} vs {sorted(s[0] for s in after if s)})",
+                "re-quantize after the pool",
+                "share one quantizer across the MaxPool",
+                _SRC,
+            )
+        ]
+    if qi is not None:
+        return [
+            Finding(
+                "P10",
+                INFO,
+                (name,),
+                f"{name}: redundant Q/DQ before MaxPool",
+                "prevents a ConvActPool fusion",
+                "remove it",
+                _SRC,
+            )
+        ]
+    return []
+
+
+def _avg_pool(g: LintGraph, node: Any) -> list[Finding]:
+    if g.qinput(node.input[0]) is not None or not _uses_through(g, node.output[0]):
+        return []
+    producer = g.producer.get(node.input[0])
+    if producer is None:
+        return []
+    name = g.name(node)
+    return [
+        Finding(
+            "P06",
+            WARN,
+            (name,),
+            f"{name}: average pool left float between INT8 layers",
+            "a reformat before it and a Quantize after it",
+            "quantize the pool input",
+            _SRC,
+        )
+    ]
+
+
+def _pad(g: LintGraph, node: Any) -> list[Finding]:
+    return [
+        Finding(
+            "P08",
+            WARN,
+            (g.name(node), g.name(c)),
+            f"{g.name(c)}: Q/DQ between Pad {g.name(node)} and the conv blocks Pad+Conv fusion",
+            "separate Pad layer",
+            "move the Q/DQ in front of the Pad",
+            "NVIDIA/TensorRT#2592",
+        )
+        for _, c, _ in g.quantized_uses(node.output[0])
+        if c.op_type in ("Conv", "ConvTranspose")
+    ]
+
+
+def _dangling_dq(g: LintGraph, node: Any) -> list[Finding]:
+    if g.is_const(node.input[0]):
+        return []
+    readers = g.consumers.get(node.output[0], [])
+    if readers and all(r.op_type in _NO_INT8 for r in readers):
+        # a Sigmoid that is part of SiLU with a quantized conv is handled by P07
+        name = g.name(node)
+        return [
+            Finding(
+                "P12",
+                WARN,
+                (name,),
+                f"{name}: DequantizeLinear feeds only "
+                f"{sorted({r.op_type for r in readers})}, which have no INT8 path",
+                "standalone Dequantize layer",
+                "remove this Q/DQ pair",
+                _SRC,
+            )
+        ]
+    return []
+
+
+def _uses_through(g: LintGraph, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
+    """Quantized uses of ``tensor``, looking through copy ops (TensorRT moves Q backward)."""
+    out = list(g.quantized_uses(tensor))
+    for c in g.consumers.get(tensor, []):
+        if c.op_type in COPY_OPS:
+            out.extend(_uses_through(g, c.output[0]))
+    return out
+
+
+def _tensor_rules(g: LintGraph) -> list[Finding]:
+    """S01 (several scales on one tensor), P04 (quantized and float consumers), P07 (SiLU)."""
+    out = []
+    tensors = {q.input[0] for q in g.nodes if q.op_type == "QuantizeLinear"}
+    for t in sorted(tensors):
+        if g.is_const(t):
+            continue
+        uses = g.quantized_uses(t)
+        scales = {s for _, _, s in uses}
+        if len(scales) > 1:
+            out.append(
+                Finding(
+                    "S01",
+                    WARN,
+                    (t,),
+                    f"tensor {t}: {len(scales)} different scales on its consumers",
+                    f"{len(scales) - 1} standalone Quantize layer(s)",
+                    "share one quantizer per tensor",
+                    _SRC,
+                )
+            )
+        floats = [
+            c for c in g.float_uses(t) if not _fusible(g, t, c) and not _quantized_through(g, c)
+        ]
+        if not uses or not floats:
+            continue
+        names = sorted({g.name(c) for c in floats})
+        if any(c.op_type == "Sigmoid" for c in floats) and any(
+            c.op_type == "Mul" for _, c, _ in uses
+        ):
+            out.append(
+                Finding(
+                    "P07",
+                    WARN,
+                    (t,),
+                    f"SiLU on {t}: the Mul reads it through Q/DQ but the Sigmoid in float",
+                    "conv output stays float; SiLU not fused",
+                    "no Q/DQ inside x*sigmoid(x)",
+                    _SRC,
+                )
+            )
+        out.append(
+            Finding(
+                "P04",
+                WARN,
+                (t,),
+                f"tensor {t} has quantized consumers and float consumers {names}",
+                "its producer outputs float; the Quantize runs standalone",
+                "quantize all its consumers with one quantizer, or none",
+                _SRC,
+            )
+        )
+    return out
+
+
+def _quantized_through(g: LintGraph, consumer: Any) -> bool:
+    """A commuting/copy consumer (MaxPool, Reshape, nearest Resize, ...) whose outputs are read only
+    through Q (TensorRT moves the Q backward across it): a quantized use, not a float one."""
+    if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize"}:
+        return False
+    readers = [c for o in consumer.output for c in g.consumers.get(o, []) if c.op_type != "Shape"]
+    return bool(readers) and all(
+        c.op_type == "QuantizeLinear" or _quantized_through(g, c) for c in readers
+    )
