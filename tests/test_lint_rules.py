@@ -337,3 +337,30 @@ def _bad_model() -> onnx.ModelProto:
     g = G()
     x = g.op("QuantizeLinear", ["x", g.const(np.float32(0.1)), g.const(np.uint8(128))])
     return g.model([x])
+
+
+@pytest.mark.parametrize(("b", "expected"), [(0.05, "S03"), (None, None)])
+def test_t07_conv_relu_maxpool(b: float | None, expected: str | None) -> None:
+    g = G()
+    h = g.op("Relu", [g.conv(g.qdq("x"), cin=3, k=7, stride=2)])
+    if b is not None:
+        h = g.qdq(h, b)
+    pooled = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2])
+    report = lint(g.model([g.conv(g.qdq(pooled, 0.02))], shape=(1, 3, 32, 32)))
+    assert {"P13", "H02"} <= report.rules("INFO")
+    warn = report.rules("WARN")
+    assert (expected in warn) if expected else report.verdict == "PASS", report.format()
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_t09_conv_transpose_relu(group: int) -> None:
+    g = G()
+    y = g.op("Relu", [g.conv(g.qdq("x"), cin=64, cout=32, k=2, op="ConvTranspose")])
+    model = g.model([g.conv(g.qdq(y), cin=32)])
+    if group == 2:
+        node = next(n for n in model.graph.node if n.op_type == "ConvTranspose")
+        node.attribute.append(helper.make_attribute("group", 2))
+    report = lint(model)
+    assert {"V12", "P09"} <= report.rules("WARN")
+    v12 = next(f for f in report.findings if f.rule == "V12")
+    assert ("grouped" in v12.message) == (group == 2)

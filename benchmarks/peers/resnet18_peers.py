@@ -1,4 +1,4 @@
-"""Peer Q/DQ exports of torchvision ResNet-18 (ModelOpt ONNX PTQ, ONNX Runtime quantize_static).
+"""Peer Q/DQ exports of ResNet-18 or the YOLO-style net (ModelOpt ONNX PTQ, ORT quantize_static).
 
 Run in a *separate* virtual environment (ModelOpt pins other onnx/onnxruntime versions; it is never
 a qdq dependency)::
@@ -27,10 +27,16 @@ import torch
 from torchvision.models import resnet18
 
 
-def build() -> tuple[torch.nn.Module, list[torch.Tensor]]:
+def build(name: str = "resnet18") -> tuple[torch.nn.Module, list[torch.Tensor]]:
     torch.manual_seed(0)
     data = [torch.randn(4, 3, 96, 96) for _ in range(4)]
-    model = resnet18()
+    if name == "yolo_style":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        from models.yolo import YoloStyleNet
+
+        model: torch.nn.Module = YoloStyleNet()
+    else:
+        model = resnet18()
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()
@@ -51,10 +57,11 @@ def counts(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("/tmp/peer_onnx"))
+    parser.add_argument("--model", choices=("resnet18", "yolo_style"), default="resnet18")
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    model, data = build()
+    model, data = build(args.model)
     calib = torch.cat(data).numpy()
     np.savez(out / "calib.npz", input=calib)
     fp32 = out / "fp32.onnx"
