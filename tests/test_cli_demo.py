@@ -23,10 +23,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "FP32 accuracy" in proc.stdout and "lint verdict" in proc.stdout
+    assert "FP32 accuracy" in proc.stdout and "lint verdict: PASS" in proc.stdout
     assert "ONNX Runtime INT8 accuracy" in proc.stdout and "bit-exact: True" in proc.stdout
     report = json.loads((out / "demo.json").read_text())
     assert report["test_images"] == 2000
+    assert report["lint"]["verdict"] == "PASS"
     assert report["plan"]["coverage"][0]["status"] == "int8"
     assert Path(report["onnx"]["path"]).is_file() and report["onnx"]["qdq_bit_exact"]
     best = report["int8"][report["best_method"]]["accuracy"]

@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from qdq import nn
+from qdq import lint, nn
 from qdq._version import __version__
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
@@ -42,6 +42,7 @@ __all__ = [
     "calibrate",
     "export_onnx",
     "fake_quant",
+    "lint",
     "load_calibration",
     "make_calibrator",
     "nn",

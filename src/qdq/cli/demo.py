@@ -149,8 +149,18 @@ def run_demo(
     recompute_amax(qmodel, best)
     print(f"  best method: {best}")
     onnx_summary = _export_and_check(qmodel, images, labels, ref, Path(out_dir))
-    lint = {"verdict": None, "reason": "the TensorRT linter is not built yet (issue #5)"}
-    print(f"  lint verdict: not available yet ({lint['reason']})")
+    lint: dict[str, object] = {"verdict": None}
+    if "path" in onnx_summary:
+        from qdq.lint import lint as run_lint
+
+        lr = run_lint(str(onnx_summary["path"]))
+        s = lr.summary
+        lint = {"verdict": lr.verdict, "summary": s, "findings": [f.to_dict() for f in lr.findings]}
+        print(
+            f"  lint verdict: {lr.verdict} (TensorRT prediction: INT8 weighted layers "
+            f"{s['int8_weighted_layers']}/{s['weighted_layers']}, unfused Q/DQ {s['unfused_qdq']}, "
+            f"float islands {s['float_islands']}; {len(lr.findings)} findings)"
+        )
     report = {
         "qdq_version": __version__,
         "model": "qdq.zoo.fashion_mnist.ResNetish",
