@@ -30,6 +30,11 @@ def run_lint(model: str, *, target: str, as_json: bool, engine: str | None) -> i
             print("engine report vs prediction:")
             for key, (pred, real) in diff["compare"].items():
                 print(f"  {key:<22} predicted {pred:>4}  engine {real:>4}")
+            for m in diff["layer_mismatches"]:
+                print(
+                    f"  {m['onnx_node']}: predicted {m['predicted']}, engine {m['engine']} "
+                    f"({m['engine_layer']})"
+                )
     return report.exit_code
 
 
@@ -39,7 +44,24 @@ def _engine_diff(report: Any, path: str) -> dict[str, Any]:
     engine = load_engine_report(path)
     weighted = engine.weighted_layers()
     int8 = [layer for layer in weighted if layer.input_precision == "int8"]
+    layers = []
+    for name in [*report.int8_layers, *report.float_layers]:
+        layer = engine.find(name)
+        if layer is None:
+            continue
+        predicted = "int8" if name in report.int8_layers else "float"
+        real = layer.input_precision or "?"
+        if (predicted == "int8") != (real == "int8"):
+            layers.append(
+                {
+                    "onnx_node": name,
+                    "engine_layer": layer.name,
+                    "predicted": predicted,
+                    "engine": real,
+                }
+            )
     return {
+        "layer_mismatches": layers,
         "path": path,
         "compare": {
             "weighted_layers": (report.summary["weighted_layers"], len(weighted)),

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.placement import check_placement
@@ -65,7 +67,8 @@ class LintReport:
         s = self.summary
         lines = [
             f"{self.model}: {self.verdict} ({self.target})",
-            f"  INT8 weighted layers {s['int8_weighted_layers']}/{s['weighted_layers']}, "
+            f"  INT8 weighted layers {s['int8_weighted_layers']}/{s['weighted_layers']} "
+            f"({s['int8_flops_percent']}% of FLOPs), "
             f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}",
         ]
         for severity in (ERROR, WARN, INFO):
@@ -107,9 +110,14 @@ def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
     int8, floats = _predict(g)
     if target == "trt11":
         findings += _strong_typing(g, floats)
+    flops = _weighted_flops(proto, g)
+    total_flops = sum(flops.values())
+    int8_ids = {id(n) for n in g.nodes if g.int8_weighted(n)}
+    int8_flops = sum(f for n, f in flops.items() if n in int8_ids)
     summary = {
         "weighted_layers": sum(1 for n in g.nodes if g.weighted(n)),
         "int8_weighted_layers": sum(1 for n in g.nodes if g.int8_weighted(n)),
+        "int8_flops_percent": round(100 * int8_flops / total_flops) if total_flops else 0,
         "unfused_qdq": _unfused(g, findings),
         "float_islands": _islands(g, floats),
     }
@@ -121,6 +129,36 @@ def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
         tuple(g.name(n) for n in int8),
         tuple(g.name(n) for n in floats),
     )
+
+
+def _weighted_flops(proto: Any, g: LintGraph) -> dict[int, int]:
+    """Multiply-accumulate counts (x2) of the weighted ops whose shapes shape inference can tell."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # shape inference is best effort here
+        return {}
+    dims: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+        shape = [d.dim_value if d.dim_value > 0 else 1 for d in vi.type.tensor_type.shape.dim]
+        dims[vi.name] = shape
+    out: dict[int, int] = {}  # id(node) -> FLOPs
+    for n in g.nodes:
+        if not g.weighted(n):
+            continue
+        w = g.qinput(n.input[1])
+        weight = g.const.get(w.source if w is not None else n.input[1])
+        y = dims.get(n.output[0])
+        if weight is None or not y:
+            continue
+        if n.op_type in ("Conv", "ConvTranspose"):
+            spatial = int(np.prod(y[2:])) if len(y) > 2 else 1
+            out[id(n)] = 2 * int(np.prod(weight.shape)) * spatial * y[0]
+        else:
+            rows = int(np.prod(y[:-1])) if len(y) > 1 else 1
+            out[id(n)] = 2 * int(np.prod(weight.shape)) * rows
+    return out
 
 
 def _predict(g: LintGraph) -> tuple[list[Any], list[Any]]:
