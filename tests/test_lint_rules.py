@@ -260,7 +260,18 @@ def test_t20_strong_typing_with_fp32_head() -> None:
     head = g.op("Sigmoid", [g.conv(g.qdq("x"))])
     m = g.model([head])
     assert "B02" in lint(m, target="trt11").rules("WARN")
-    assert "B02" not in lint(m, target="trt10").rules()
+    assert "V11" in lint(m, target="trt11").rules("INFO")
+    assert not {"B02", "V11"} & lint(m, target="trt10").rules()
+
+
+def test_t08c_silu_behind_one_shared_qdq_passes() -> None:
+    g = G()
+    t = g.bn(g.conv(g.qdq("x")))
+    qb = g.q(t, 0.03)
+    y = g.conv(g.qdq(g.op("Mul", [g.dq_of(qb), g.op("Sigmoid", [g.dq_of(qb)])])))
+    report = lint(g.model([y]))
+    assert report.verdict == "PASS", report.format()
+    assert "P07" in report.rules("INFO")
 
 
 # ------------------------------------------------------- real exports + engine

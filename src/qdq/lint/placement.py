@@ -163,6 +163,8 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
         for q, consumer, _ in g.quantized_uses(cur):
             # a residual Add may read one branch through Q/DQ (P03); that is wrong only when the
             # Add ends up unfusable (both inputs quantized, or only the conv branch)
+            if consumer.op_type == "Sigmoid" and _silu_behind_one_q(g, consumer):
+                continue  # T08c: P07 INFO below
             residual = consumer.op_type == "Add" and _is_residual(g, consumer)
             if residual and not {f.rule for f in _residual_add(g, consumer)} & {"P03b", "P03c"}:
                 continue
@@ -372,6 +374,19 @@ def _dangling_dq(g: LintGraph, node: Any) -> list[Finding]:
     if g.is_const(node.input[0]):
         return []
     readers = g.consumers.get(node.output[0], [])
+    if len(readers) == 1 and readers[0].op_type == "Sigmoid" and _silu_behind_one_q(g, readers[0]):
+        name = g.name(readers[0])
+        return [
+            Finding(
+                "P07",
+                INFO,
+                (name,),
+                f"SiLU at {name}: both branches read the same Q/DQ",
+                "relies on TensorRT merging identical Q nodes",
+                "prefer no Q/DQ inside x*sigmoid(x)",
+                _SRC,
+            )
+        ]
     if readers and all(r.op_type in _NO_INT8 for r in readers):
         # a Sigmoid that is part of SiLU with a quantized conv is handled by P07
         name = g.name(node)
@@ -388,6 +403,21 @@ def _dangling_dq(g: LintGraph, node: Any) -> list[Finding]:
             )
         ]
     return []
+
+
+def _silu_behind_one_q(g: LintGraph, sigmoid: Any) -> bool:
+    """Sigmoid(DQ(q)) multiplied by another DQ of the same QuantizeLinear ``q`` (SiLU, T08c)."""
+    dq = g.producer.get(sigmoid.input[0])
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return False
+    for mul in g.consumers.get(sigmoid.output[0], []):
+        if mul.op_type != "Mul":
+            continue
+        other = [i for i in mul.input if i != sigmoid.output[0]]
+        src = g.producer.get(other[0]) if other else None
+        if src is not None and src.op_type == "DequantizeLinear" and src.input[0] == dq.input[0]:
+            return True
+    return False
 
 
 def _uses_through(g: LintGraph, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:

@@ -273,9 +273,11 @@ def _islands(g: LintGraph, floats: list[Any]) -> int:
 
 
 def _strong_typing(g: LintGraph, floats: list[Any]) -> list[Finding]:
-    """B02: a float32 ONNX built strongly typed runs everything outside Q/DQ in FP32."""
+    """B02: a float32 ONNX built strongly typed runs everything outside Q/DQ in FP32.
+    V11: DequantizeLinear outputs its scale's dtype, so FP32 scales make FP32 consumers."""
     from onnx import TensorProto
 
+    out: list[Finding] = []
     dtypes = Counter(i.data_type for i in g.graph.initializer)
     heads = [
         g.producer[o]
@@ -285,7 +287,7 @@ def _strong_typing(g: LintGraph, floats: list[Any]) -> list[Finding]:
     fp32 = floats + [h for h in heads if h not in floats]
     if fp32 and dtypes.get(TensorProto.FLOAT16, 0) == 0:
         names = tuple(g.name(n) for n in fp32[:10])
-        return [
+        out.append(
             Finding(
                 "B02",
                 WARN,
@@ -295,5 +297,25 @@ def _strong_typing(g: LintGraph, floats: list[Any]) -> list[Finding]:
                 "export with qdq.export_onnx(..., fp16=True) (or ModelOpt AutoCast)",
                 "rule spec §1.5",
             )
-        ]
-    return []
+        )
+    fp32_dq = [
+        n
+        for n in g.nodes
+        if n.op_type == "DequantizeLinear"
+        and n.input[1] in g.const
+        and g.const[n.input[1]].dtype.name == "float32"
+        and not g.is_const(n.input[0])
+    ]
+    if fp32_dq:
+        out.append(
+            Finding(
+                "V11",
+                INFO,
+                tuple(g.name(n) for n in fp32_dq[:10]),
+                f"{len(fp32_dq)} activation DequantizeLinear nodes have FP32 scales",
+                "their outputs (and consumers) are FP32 under strong typing, or Casts follow",
+                "use opset >= 19 with FP16 scales (qdq.export_onnx(..., fp16=True, opset=19))",
+                "rule spec §1.1 V11",
+            )
+        )
+    return out
