@@ -273,13 +273,3 @@ def _run_exporter(
         finally:
             for h in hooks:
                 h.remove()
-
-
-def load_onnx(path: str | Path) -> Any:
-    """Load an ONNX file (raises ``FileNotFoundError`` naming it)."""
-    import onnx
-
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"no ONNX file at {p}")
-    return onnx.load(str(p))

@@ -169,10 +169,7 @@ def float32_io(model: Any) -> Any:
         if inp.type.tensor_type.elem_type != TensorProto.FLOAT16:
             continue
         inner = f"{inp.name}_fp16"
-        for node in graph.node:
-            for i, name in enumerate(node.input):
-                if name == inp.name:
-                    node.input[i] = inner
+        _rename_tensor(graph, inp.name, inner)
         front.append(
             helper.make_node(
                 "Cast", [inp.name], [inner], to=TensorProto.FLOAT16, name=f"{inp.name}/Cast"
@@ -183,13 +180,7 @@ def float32_io(model: Any) -> Any:
         if out.type.tensor_type.elem_type != TensorProto.FLOAT16:
             continue
         inner = f"{out.name}_fp16"
-        for node in graph.node:
-            for i, name in enumerate(node.output):
-                if name == out.name:
-                    node.output[i] = inner
-            for i, name in enumerate(node.input):
-                if name == out.name:
-                    node.input[i] = inner
+        _rename_tensor(graph, out.name, inner)
         back.append(
             helper.make_node(
                 "Cast", [inner], [out.name], to=TensorProto.FLOAT, name=f"{out.name}/Cast"
@@ -200,3 +191,12 @@ def float32_io(model: Any) -> Any:
     del graph.node[:]
     graph.node.extend(nodes)
     return model
+
+
+def _rename_tensor(graph: Any, old: str, new: str) -> None:
+    """Point every node input and output named ``old`` at ``new``."""
+    for node in graph.node:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name == old:
+                    field[i] = new

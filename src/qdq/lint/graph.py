@@ -117,10 +117,11 @@ class LintGraph:
         return (
             self.weighted(node)
             and self.qinput(node.input[0]) is not None
-            and self._dq_weight(node.input[1])
+            and self.dq_weight(node.input[1])
         )
 
-    def _dq_weight(self, tensor: str) -> bool:
+    def dq_weight(self, tensor: str) -> bool:
+        """Whether a weight operand arrives through DequantizeLinear (possibly through copies)."""
         node = self.producer.get(tensor)
         while node is not None and node.op_type in COPY_OPS:
             node = self.producer.get(node.input[0])

@@ -67,7 +67,7 @@ def _weighted(g: LintGraph, node: Any) -> list[Finding]:
     out: list[Finding] = []
     name = g.name(node)
     act = g.qinput(node.input[0]) is not None
-    wgt = g._dq_weight(node.input[1])
+    wgt = g.dq_weight(node.input[1])
     if act != wgt:
         which = "activation" if act else "weights"
         out.append(
