@@ -32,11 +32,28 @@ def _build_parser() -> argparse.ArgumentParser:
     lint = sub.add_parser(
         "lint",
         help="predict what TensorRT does with a Q/DQ ONNX (no GPU needed)",
-        description="Lint a Q/DQ ONNX for TensorRT. Exit code: 0 clean, 1 warnings, 2 errors.",
+        description="Lint a Q/DQ ONNX for TensorRT. Exit code: 0 clean, 1 warnings, 2 errors, "
+        "3 when an input cannot be read.",
     )
     lint.add_argument("model", help="the .onnx file")
-    lint.add_argument("--target", choices=("trt10", "trt11"), default="trt10")
+    lint.add_argument(
+        "--target",
+        default="trt10",
+        help="TensorRT version: trt10 (default, weakly typed --int8 --fp16), trt11 (strongly "
+        "typed), or with a minor version (trt8.6, trt10.5) for version-dependent rules",
+    )
+    lint.add_argument(
+        "--strongly-typed", action="store_true", help="a --stronglyTyped build (TensorRT 10.12+)"
+    )
+    lint.add_argument(
+        "--flags",
+        default=None,
+        help="weak-typing build flags, comma-separated (default: int8,fp16)",
+    )
     lint.add_argument("--json", action="store_true", help="print one JSON object")
+    lint.add_argument(
+        "--layers", action="store_true", help="also print the predicted engine layers"
+    )
     lint.add_argument("--engine-report", help="trtexec --exportLayerInfo JSON to compare with")
     return parser
 
@@ -65,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from qdq.cli.lint import run_lint
 
         return run_lint(
-            args.model, target=args.target, as_json=args.json, engine=args.engine_report
+            args.model,
+            target=args.target,
+            as_json=args.json,
+            engine=args.engine_report,
+            strongly_typed=True if args.strongly_typed else None,
+            flags=args.flags.split(",") if args.flags is not None else None,
+            show_layers=args.layers,
         )
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command

@@ -1,22 +1,33 @@
 """The TensorRT linter: predict engine precision and fusion from a Q/DQ ONNX; read engine reports.
 
-``qdq.lint.lint(onnx)`` → :class:`LintReport` (validity rules V, placement/sharing rules P/S/H,
-strong-typing rule B02, predicted INT8 coverage, unfused Q/DQ and float islands);
-``qdq.lint.engine_report`` reads trtexec ``--exportLayerInfo`` JSON (TensorRT 8-10 and 11).
+``qdq.lint.lint(onnx, target=...)`` → :class:`LintReport`: findings (validity rules V, placement and
+sharing rules P/S/H, build rules B), the predicted engine layers (fused ONNX nodes with input and
+output precision, standalone Q/DQ), INT8 coverage, unfused Q/DQ and float islands.
+``qdq.lint.engine_report`` reads trtexec ``--exportLayerInfo`` JSON (TensorRT 8-10 and 11) and
+``qdq.lint.diff_engine`` compares a prediction with it layer by layer.
 """
 
 from __future__ import annotations
 
+from qdq.lint.diff import EngineDiff, LayerMatch, diff_engine
 from qdq.lint.engine_report import EngineLayer, EngineReport, EngineTensor, load_engine_report
 from qdq.lint.findings import Finding
+from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport, lint
+from qdq.lint.target import Target, parse_target
 
 __all__ = [
+    "EngineDiff",
     "EngineLayer",
     "EngineReport",
     "EngineTensor",
     "Finding",
+    "LayerMatch",
     "LintReport",
+    "PredictedLayer",
+    "Target",
+    "diff_engine",
     "lint",
     "load_engine_report",
+    "parse_target",
 ]

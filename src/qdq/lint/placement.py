@@ -168,6 +168,8 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
             residual = consumer.op_type == "Add" and _is_residual(g, consumer)
             if residual and not {f.rule for f in _residual_add(g, consumer)} & {"P03b", "P03c"}:
                 continue
+            if residual and _both_conv_branches(g, consumer):
+                continue  # either branch may be the quantized one (T23); P03b says both are
             if consumer.op_type in EPILOGUE_OPS and consumer.op_type != "Mul":
                 out.append(
                     Finding(
@@ -245,6 +247,17 @@ def _residual_add(g: LintGraph, node: Any) -> list[Finding]:
             )
         ]
     return []
+
+
+def _both_conv_branches(g: LintGraph, add: Any) -> bool:
+    """Both operands of a residual Add are conv branches read by nothing else (a downsample
+    block), rather than a conv branch and an identity skip."""
+    sources = [(q.source if (q := g.qinput(i)) is not None else i) for i in add.input]
+    return all(
+        g.backbone(t) is not None
+        and all(c is add for c in [*g.float_uses(t), *(c for _, c, _ in g.quantized_uses(t))])
+        for t in sources
+    )
 
 
 def _fusible(g: LintGraph, tensor: str, add: Any) -> bool:
@@ -438,7 +451,22 @@ def _tensor_rules(g: LintGraph) -> list[Finding]:
             continue
         uses = g.quantized_uses(t)
         scales = {s for _, _, s in uses}
-        if len(scales) > 1:
+        skips = [c for _, c, _ in uses if c.op_type == "Add" and _is_residual(g, c)]
+        if len(scales) > 1 and skips:
+            add = skips[0]
+            out.append(
+                Finding(
+                    "S04",
+                    WARN,
+                    (g.name(add), t),
+                    f"{g.name(add)}: its skip {t} is quantized with a scale different from the "
+                    f"other quantized uses of {t} ({sorted(s[0] for s in scales if s)})",
+                    f"{len(scales) - 1} standalone Quantize layer(s): {t} has one INT8 version",
+                    "reuse the block input's quantizer for the skip",
+                    _SRC,
+                )
+            )
+        elif len(scales) > 1:
             out.append(
                 Finding(
                     "S01",

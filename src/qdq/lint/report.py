@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,13 @@ import numpy as np
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.placement import check_placement
+from qdq.lint.predict import PredictedLayer, predict_layers
+from qdq.lint.target import Target, parse_target
 from qdq.lint.validity import check_validity
+from qdq.lint.versioned import build_rules
 
-__all__ = ["TARGETS", "LintReport", "lint"]
+__all__ = ["LintReport", "lint"]
 
-TARGETS = ("trt10", "trt11")
 _SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
 
 
@@ -29,8 +32,17 @@ class LintReport:
     target: str
     findings: tuple[Finding, ...]
     summary: dict[str, int]
-    int8_layers: tuple[str, ...] = field(default=())
-    float_layers: tuple[str, ...] = field(default=())
+    layers: tuple[PredictedLayer, ...] = field(default=())
+
+    @property
+    def int8_layers(self) -> tuple[str, ...]:
+        """ONNX nodes predicted to run inside INT8 layers."""
+        return tuple(x for ly in self.layers if ly.kind != "qdq" and ly.int8 for x in ly.nodes)
+
+    @property
+    def float_layers(self) -> tuple[str, ...]:
+        """ONNX compute nodes predicted to run in float."""
+        return tuple(x for ly in self.layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes)
 
     @property
     def exit_code(self) -> int:
@@ -54,23 +66,31 @@ class LintReport:
             "verdict": self.verdict,
             "findings": [f.to_dict() for f in self.findings],
             "summary": self.summary,
-            "int8_layers": list(self.int8_layers),
-            "float_layers": list(self.float_layers),
+            "layers": [ly.to_dict() for ly in self.layers],
         }
 
     def to_json(self) -> str:
         """One JSON object."""
         return json.dumps(self.to_dict(), indent=2)
 
-    def format(self) -> str:
-        """Human output grouped by severity."""
+    def format(self, show_layers: bool = False) -> str:
+        """Human output grouped by severity (with ``show_layers``, the predicted engine first)."""
         s = self.summary
         lines = [
             f"{self.model}: {self.verdict} ({self.target})",
             f"  INT8 weighted layers {s['int8_weighted_layers']}/{s['weighted_layers']} "
             f"({s['int8_flops_percent']}% of FLOPs), "
-            f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}",
+            f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}, "
+            f"scale mismatches {s['scale_mismatches']}, "
+            f"alignment reformats {s['alignment_reformats']}",
         ]
+        if show_layers:
+            lines.append(f"predicted engine layers ({len(self.layers)})")
+            lines.extend(
+                f"  {ly.input_precision:>4} -> {ly.output_precision:<4} {ly.kind:<9} {ly.name}"
+                + (f"  [{ly.reason}]" if ly.reason else "")
+                for ly in self.layers
+            )
         for severity in (ERROR, WARN, INFO):
             group = [f for f in self.findings if f.severity == severity]
             if group:
@@ -82,13 +102,24 @@ class LintReport:
         return "\n".join(lines)
 
 
-def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
+def lint(
+    model: str | Path | Any,
+    *,
+    target: str | Target = "trt10",
+    strongly_typed: bool | None = None,
+    flags: Iterable[str] | None = None,
+) -> LintReport:
     """Lint a Q/DQ ONNX model (path or ``onnx.ModelProto``) for TensorRT.
 
     Args:
         model: the ONNX file or model.
         target: ``"trt10"`` (weakly typed, INT8+FP16 builds) or ``"trt11"`` (strongly typed: the
-            float remainder runs at the ONNX dtype).
+            float remainder runs at the ONNX dtype), optionally with a minor version
+            (``"trt8.6"``, ``"trt10.5"``) for the version-dependent rules (V07, V10, V12, P11).
+        strongly_typed: ``True`` for a ``--stronglyTyped`` build on TensorRT 10.12+.
+        flags: weak-typing precision flags of the build (default ``int8`` and ``fp16``); without
+            ``int8`` a Q/DQ model does not build (V13), without ``fp16`` the float remainder
+            runs FP32 (B01).
 
     Example:
         >>> report = lint("model.onnx")  # doctest: +SKIP
@@ -96,8 +127,7 @@ def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
     """
     import onnx
 
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    t = parse_target(target, strongly_typed=strongly_typed, flags=flags)
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_file():
@@ -106,10 +136,14 @@ def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
     else:
         proto, label = model, getattr(model.graph, "name", "model")
     g = LintGraph(proto)
-    findings = check_validity(proto) + check_placement(g)
-    int8, floats = _predict(g)
-    if target == "trt11":
+    findings = check_validity(proto, t) + check_placement(g)
+    fp16_onnx = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
+    layers = predict_layers(g, "fp16" if t.strongly_typed and fp16_onnx else t.float_dtype)
+    by_name = {g.name(n): n for n in g.nodes}
+    floats = [by_name[x] for ly in layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes]
+    if t.strongly_typed:
         findings += _strong_typing(g, floats)
+    findings += build_rules(g, t, layers, floats)
     flops = _weighted_flops(proto, g)
     total_flops = sum(flops.values())
     int8_ids = {id(n) for n in g.nodes if g.int8_weighted(n)}
@@ -118,17 +152,12 @@ def lint(model: str | Path | Any, *, target: str = "trt10") -> LintReport:
         "weighted_layers": sum(1 for n in g.nodes if g.weighted(n)),
         "int8_weighted_layers": sum(1 for n in g.nodes if g.int8_weighted(n)),
         "int8_flops_percent": round(100 * int8_flops / total_flops) if total_flops else 0,
-        "unfused_qdq": _unfused(g, findings),
+        "unfused_qdq": sum(1 for ly in layers if ly.kind == "qdq"),
         "float_islands": _islands(g, floats),
+        "scale_mismatches": sum(1 for f in findings if f.rule in ("S01", "S02", "S03", "S04")),
+        "alignment_reformats": sum(1 for f in findings if f.rule == "H01" and f.severity == WARN),
     }
-    return LintReport(
-        label,
-        target,
-        tuple(findings),
-        summary,
-        tuple(g.name(n) for n in int8),
-        tuple(g.name(n) for n in floats),
-    )
+    return LintReport(label, t.label, tuple(findings), summary, tuple(layers))
 
 
 def _weighted_flops(proto: Any, g: LintGraph) -> dict[int, int]:
@@ -159,95 +188,6 @@ def _weighted_flops(proto: Any, g: LintGraph) -> dict[int, int]:
             rows = int(np.prod(y[:-1])) if len(y) > 1 else 1
             out[id(n)] = 2 * int(np.prod(weight.shape)) * rows
     return out
-
-
-def _predict(g: LintGraph) -> tuple[list[Any], list[Any]]:
-    """Compute layers predicted INT8 (weighted ops with DQ inputs and their fused epilogues, pools
-    and Concats with DQ inputs) vs float."""
-    int8: list[Any] = []
-    fused: set[int] = set()
-    for n in g.nodes:
-        if g.int8_weighted(n):
-            int8.append(n)
-            cur = n.output[0]
-            while True:
-                readers = g.float_uses(cur)
-                silu = _silu(g, cur, readers)
-                if silu is not None:
-                    fused.update(id(r) for r in readers)
-                    cur = silu
-                    continue
-                if len(readers) != 1 or readers[0].op_type not in (
-                    "BatchNormalization",
-                    "Relu",
-                    "Clip",
-                    "LeakyRelu",
-                    "Add",
-                    "Sigmoid",
-                    "Mul",
-                ):
-                    break
-                fused.add(id(readers[0]))
-                cur = readers[0].output[0]
-        elif n.op_type in ("MaxPool", "GlobalAveragePool", "AveragePool", "Concat") and all(
-            g.qinput(i) is not None or _from_int8(g, i) for i in n.input if i
-        ):
-            int8.append(n)
-    floats = [
-        n for n in g.nodes if n.op_type not in _SKIP_OPS and id(n) not in fused and n not in int8
-    ]
-    return int8, floats
-
-
-def _silu(g: LintGraph, tensor: str, readers: list[Any]) -> str | None:
-    """If ``tensor`` feeds exactly Sigmoid(tensor) and Mul(tensor, sigmoid), return the Mul output."""
-    if len(readers) != 2 or {r.op_type for r in readers} != {"Sigmoid", "Mul"}:
-        return None
-    sig = next(r for r in readers if r.op_type == "Sigmoid")
-    mul = next(r for r in readers if r.op_type == "Mul")
-    return str(mul.output[0]) if set(mul.input) == {tensor, sig.output[0]} else None
-
-
-def _from_int8(g: LintGraph, tensor: str) -> bool:
-    node = g.producer.get(tensor)
-    return (
-        node is not None
-        and node.op_type in ("Relu", "BatchNormalization")
-        and g.backbone(tensor) is not None
-        and g.int8_weighted(g.backbone(tensor))
-    )
-
-
-def _unfused(g: LintGraph, findings: list[Finding]) -> int:
-    """Predicted standalone Quantize/Dequantize layers (Q/DQ-origin reformats)."""
-    count = 0
-    p03a_adds = {f.nodes[0] for f in findings if f.rule in ("P03a", "P03c")}
-    for t in sorted({q.input[0] for q in g.nodes if q.op_type == "QuantizeLinear"}):
-        if g.is_const(t):
-            continue
-        scales = {s for _, _, s in g.quantized_uses(t)}
-        floats = [
-            c for c in g.float_uses(t) if not (c.op_type == "Add" and g.backbone(t) is not None)
-        ]
-        standalone = t in g.inputs or bool(floats) or _float_producer(g, t, p03a_adds)
-        count += (1 if standalone else 0) + max(0, len(scales) - 1)
-    count += sum(1 for f in findings if f.rule in ("P12", "P01"))
-    return count
-
-
-def _float_producer(g: LintGraph, tensor: str, p03a_adds: set[str]) -> bool:
-    node = g.producer.get(tensor)
-    while node is not None and node.op_type in COPY_OPS | {"Relu", "MaxPool"}:
-        if node.op_type == "MaxPool" and len(g.consumers.get(node.input[0], [])) > 1:
-            return True
-        node = g.producer.get(node.input[0])
-    if node is None:
-        return True
-    if node.op_type == "Add" and g.name(node) in p03a_adds:
-        return True
-    if node.op_type in ("GlobalAveragePool", "AveragePool", "ReduceMean"):
-        return g.qinput(node.input[0]) is None
-    return False
 
 
 def _islands(g: LintGraph, floats: list[Any]) -> int:

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.lint.findings import ERROR, WARN, Finding
+from qdq.lint.findings import ERROR, INFO, WARN, Finding
+from qdq.lint.target import Target, parse_target
 
 __all__ = ["check_validity"]
 
@@ -41,6 +42,7 @@ class _Graph:
     def __init__(self, model: Any) -> None:
         from onnx import numpy_helper
 
+        self.target: Target = parse_target("trt10")
         self.graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.inits = {i.name: i for i in model.graph.initializer}
@@ -72,9 +74,10 @@ class _Graph:
         return None if value is None else tuple(value.shape)
 
 
-def check_validity(model: Any) -> list[Finding]:
-    """Run V01–V12 on an ``onnx.ModelProto``; return the findings."""
+def check_validity(model: Any, target: str | Target = "trt10") -> list[Finding]:
+    """Run V01–V12 on an ``onnx.ModelProto`` for a TensorRT ``target``; return the findings."""
     g = _Graph(model)
+    g.target = parse_target(target)
     out: list[Finding] = []
     has_qdq = False
     for node in g.graph.node:
@@ -107,7 +110,46 @@ def check_validity(model: Any) -> list[Finding]:
                 _SRC,
             )
         )
-    return out
+    top = g.target.max_opset
+    if top is not None and g.opset > top:
+        out.append(
+            Finding(
+                "V07",
+                ERROR,
+                (),
+                f"model opset {g.opset}: the {g.target.label} ONNX parser reads opsets <= {top}",
+                "parse failure on unsupported operator versions",
+                f"export with opset <= {top} (qdq.export_onnx(..., opset={min(top, 17)}))",
+                _SRC,
+            )
+        )
+    return out + _prequantized_weights(g)
+
+
+def _prequantized_weights(g: _Graph) -> list[Finding]:
+    """V10: INT8 weight initializers read by DequantizeLinear alone ("DQ-only" weights)."""
+    names = [
+        n.name or n.output[0]
+        for n in g.graph.node
+        if n.op_type == "DequantizeLinear"
+        and n.input[0] in g.const
+        and g.const[n.input[0]].dtype == np.int8
+    ]
+    if not names:
+        return []
+    old = not g.target.at_least(10)
+    return [
+        Finding(
+            "V10",
+            ERROR if old else INFO,
+            tuple(names[:10]),
+            f"{len(names)} DequantizeLinear node(s) read pre-quantized INT8 weights"
+            + (f"; {g.target.label} expects FP32 weights with Q -> DQ" if old else ""),
+            "parse or build failure" if old else "supported on TensorRT >= 10",
+            "export FP32 weights with QuantizeLinear -> DequantizeLinear" if old else "",
+            _SRC,
+        )
+    ]
 
 
 def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
@@ -258,16 +300,23 @@ def _check_weight_axis(g: _Graph, consumer: Any, dq: Any, name: str, axis: int) 
         grouped = (
             " (grouped: one axis cannot express per-output-channel scales)" if group > 1 else ""
         )
+        new = g.target.at_least(10, 2)
+        if new:
+            why = "TensorRT >= 10.2 tooling quantizes ConvTranspose weights on axis 1"
+        else:
+            why = f"{g.target.label} kernels expect per-input-channel scales (axis 0)"
+        dims = g.const_dims(dq.input[0])
+        likely_ok = new and group == 1 and dims is not None and axis % len(dims) == 1
         return [
             Finding(
                 "V12",
-                WARN,
+                INFO if likely_ok else WARN,
                 (name, consumer.name),
                 f"{consumer.name}: per-channel ConvTranspose weights on axis {axis}{grouped}; "
-                "TensorRT's expected axis is version-dependent (8.x: axis 0; 10.2+ tooling: 1)",
-                "possibly wrong results or FP fallback",
-                "use per-tensor weights or verify numerics on the target TensorRT",
-                "NVIDIA/TensorRT#2380, #1694",
+                f"{why}",
+                "verify on the GPU" if likely_ok else "possibly wrong results or FP fallback",
+                "verify numerics with polygraphy, or use per-tensor weights",
+                "NVIDIA/TensorRT#2380, #1694; pytorch-quantization 10.2 (axis 1)",
             )
         ]
     expected = None

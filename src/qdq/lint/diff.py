@@ -1,0 +1,191 @@
+"""Compare the linter's predicted engine with a real engine report, layer by layer.
+
+Predicted layers are matched to engine layers by ONNX node name when the engine was built from the
+same ONNX file (TensorRT keeps node names in fused layer names and ``Metadata``). When the names do
+not match (the engine came from another export of the same network), layers are matched by order:
+the longest common subsequence of layer kinds (weighted, pooling, standalone Q/DQ, ...) over both
+sequences, ignoring what the linter does not predict (builder reformats, no-ops, shuffles).
+Precisions are compared as INT8 vs float: a weakly typed builder picks FP16 or FP32 by timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from qdq.lint.engine_report import EngineLayer, EngineReport
+from qdq.lint.predict import PredictedLayer
+
+__all__ = ["EngineDiff", "LayerMatch", "diff_engine"]
+
+_IGNORED_TYPES = ("NoOp", "Shuffle", "Constant", "shape_call", "signal", "wait")
+
+
+@dataclass(frozen=True)
+class LayerMatch:
+    """One predicted layer and the engine layer it corresponds to."""
+
+    predicted: str
+    engine: str
+    kind: str
+    predicted_input: str
+    predicted_output: str
+    engine_input: str
+    engine_output: str
+
+    @property
+    def agrees(self) -> bool:
+        """Input and output agree on INT8 vs float."""
+        return _int8(self.predicted_input) == _int8(self.engine_input) and _int8(
+            self.predicted_output
+        ) == _int8(self.engine_output)
+
+
+@dataclass(frozen=True)
+class EngineDiff:
+    """Prediction vs engine: matched layers, what only one side has, and the summary counts.
+
+    Attributes:
+        matched_by: ``"name"`` or ``"order"``.
+        matches: matched layer pairs, in order.
+        only_predicted: predicted layers without an engine counterpart.
+        only_engine: engine layers (of predicted kinds) without a predicted counterpart.
+        compare: ``{key: (predicted, engine)}`` for weighted, INT8 weighted and unfused Q/DQ.
+    """
+
+    matched_by: str
+    matches: tuple[LayerMatch, ...]
+    only_predicted: tuple[str, ...]
+    only_engine: tuple[str, ...]
+    compare: dict[str, tuple[int, int]]
+
+    @property
+    def mismatches(self) -> tuple[LayerMatch, ...]:
+        """Matched layers whose INT8-vs-float precision differs."""
+        return tuple(m for m in self.matches if not m.agrees)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (``layer_mismatches`` lists the disagreeing pairs)."""
+        return {
+            "matched_by": self.matched_by,
+            "matched_layers": len(self.matches),
+            "agreeing_layers": len(self.matches) - len(self.mismatches),
+            "layer_mismatches": [asdict(m) for m in self.mismatches],
+            "only_predicted": list(self.only_predicted),
+            "only_engine": list(self.only_engine),
+            "compare": {k: list(v) for k, v in self.compare.items()},
+        }
+
+    def format(self) -> str:
+        """Human-readable comparison."""
+        lines = [
+            f"engine report vs prediction ({len(self.matches)} layers matched by "
+            f"{self.matched_by}, {len(self.matches) - len(self.mismatches)} agree):"
+        ]
+        for key, (pred, real) in self.compare.items():
+            lines.append(f"  {key:<22} predicted {pred:>4}  engine {real:>4}")
+        for m in self.mismatches:
+            lines.append(
+                f"  differs: {m.predicted} predicted {m.predicted_input}->{m.predicted_output}, "
+                f"engine {m.engine_input}->{m.engine_output} ({m.engine})"
+            )
+        lines.extend(f"  not in the engine: {n}" for n in self.only_predicted)
+        lines.extend(f"  not predicted: {n}" for n in self.only_engine)
+        return "\n".join(lines)
+
+
+def diff_engine(layers: tuple[PredictedLayer, ...] | list[PredictedLayer], engine: EngineReport,
+                summary: dict[str, int]) -> EngineDiff:  # fmt: skip
+    """Match ``layers`` (from ``LintReport.layers``) with ``engine``'s layers and compare."""
+    real = [ly for ly in engine.layers if ly.profile == 0 and _engine_kind(ly) is not None]
+    pairs = _by_name(layers, real)
+    matched_by = "name"
+    if len(pairs) < len(layers) // 2:
+        pairs, matched_by = _by_order(layers, real), "order"
+    used_p = {id(p) for p, _ in pairs}
+    used_e = {id(e) for _, e in pairs}
+    weighted = engine.weighted_layers()
+    return EngineDiff(
+        matched_by,
+        tuple(
+            LayerMatch(
+                p.name,
+                e.name,
+                p.kind,
+                p.input_precision,
+                p.output_precision,
+                e.input_precision or "?",
+                e.output_precision or "?",
+            )
+            for p, e in pairs
+        ),
+        tuple(p.name for p in layers if id(p) not in used_p),
+        tuple(e.name for e in real if id(e) not in used_e),
+        {
+            "weighted_layers": (summary["weighted_layers"], len(weighted)),
+            "int8_weighted_layers": (
+                summary["int8_weighted_layers"],
+                sum(1 for ly in weighted if ly.input_precision == "int8"),
+            ),
+            "unfused_qdq": (summary["unfused_qdq"], len(engine.qdq_reformats())),
+        },
+    )
+
+
+def _int8(precision: str) -> bool:
+    return precision == "int8"
+
+
+def _engine_kind(layer: EngineLayer) -> str | None:
+    """The predicted-layer kind an engine layer corresponds to (``None``: not predicted)."""
+    if layer.is_qdq_reformat:
+        return "qdq"
+    if layer.is_reformat or layer.layer_type in _IGNORED_TYPES:
+        return None
+    if layer.is_weighted:
+        return "weighted"
+    kinds = f"{layer.layer_type} {layer.parameter_type or ''}"
+    if "Pool" in kinds:
+        return "pooling"
+    if "PointWise" in kinds or "ElementWise" in kinds:
+        return "pointwise"
+    return "other"
+
+
+def _by_name(
+    layers: tuple[PredictedLayer, ...] | list[PredictedLayer], real: list[EngineLayer]
+) -> list[tuple[PredictedLayer, EngineLayer]]:
+    index = {n: e for e in real for n in e.onnx_nodes}
+    out, seen = [], set()
+    for p in layers:
+        e = next((index[n] for n in p.nodes if n in index), None)
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            out.append((p, e))
+    return out
+
+
+def _by_order(
+    layers: tuple[PredictedLayer, ...] | list[PredictedLayer], real: list[EngineLayer]
+) -> list[tuple[PredictedLayer, EngineLayer]]:
+    """Longest common subsequence of kinds (concat and pointwise predicted as separate layers are
+    often fused or eliminated by the builder; the LCS skips them)."""
+    a = [p.kind for p in layers]
+    b = [_engine_kind(e) for e in real]
+    n, m = len(a), len(b)
+    table = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            table[i][j] = (
+                table[i + 1][j + 1] + 1 if a[i] == b[j] else max(table[i + 1][j], table[i][j + 1])
+            )
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append((layers[i], real[j]))
+            i, j = i + 1, j + 1
+        elif table[i + 1][j] >= table[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return out

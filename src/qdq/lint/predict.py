@@ -1,0 +1,377 @@
+"""Predict the engine's layers from a Q/DQ ONNX graph: which ONNX nodes TensorRT fuses into one
+layer, each layer's input and output precision, and which Quantize/Dequantize nodes run as
+standalone layers (rule spec §1.6, steps 3-5).
+
+The model is TensorRT's explicit-quantization behaviour as documented and as observed in real engine
+reports: a weighted op whose activation and weights both arrive through DequantizeLinear runs INT8
+and absorbs its epilogue (BN, activation, bias, SiLU, a residual Add read in float and the Relu
+after it); its output is INT8 only when every reader quantizes it (looking through MaxPool, Concat,
+Slice and copy ops, which TensorRT moves a Quantize across) and a fused residual Add's other operand
+is quantized ("the precision of the first input to the element-wise addition determines the
+precision of the output"). Non-weighted quantizable ops run INT8 when their inputs are INT8 and
+their output is quantized. Every Quantize whose producer outputs float, every extra scale on one
+tensor, and every Dequantize read by a float layer is a standalone layer (a Q/DQ-origin reformat).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from qdq.lint.graph import COPY_OPS, LintGraph
+
+__all__ = ["PredictedLayer", "predict_layers"]
+
+INT8 = "int8"
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
+_EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid"})
+# ops a Quantize moves backward across (MaxPool commutes; Concat/Slice/Split are data movement)
+_COMMUTING = COPY_OPS | {"MaxPool", "Concat", "Slice", "Split", "Resize"}
+# non-weighted ops with an INT8 implementation when fed INT8 and read through Quantize
+_QUANTIZABLE = frozenset(
+    {"AveragePool", "GlobalAveragePool", "MaxPool", "Concat", "Slice", "Split"}
+)
+# elementwise ops TensorRT fuses into PointWise layers (INT8 in and out when fully quantized)
+_POINTWISE = frozenset(
+    {"Add", "Mul", "Sub", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish",
+     "HardSigmoid", "Abs", "Neg", "Exp", "Sqrt", "Pow", "Max", "Min", "Elu", "Selu", "Softplus"}
+)  # fmt: skip
+_QUANTIZABLE_PW = _POINTWISE - {"Exp", "Sqrt", "Pow", "Div"}
+
+
+@dataclass(frozen=True)
+class PredictedLayer:
+    """One predicted engine layer.
+
+    Attributes:
+        name: the ONNX node names joined with ``" + "``, as TensorRT names fused layers.
+        nodes: those ONNX node names.
+        kind: ``"weighted"``, ``"pooling"``, ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone
+            Quantize/Dequantize, i.e. a Q/DQ-origin reformat) or ``"other"``.
+        input_precision, output_precision: ``"int8"`` or the float precision of the target
+            (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly typed).
+        reason: why a layer is float or standalone (empty for INT8 layers).
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    kind: str
+    input_precision: str
+    output_precision: str
+    reason: str = ""
+
+    @property
+    def int8(self) -> bool:
+        """Whether the layer computes in INT8 (its input is INT8)."""
+        return self.input_precision == INT8
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        return asdict(self)
+
+
+def predict_layers(g: LintGraph, float_dtype: str = "fp16") -> list[PredictedLayer]:
+    """Predicted engine layers in graph order (standalone Q/DQ layers where they execute)."""
+    return _Predictor(g, float_dtype).run()
+
+
+class _Predictor:
+    def __init__(self, g: LintGraph, float_dtype: str) -> None:
+        self.g = g
+        self.fp = float_dtype
+        self.order = {id(n): i for i, n in enumerate(g.nodes)}
+        self.absorbed: set[int] = set()
+        self.int8_out: set[str] = set()  # tensors a layer writes as INT8
+        self.float_readers: set[int] = set()  # ids of nodes that run float
+        self.shape_nodes = _shape_nodes(g)
+        names = {1: "fp32", 10: "fp16", 16: "bf16"}
+        self.io = {
+            i.name: names.get(i.type.tensor_type.elem_type, float_dtype) for i in g.graph.input
+        }
+
+    def run(self) -> list[PredictedLayer]:
+        g = self.g
+        groups = {id(n): self._epilogue(n) for n in g.nodes if g.weighted(n)}
+        for members in groups.values():
+            self.absorbed.update(id(m) for m in members[1:])
+        layers: list[PredictedLayer] = []
+        for n in g.nodes:
+            if id(n) in groups:
+                layers.append(self._weighted_layer(groups[id(n)]))
+            elif id(n) in self.absorbed or n.op_type in _SKIP or id(n) in self.shape_nodes:
+                continue
+            elif n.op_type in _POINTWISE:
+                region = self._pointwise_region(n)
+                self.absorbed.update(id(m) for m in region)
+                layers.append(self._pointwise_layer(region))
+            else:
+                layers.append(self._plain_layer(n))
+        return self._with_standalone_qdq(layers)
+
+    def _pointwise_region(self, start: Any) -> list[Any]:
+        """Pointwise ops TensorRT fuses into one PointWise layer with ``start``: readers whose
+        other inputs are constants, quantized, or produced inside the region."""
+        g = self.g
+        region, inside = [start], set(start.output)
+        grew = True
+        while grew:
+            grew = False
+            for t in list(inside):
+                for c in g.float_uses(t):
+                    if c.op_type not in _POINTWISE or id(c) in self.absorbed or c in region:
+                        continue
+                    if all(
+                        i in inside or g.is_const(i) or g.qinput(i) is not None
+                        for i in c.input
+                        if i
+                    ):
+                        region.append(c)
+                        inside.update(c.output)
+                        grew = True
+        region.sort(key=lambda m: self.order[id(m)])
+        return region
+
+    def _pointwise_layer(self, region: list[Any]) -> PredictedLayer:
+        g = self.g
+        names = tuple(g.name(m) for m in region)
+        inside = {o for m in region for o in m.output}
+        ext_in = [i for m in region for i in m.input if i and i not in inside and not g.is_const(i)]
+        ext_out = [
+            o
+            for o in inside
+            if o in g.outputs or any(c not in region for c in g.consumers.get(o, []))
+        ]
+        ins_int8 = bool(ext_in) and all(self._int8_tensor(i) for i in ext_in)
+        quantizable = all(m.op_type in _QUANTIZABLE_PW for m in region)
+        if quantizable and ins_int8 and ext_out and all(self._quantized_only(o) for o in ext_out):
+            self.int8_out.update(ext_out)
+            return PredictedLayer(" + ".join(names), names, "pointwise", INT8, INT8)
+        self.float_readers.update(id(m) for m in region)
+        reason = (
+            "no INT8 implementation"
+            if not quantizable or not ext_in
+            else "inputs not all INT8"
+            if not ins_int8
+            else "output not quantized"
+        )
+        return PredictedLayer(" + ".join(names), names, "pointwise", self.fp, self.fp, reason)
+
+    # ------------------------------------------------------------------ grouping
+    def _epilogue(self, node: Any) -> list[Any]:
+        """The weighted op and the ops TensorRT fuses after it."""
+        g = self.g
+        members, cur = [node], node.output[0]
+        while True:
+            readers = g.float_uses(cur)
+            silu = _silu(g, cur, readers)
+            if silu is not None:
+                members.extend(readers)
+                cur = silu
+                continue
+            if len(readers) != 1 or len(g.consumers.get(cur, [])) != 1:
+                break
+            nxt = readers[0]
+            residual = nxt.op_type == "Add" and not _bias(g, nxt) and self._fuses_add(cur, nxt)
+            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt) or residual):
+                break
+            members.append(nxt)
+            cur = nxt.output[0]
+        return members
+
+    def _fuses_add(self, tensor: str, add: Any) -> bool:
+        """A residual Add read in float on ``tensor`` fuses into this conv, unless its other operand
+        is also a float conv branch computed later (TensorRT fuses into the last producer)."""
+        g = self.g
+        if len(add.input) != 2:
+            return False
+        other = add.input[1] if add.input[0] == tensor else add.input[0]
+        if g.qinput(other) is not None:
+            return True
+        bb_other = g.backbone(other)
+        if bb_other is None or len(g.consumers.get(other, [])) != 1:
+            return True
+        return self.order[id(g.backbone(tensor))] > self.order[id(bb_other)]
+
+    # ------------------------------------------------------------------ layers
+    def _weighted_layer(self, members: list[Any]) -> PredictedLayer:
+        g = self.g
+        node, last = members[0], members[-1].output[0]
+        names = tuple(g.name(m) for m in members)
+        if not g.int8_weighted(node):
+            self.float_readers.update(id(m) for m in members)
+            return PredictedLayer(
+                " + ".join(names), names, "weighted", self.fp, self.fp, "not both inputs quantized"
+            )
+        skip_float = any(
+            m.op_type == "Add" and not _const_add(g, m) and _other_float(g, m, members)
+            for m in members[1:]
+        )
+        if skip_float:
+            out, reason = self.fp, "fused residual Add's other operand is float"
+        elif self._quantized_only(last):
+            out, reason = INT8, ""
+        else:
+            out, reason = self.fp, "output has float readers"
+        if out == INT8:
+            self.int8_out.add(last)
+        return PredictedLayer(" + ".join(names), names, "weighted", INT8, out, reason)
+
+    def _plain_layer(self, node: Any) -> PredictedLayer:
+        g = self.g
+        op = node.op_type
+        kind = "pooling" if "Pool" in op else "concat" if op == "Concat" else "other"
+        data = [i for i in node.input if i and not g.is_const(i)]
+        ins_int8 = bool(data) and all(self._int8_tensor(i) for i in data)
+        out_q = all(self._quantized_only(o) for o in node.output if o)
+        name = g.name(node)
+        commuting = op in ("MaxPool", "Slice", "Split", "Concat") or _nearest(node)
+        if op in _QUANTIZABLE and ins_int8 and (out_q or commuting):
+            self.int8_out.update(node.output)
+            return PredictedLayer(name, (name,), kind, INT8, INT8)
+        if commuting and out_q and op != "Concat":
+            self.int8_out.update(node.output)  # the Quantize moves back across it
+            return PredictedLayer(name, (name,), kind, INT8, INT8)
+        self.float_readers.add(id(node))
+        reason = (
+            "no INT8 implementation"
+            if op not in _QUANTIZABLE
+            else "inputs not all INT8"
+            if not ins_int8
+            else "output not quantized"
+        )
+        return PredictedLayer(name, (name,), kind, self.fp, self.fp, reason)
+
+    def _int8_tensor(self, tensor: str) -> bool:
+        g = self.g
+        if g.qinput(tensor) is not None:
+            return True
+        node = g.producer.get(tensor)
+        while node is not None and node.op_type in COPY_OPS:
+            tensor = node.input[0]
+            node = g.producer.get(tensor)
+        return tensor in self.int8_out
+
+    def _quantized_only(self, tensor: str) -> bool:
+        """Every reader of ``tensor`` quantizes it (through ops a Quantize moves across)."""
+        g = self.g
+        if tensor in g.outputs:
+            return False
+        readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
+        return bool(readers) and all(
+            c.op_type == "QuantizeLinear"
+            or (c.op_type in _COMMUTING and all(self._quantized_only(o) for o in c.output))
+            for c in readers
+        )
+
+    # ------------------------------------------------------------------ standalone Q/DQ
+    def _with_standalone_qdq(self, layers: list[PredictedLayer]) -> list[PredictedLayer]:
+        """Insert a ``qdq`` layer after each layer for its standalone Quantize/Dequantize nodes."""
+        g = self.g
+        extra: dict[int, list[PredictedLayer]] = {}
+        for n in g.nodes:
+            if n.op_type not in _QDQ or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
+                continue
+            reason = self._standalone(n)
+            if reason:
+                name = g.name(n)
+                src, dst = (self.fp, INT8) if n.op_type == "QuantizeLinear" else (INT8, self.fp)
+                if n.input[0] in g.inputs:
+                    src = self.io.get(n.input[0], src)
+                extra.setdefault(self.order[id(n)], []).append(
+                    PredictedLayer(name, (name,), "qdq", src, dst, reason)
+                )
+        out: list[PredictedLayer] = []
+        by_first = {ly.nodes[0]: ly for ly in layers}
+        for n in g.nodes:
+            ly = by_first.get(g.name(n))
+            if ly is not None:
+                out.append(ly)
+            out.extend(extra.get(self.order[id(n)], []))
+        return out
+
+    def _standalone(self, node: Any) -> str:
+        """Why a Q or DQ node executes as its own layer ('' when it fuses)."""
+        g = self.g
+        if node.op_type == "QuantizeLinear":
+            t = node.input[0]
+            if t in g.inputs:
+                return "quantizes the network input"
+            if not self._int8_tensor_written(t):
+                return "its producer outputs float"
+            # one INT8 version per tensor: each further scale is a requantize
+            scales: list[tuple[float, ...]] = []
+            for q in g.consumers.get(t, []):
+                if q.op_type != "QuantizeLinear":
+                    continue
+                s = _scale(g, q)
+                if s in scales and q is not node:
+                    continue
+                scales.append(s)
+                if q is node:
+                    return "" if len(scales) == 1 else "a second scale on the same tensor"
+            return ""
+        readers = g.consumers.get(node.output[0], [])
+        if g.is_const(node.input[0]):  # weights: fused, unless only float layers read them
+            floats = readers and all(id(r) in self.float_readers for r in readers)
+            return "weights dequantized for a float layer" if floats else ""
+        if readers and all(id(r) in self.float_readers for r in readers):
+            return "its readers run float"
+        return ""
+
+    def _int8_tensor_written(self, tensor: str) -> bool:
+        g = self.g
+        node = g.producer.get(tensor)
+        while node is not None and node.op_type in COPY_OPS:
+            tensor = node.input[0]
+            node = g.producer.get(tensor)
+        return tensor in self.int8_out
+
+
+def _shape_nodes(g: LintGraph) -> set[int]:
+    """Nodes that only compute shapes (fed by Shape outputs and constants): not engine layers."""
+    shape_tensors: set[str] = set()
+    nodes: set[int] = set()
+    for n in g.nodes:
+        data = [i for i in n.input if i and not g.is_const(i)]
+        if n.op_type == "Shape" or (data and all(i in shape_tensors for i in data)):
+            shape_tensors.update(n.output)
+            nodes.add(id(n))
+    return nodes
+
+
+def _scale(g: LintGraph, q: Any) -> tuple[float, ...]:
+    value = g.const.get(q.input[1]) if len(q.input) > 1 else None
+    return tuple(float(v) for v in value.flatten()) if value is not None else ()
+
+
+def _bias(g: LintGraph, node: Any) -> bool:
+    return node.op_type in ("Add", "Mul") and _const_add(g, node)
+
+
+def _const_add(g: LintGraph, node: Any) -> bool:
+    return len(node.input) == 2 and sum(g.is_const(i) for i in node.input) == 1
+
+
+def _other_float(g: LintGraph, add: Any, members: list[Any]) -> bool:
+    """The residual Add's operand that is not the group's own tensor is read in float."""
+    own = {o for m in members for o in m.output}
+    other = [i for i in add.input if i not in own]
+    return bool(other) and g.qinput(other[0]) is None
+
+
+def _silu(g: LintGraph, tensor: str, readers: list[Any]) -> str | None:
+    """If ``tensor`` feeds exactly Sigmoid(tensor) and Mul(tensor, sigmoid), the Mul output."""
+    if len(readers) != 2 or {r.op_type for r in readers} != {"Sigmoid", "Mul"}:
+        return None
+    sig = next(r for r in readers if r.op_type == "Sigmoid")
+    mul = next(r for r in readers if r.op_type == "Mul")
+    return str(mul.output[0]) if set(mul.input) == {tensor, sig.output[0]} else None
+
+
+def _nearest(node: Any) -> bool:
+    """A nearest-neighbour Resize (INT8 between INT8 layers on TensorRT >= 8.6)."""
+    if node.op_type != "Resize":
+        return False
+    mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+    return mode in (b"nearest", "nearest")
