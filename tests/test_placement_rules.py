@@ -423,6 +423,57 @@ def test_bad_config_values_are_rejected() -> None:
         QuantConfig(conv_transpose_axis=0)
 
 
+# ------------------------------------------------------- squeeze-excitation, stochastic depth
+class SE(nn.Module):
+    """conv -> x; gate = sigmoid(fc2(relu(fc1(avgpool(x))))); x * gate -> conv."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.conv = cbr(16, c)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(c, 16, 1)
+        self.fc2 = nn.Conv2d(16, c, 1)
+        self.out = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        gate = torch.sigmoid(self.fc2(F.relu(self.fc1(self.pool(x)))))
+        return self.out(x * gate)
+
+
+def test_p04_gating_mul_quantizes_both_operands_sharing_the_pool_scale() -> None:
+    p = plan(SE(), 1, 16, 8, 8)
+    mul = [pt for pt in p.points if pt.op == "mul"]
+    assert [(pt.decision, pt.rule) for pt in mul] in (
+        [("quantize", "P04"), ("share", "P04")],
+        [("share", "P04"), ("quantize", "P04")],
+        [("share", "P04"), ("share", "P04")],
+    )
+    pool = next(pt for pt in p.points if pt.op == "avg_pool")
+    x_use = next(pt for pt in mul if pt.producer == pool.producer)
+    assert x_use.group == pool.group  # one quantizer on x for the pool and the Mul (S01)
+    off = plan(SE(), 1, 16, 8, 8, config=QuantConfig.tensorrt(disable=("fanout",)))
+    assert not [pt for pt in off.points if pt.op == "mul" and pt.quantized]
+
+
+def test_stochastic_depth_is_the_identity_for_the_residual_rule() -> None:
+    tvops = pytest.importorskip("torchvision.ops")
+
+    class Block(Basic):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sd = tvops.StochasticDepth(0.2, "row")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.sd(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+            return F.relu(out + x)
+
+    p = plan(Net(Block()), 1, 16, 8, 8)
+    add = [pt for pt in p.points if pt.op == "add"]
+    assert {pt.rule for pt in add} == {"P03"}
+    assert sorted(pt.decision for pt in add) == ["share", "skip"]
+
+
 # ------------------------------------------------------------------- the rule table
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:

@@ -151,6 +151,13 @@ _METHOD_KINDS: dict[str, str] = {
 }
 
 
+#: third-party modules that are the identity at inference (matched by class name, so the core
+#: imports neither torchvision nor timm): stochastic depth / drop path
+_IDENTITY_AT_INFERENCE = frozenset({"StochasticDepth", "DropPath"})
+#: torchvision.ops.stochastic_depth(input, p, mode, training): the identity when training=False
+_IDENTITY_FUNCTIONS = frozenset({"stochastic_depth", "drop_path"})
+
+
 def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
     """Return the op kind of ``node`` (``"other"`` for anything not in the vocabulary).
 
@@ -171,9 +178,14 @@ def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
         for types, module_kind in _MODULE_KINDS:
             if isinstance(mod, types):
                 return module_kind
+        if type(mod).__name__ in _IDENTITY_AT_INFERENCE:
+            return "identity"
         return "other"
     if node.op == "call_function":
         found = _FUNCTION_KINDS.get(node.target) if callable(node.target) else None
+        if found is None and getattr(node.target, "__name__", "") in _IDENTITY_FUNCTIONS:
+            training = node.kwargs.get("training", node.args[3] if len(node.args) > 3 else True)
+            return "identity" if training is False else "other"
         if found is None:
             return "other"
         kind: str = found

@@ -7,6 +7,7 @@ Steps, each citing its rule id (``qdq.rules``):
 2. residual Adds (P03, P05): quantize only the skip operand (:mod:`qdq.graph.residual`);
 3. average pools (P06): quantize the input when the output feeds a quantized op;
 4. Concats (S02): quantize every input when the output feeds a quantized op;
+   gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
 5. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
    across each Concat (S02) (:mod:`qdq.graph.grouping`);
 6. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
@@ -72,6 +73,9 @@ def build_plan(
     for n in reversed(nodes):
         if kinds[n] == "cat":
             _plan_concat(ctx, n)
+    for n in nodes:
+        if kinds[n] == "mul":
+            _plan_gating_mul(ctx, n)
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
@@ -158,6 +162,33 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
         else:
             rule, reason = "S02", "output does not feed a quantized op; the Concat stays float"
         skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
+
+
+def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
+    """P04: ``x * gate(x)`` where ``x`` is also quantized for another reader (the squeeze-excitation
+    pool): quantize both operands so ``x`` is quantized for all its readers and the Mul runs INT8."""
+    ins = tensor_inputs(node)
+    if len(ins) != 2 or silu_operand(ctx, node) is not None:
+        return
+    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    if not any(producer.name in quantized for _, producer in ins):
+        return
+    owner = ctx.owners[node]
+    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "mul")
+    if excluded or not ctx.config.family_enabled("fanout") or not _reaches_quantized(ctx, node):
+        return
+    for pos, producer in ins:
+        quantize_input(
+            ctx,
+            node,
+            pos,
+            producer,
+            "P04",
+            "gating Mul: its operand is quantized for another reader, so both operands are "
+            "quantized (INT8 PointWise; the producer keeps its INT8 output)",
+            calib_o,
+            bits_o,
+        )
 
 
 def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:

@@ -15,7 +15,14 @@ WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 EPILOGUE_OPS = frozenset(
     {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Mul", "HardSwish", "Add"}
 )
-COPY_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+COPY_OPS = frozenset(
+    {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
+)
+# ops whose inputs after the first are shapes, axes, pads or sizes, not data
+_SHAPE_OPERANDS = frozenset(
+    {"Reshape", "Squeeze", "Unsqueeze", "Slice", "Resize", "Upsample", "Expand", "Tile", "Pad",
+     "Split", "TopK"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,9 +52,9 @@ class LintGraph:
                 self.const[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
         self.producer = {o: n for n in self.nodes for o in n.output}
         self.consumers: dict[str, list[Any]] = defaultdict(list)
-        for n in self.nodes:
-            for i in n.input:
-                if i:
+        for n in self.nodes:  # data reads only: a Reshape's shape operand is not a use
+            for k, i in enumerate(n.input):
+                if i and not (k > 0 and n.op_type in _SHAPE_OPERANDS):
                     self.consumers[i].append(n)
         self.inputs = {i.name for i in model.graph.input} - set(self.const)
         self.outputs = {o.name for o in model.graph.output}
@@ -60,7 +67,6 @@ class LintGraph:
         """Whether ``tensor`` is a constant, possibly through Q/DQ/Cast/Transpose/Reshape."""
         node = self.producer.get(tensor)
         while node is not None and node.op_type in COPY_OPS | {
-            "Cast",
             "QuantizeLinear",
             "DequantizeLinear",
         }:

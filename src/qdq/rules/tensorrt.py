@@ -61,6 +61,15 @@ RULES: tuple[Rule, ...] = (
         "longer path from their common ancestor is fused (ModelOpt build_non_residual_input_map).",
     ),
     Rule(
+        "P04",
+        "fanout",
+        "A tensor is quantized for all its consumers or none: a gating Mul (squeeze-excitation) "
+        "that reads a tensor quantized for its pool is quantized on both operands",
+        "A tensor with quantized and float readers makes its producer write float and every "
+        "Quantize run standalone; with both operands quantized the Mul runs as an INT8 PointWise "
+        "layer and the producing conv keeps its INT8 output.",
+    ),
+    Rule(
         "P05",
         "residual",
         "Element-wise ops with no weighted producer to fuse into stay float",
