@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resnet18_peers import build
+from resnet18_peers import build, export_ort
 
 import qdq
 from qdq.lint import lint
@@ -41,35 +41,6 @@ def export_qdq(model_name: str, out: Path, calib: np.ndarray) -> Path:
     return result.path
 
 
-def export_ort(fp32: Path, out: Path, calib: np.ndarray) -> Path:
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter([{"input": calib[i : i + 1]} for i in range(len(calib))])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.items, None)
-
-    path = out / "ort.onnx"
-    quantize_static(
-        str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-        extra_options={  # the TensorRT-correct settings (rule spec §4)
-            "ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-            "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
-            "ForceQuantizeNoInputCheck": True,
-            "QDQOpTypePerChannelSupportToAxis": {"Conv": 0, "ConvTranspose": 1},
-        },
-    )  # fmt: skip
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peers", type=Path, default=Path("/tmp/peer_onnx"))
@@ -81,7 +52,7 @@ def main() -> None:
     if (args.peers / "modelopt.onnx").is_file():
         paths["modelopt"] = args.peers / "modelopt.onnx"
     ort = args.peers / "ort.onnx"
-    paths["ort"] = ort if ort.is_file() else export_ort(args.peers / "fp32.onnx", args.peers, calib)
+    paths["ort"] = ort if ort.is_file() else export_ort(args.peers / "fp32.onnx", ort, calib)
     print(f"{args.model}, target {args.target}")
     print(f"{'export':<10}{'verdict':<8}{'INT8 weighted':>14}{'FLOPs':>7}{'unfused':>9}"
           f"{'islands':>9}  WARN/ERROR rules")  # fmt: skip

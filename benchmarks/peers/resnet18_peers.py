@@ -54,6 +54,35 @@ def counts(path: Path) -> str:
     return f"Q {q:>3}  DQ {dq:>3}  Conv {ops['Conv']}  Gemm {ops['Gemm']}"
 
 
+def export_ort(fp32: Path, path: Path, calib: np.ndarray) -> Path:
+    """ONNX Runtime quantize_static with the TensorRT-correct options (rule spec §4)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter([{"input": calib[i : i + 1]} for i in range(len(calib))])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.items, None)
+
+    quantize_static(
+        str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        extra_options={  # the TensorRT-correct settings (rule spec §4)
+            "ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
+            "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
+            "ForceQuantizeNoInputCheck": True,
+            "QDQOpTypePerChannelSupportToAxis": {"Conv": 0, "ConvTranspose": 1},
+        },
+    )  # fmt: skip
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("/tmp/peer_onnx"))
@@ -78,31 +107,7 @@ def main() -> None:
         check=True,
     )  # fmt: skip
 
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter([{"input": calib[i : i + 1]} for i in range(len(calib))])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.items, None)
-
-    ort_path = out / "ort.onnx"
-    quantize_static(
-        str(fp32), str(ort_path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-        extra_options={  # the TensorRT-correct settings (rule spec §4)
-            "ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-            "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
-            "ForceQuantizeNoInputCheck": True,
-            "QDQOpTypePerChannelSupportToAxis": {"Conv": 0, "ConvTranspose": 1},
-        },
-    )  # fmt: skip
+    export_ort(fp32, out / "ort.onnx", calib)
     for name in ("modelopt", "ort"):
         print(f"{name:<10}{counts(out / f'{name}.onnx')}")
 
