@@ -48,7 +48,7 @@ def test_naive_resnet18_prediction_matches_the_real_engine(tmp_path: Path) -> No
     assert report.summary["unfused_qdq"] == len(engine.qdq_reformats()) == 10
     assert [f.rule for f in report.findings].count("P03a") == 8  # every residual Add falls back
     assert "P06" in report.rules("WARN")
-    diff = diff_engine(report.layers, engine, report.summary)
+    diff = diff_engine(report, engine)
     # layer by layer: every conv (with its fused BN/ReLU/residual Add), the pools and each
     # standalone Quantize line up with the engine, with the same INT8-vs-float input and output
     assert diff.matched_by == "order" and len(diff.matches) == len(report.layers) == 33
@@ -64,7 +64,7 @@ def test_naive_mobilenet_v2_prediction_matches_the_real_engine(tmp_path: Path) -
         pytest.skip(f"engine fixtures not found at {FIXTURES}")
     report = lint(_export(tv.mobilenet_v2(), tmp_path, qdq.QuantConfig.tensorrt(disable=NAIVE)))
     engine = load_engine_report(FIXTURES / "mobilenet-qat.graph.json")
-    diff = diff_engine(report.layers, engine, report.summary)
+    diff = diff_engine(report, engine)
     assert diff.compare == {
         "weighted_layers": (53, 53),
         "int8_weighted_layers": (53, 53),

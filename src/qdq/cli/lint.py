@@ -26,11 +26,7 @@ def run_lint(
 
     try:
         report = lint(model, target=target, strongly_typed=strongly_typed, flags=flags)
-        diff = (
-            diff_engine(report.layers, load_engine_report(engine), report.summary)
-            if engine
-            else None
-        )
+        diff = diff_engine(report, load_engine_report(engine)) if engine else None
     except (FileNotFoundError, ValueError) as err:
         print(f"qdq lint: error: {err}", file=sys.stderr)
         return 3

@@ -15,6 +15,7 @@ from typing import Any
 
 from qdq.lint.engine_report import EngineLayer, EngineReport
 from qdq.lint.predict import PredictedLayer
+from qdq.lint.report import LintReport
 
 __all__ = ["EngineDiff", "LayerMatch", "diff_engine"]
 
@@ -94,11 +95,11 @@ class EngineDiff:
         return "\n".join(lines)
 
 
-def diff_engine(layers: tuple[PredictedLayer, ...] | list[PredictedLayer], engine: EngineReport,
-                summary: dict[str, int]) -> EngineDiff:  # fmt: skip
-    """Match ``layers`` (from ``LintReport.layers``) with ``engine``'s layers and compare."""
+def diff_engine(report: LintReport, engine: EngineReport) -> EngineDiff:
+    """Match the predicted layers of ``report`` with ``engine``'s layers and compare."""
+    layers, summary = report.layers, report.summary
     real = [ly for ly in engine.layers if ly.profile == 0 and _engine_kind(ly) is not None]
-    pairs = _by_name(layers, real)
+    pairs = _by_name(layers, engine, real)
     matched_by = "name"
     if len(pairs) < len(layers) // 2:
         pairs, matched_by = _by_order(layers, real), "order"
@@ -153,12 +154,13 @@ def _engine_kind(layer: EngineLayer) -> str | None:
 
 
 def _by_name(
-    layers: tuple[PredictedLayer, ...] | list[PredictedLayer], real: list[EngineLayer]
+    layers: tuple[PredictedLayer, ...], engine: EngineReport, real: list[EngineLayer]
 ) -> list[tuple[PredictedLayer, EngineLayer]]:
-    index = {n: e for e in real for n in e.onnx_nodes}
+    kept = {id(e) for e in real}
     out, seen = [], set()
     for p in layers:
-        e = next((index[n] for n in p.nodes if n in index), None)
+        found = (engine.find(n) for n in p.nodes)
+        e = next((x for x in found if x is not None and id(x) in kept), None)
         if e is not None and id(e) not in seen:
             seen.add(id(e))
             out.append((p, e))
@@ -166,7 +168,7 @@ def _by_name(
 
 
 def _by_order(
-    layers: tuple[PredictedLayer, ...] | list[PredictedLayer], real: list[EngineLayer]
+    layers: tuple[PredictedLayer, ...], real: list[EngineLayer]
 ) -> list[tuple[PredictedLayer, EngineLayer]]:
     """Longest common subsequence of kinds (concat and pointwise predicted as separate layers are
     often fused or eliminated by the builder; the LCS skips them)."""

@@ -243,14 +243,8 @@ class _Predictor:
         return PredictedLayer(name, (name,), kind, self.fp, self.fp, reason)
 
     def _int8_tensor(self, tensor: str) -> bool:
-        g = self.g
-        if g.qinput(tensor) is not None:
-            return True
-        node = g.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS:
-            tensor = node.input[0]
-            node = g.producer.get(tensor)
-        return tensor in self.int8_out
+        """Read as INT8: through DequantizeLinear, or written INT8 by a layer."""
+        return self.g.qinput(tensor) is not None or self._int8_tensor_written(tensor)
 
     def _quantized_only(self, tensor: str) -> bool:
         """Every reader of ``tensor`` quantizes it (through ops a Quantize moves across)."""
@@ -320,6 +314,7 @@ class _Predictor:
         return ""
 
     def _int8_tensor_written(self, tensor: str) -> bool:
+        """Written INT8 by a layer (possibly through copy ops)."""
         g = self.g
         node = g.producer.get(tensor)
         while node is not None and node.op_type in COPY_OPS:

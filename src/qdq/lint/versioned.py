@@ -48,22 +48,20 @@ def build_rules(
             )
         )
     out.extend(_resize(g, t, layers))
-    out.extend(_int8_in_float_out(layers))
+    out.extend(_int8_in_float_out(g, layers))
     return out
 
 
-def _int8_in_float_out(layers: list[PredictedLayer]) -> list[Finding]:
+def _int8_in_float_out(g: LintGraph, layers: list[PredictedLayer]) -> list[Finding]:
     """P05: a quantizable non-weighted layer whose inputs are quantized but whose output is not:
     TensorRT needs INT8 out for INT8 in, so it runs float behind standalone Dequantize layers."""
+    by_name = {g.name(n): n for n in g.nodes}
     out = []
-    for i, ly in enumerate(layers):
+    for ly in layers:
         if ly.kind in ("weighted", "qdq") or ly.reason != "output not quantized":
             continue
-        dqs = [
-            x.name
-            for x in layers[max(0, i - 4) : i]
-            if x.kind == "qdq" and x.input_precision == "int8"
-        ]
+        inputs = [i for x in ly.nodes for i in by_name[x].input if i]
+        dqs = [g.name(q.dq) for i in inputs if (q := g.qinput(i)) is not None]
         out.append(
             Finding(
                 "P05",
