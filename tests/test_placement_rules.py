@@ -94,19 +94,27 @@ def test_p03_downsample_block_quantizes_the_short_branch() -> None:
     assert p.group_of("blocks.0.down.0:input") == p.group_of("blocks.0.conv1:input")
 
 
-def test_prepared_graph_has_one_quantizer_call_per_tensor_and_shared_modules() -> None:
+def test_prepared_model_quantizes_each_tensor_once_for_all_its_readers() -> None:
     prepared = qdq.prepare(Net(Basic()).eval(), (torch.randn(1, 16, 8, 8),))
-    calls = [
-        n for n in prepared.graph.nodes if n.op == "call_module" and "quantizer" in str(n.target)
+    qdq.calibrate(prepared, [torch.randn(2, 16, 8, 8)], show_progress=False)
+    calls: dict[str, list[torch.Tensor]] = {}
+    handles = [
+        q.register_forward_hook(lambda m, a, out, n=n: calls.setdefault(n, []).append(out))
+        for n, q in qdq.quantizers_of(prepared).items()
     ]
-    targets = [str(n.target) for n in calls]
-    act_calls = [t for t in targets if "weight" not in t]
-    assert len(act_calls) == len(
-        set(act_calls)
-    )  # the block input is quantized once for conv1 and add
-    add = next(n for n in prepared.graph.nodes if n.name == "add")
-    conv1_q = next(n for n in calls if n.target == "blocks.0.conv1.input_quantizer")
-    assert conv1_q in add.args  # the Add reads the same quantized tensor as conv1
+    seen: list[torch.Tensor] = []
+    add = prepared.blocks[0]
+    handles.append(add.register_forward_hook(lambda m, a, out: seen.append(a[0])))
+    prepared(torch.randn(1, 16, 8, 8))
+    for h in handles:
+        h.remove()
+    acts = {n: v for n, v in calls.items() if "weight" not in n}
+    # the block input is read by conv1 and by the Add (skip operand): one quantizer call, shared
+    assert all(len(v) == 1 for v in acts.values()), {n: len(v) for n, v in acts.items()}
+    assert "blocks.0.conv1.input_quantizer" in acts
+    assert qdq.plan_of(prepared).group_of("blocks.0.add:input1") == qdq.plan_of(prepared).group_of(
+        "blocks.0.conv1:input"
+    )
 
 
 def test_p05_add_without_conv_branch_stays_float() -> None:

@@ -134,7 +134,7 @@ def test_prepare_bad_input() -> None:
         qdq.prepare(Small(), (torch.randn(1, 16, 8, 8),), config={"x": 1})  # type: ignore[arg-type]
 
 
-def test_untraceable_model_raises_capture_error_naming_it() -> None:
+def test_data_dependent_control_flow_is_recorded_and_noted() -> None:
     class Branchy(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -145,40 +145,63 @@ def test_untraceable_model_raises_capture_error_naming_it() -> None:
                 return self.conv(x)
             return self.conv(-x)
 
-    with pytest.raises(CaptureError, match="cannot trace Branchy"):
-        qdq.prepare(Branchy(), (torch.randn(1, 3, 8, 8),), fallback=False)
+    prepared = qdq.prepare(Branchy(), (torch.randn(1, 3, 8, 8),), fallback=False)
+    plan = qdq.plan_of(prepared)
+    assert plan.capture == "recorded"
+    assert any("control flow in <root>" in n for n in plan.notes), plan.notes
+    assert plan.point("conv:input").decision == "quantize"
+    qdq.calibrate(prepared, [torch.randn(2, 3, 8, 8), -torch.rand(2, 3, 8, 8)], show_progress=False)
+    calls: list[int] = []
+    h = prepared.conv.input_quantizer.register_forward_hook(lambda *a: calls.append(1))
+    for x in (torch.rand(1, 3, 8, 8), -torch.rand(1, 3, 8, 8)):  # both branches are quantized
+        prepared(x)
+    h.remove()
+    assert calls == [1, 1]
 
 
-def test_untraceable_model_falls_back_to_module_replacement() -> None:
-    class Branchy(nn.Module):
+def test_model_failing_on_its_example_inputs_is_a_clear_error() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 16, 3))
+    with pytest.raises(ValueError, match="Sequential raises on the example inputs"):
+        qdq.prepare(net, (torch.randn(1, 4, 8, 8),))
+
+
+def test_unrecordable_model_falls_back_to_call_site_replacement(monkeypatch) -> None:
+    class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv = nn.Conv2d(16, 32, 3, padding=1)
+            self.conv = nn.Conv2d(16, 16, 3, padding=1)
             self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(32, 32)
-            self.skip = qdq.nn.QuantAdd()
+            self.fc = nn.Linear(16, 32)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = torch.relu(self.conv(x))
-            if y.mean() > 0:  # data-dependent control flow
-                y = self.skip(y, y)
+            y = y + self.conv(y)  # called twice: one weight and one input quantizer
             return self.fc(torch.flatten(self.pool(y), 1))
 
-    model = Branchy().eval()
-    with pytest.warns(UserWarning, match="cannot trace Branchy.*NOT placed"):
+    def broken(*args, **kwargs):
+        raise RuntimeError("recorder failure")
+
+    monkeypatch.setattr("qdq.graph.record._Recorder.on_call", broken)
+    model = Net().eval()
+    with pytest.raises(CaptureError, match="recorder failure"):
+        qdq.prepare(model, (torch.randn(1, 16, 8, 8),), fallback=False)
+    with pytest.warns(UserWarning, match="could not be recorded.*NOT placed"):
         prepared = qdq.prepare(model, (torch.randn(1, 16, 8, 8),))
+    monkeypatch.undo()
     plan = qdq.plan_of(prepared)
+    assert plan.capture == "replacement"
     assert {c.module: c.status for c in plan.coverage} == {"conv": "int8", "fc": "int8"}
     assert plan.point("pool:input").rule == "P06"
-    assert any("QuantAdd" in n for n in plan.notes)
-    assert not isinstance(model.conv, qdq.nn.QuantWeighted)  # the user's model is untouched
+    assert "weight_quantizer" not in dict(
+        model.conv.named_children()
+    )  # the user's model is untouched
     qdq.calibrate(prepared, _data(), show_progress=False)
     x = torch.randn(4, 16, 8, 8)
-    with qdq.quantizer_mode(model, "bypass"):
-        ref = model(x)
+    with qdq.quantizer_mode(prepared, "bypass"):
+        ref = prepared(x)
+    torch.testing.assert_close(ref, model(x))
     cos = nn.functional.cosine_similarity(prepared(x).flatten(), ref.flatten(), dim=0)
     assert cos > 0.999
-    assert prepared.skip.skip_quantizer.is_calibrated  # user-placed building blocks calibrate too
 
 
 def test_plan_is_printable_and_serialisable() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -15,10 +17,11 @@ from torch import nn
 from qdq._progress import progress
 from qdq.calib import CalibrationError
 from qdq.config import QuantConfig
-from qdq.graph.capture import CaptureError, capture
+from qdq.graph.capture import CaptureError
 from qdq.graph.insert import materialize
 from qdq.graph.plan import QuantPlan
 from qdq.graph.planner import build_plan
+from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import Quantizer, QuantMode
 
@@ -37,21 +40,24 @@ def prepare(
 ) -> nn.Module:
     """Return a quantization-ready copy of ``model`` with TensorRT-aware Q/DQ placement.
 
-    The copy is a ``torch.fx.GraphModule`` with :class:`~qdq.quant.Quantizer` modules at the
-    planned points; its plan is at ``.qdq_plan`` (or ``qdq.plan_of(m)``). Weights are calibrated
-    immediately (per-channel abs-max); activations need :func:`calibrate`. ``model`` is not modified.
+    The copy is the user's own model (same class, attributes, ``forward`` signature, train/eval
+    behaviour) with :class:`~qdq.quant.Quantizer` modules registered next to the code they quantize
+    and applied at the planned call sites (see :mod:`qdq.graph.runtime`). Placement is planned on
+    a recording of one forward on ``example_inputs`` (:mod:`qdq.graph.record`). Its plan is at
+    ``.qdq_plan`` (or ``qdq.plan_of(m)``). Weights are calibrated immediately (per-channel
+    abs-max); activations need :func:`calibrate`. ``model`` is not modified.
 
     Args:
-        model: the float model (any ``nn.Module`` torch.fx can trace).
-        example_inputs: a tuple of example inputs (used to check the trace and record shapes).
+        model: the float model.
+        example_inputs: a tuple of example inputs for one forward.
         config: placement and calibration settings (default ``QuantConfig.tensorrt()``).
-        fallback: when torch.fx cannot trace the model, warn and quantize by module replacement
-            (Conv/Linear/average pools only; the plan's notes say what placement was lost) instead
-            of raising. See :mod:`qdq.nn` for the building blocks to place the rest by hand.
+        fallback: when the model cannot be recorded, warn and quantize only what needs no
+            graph (every Conv/Linear call: input and weight) instead of raising.
 
     Raises:
         TypeError: bad argument types.
-        qdq.graph.capture.CaptureError: the model cannot be traced and ``fallback`` is false.
+        qdq.graph.capture.CaptureError: the forward fails on the example inputs (and
+            ``fallback`` is false).
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU())
@@ -59,6 +65,8 @@ def prepare(
         >>> plan_of(qnet).point("0:input").decision
         'quantize'
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError(
             f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}; "
@@ -67,21 +75,44 @@ def prepare(
     if config is not None and not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     cfg = config if config is not None else QuantConfig.tensorrt()
-    prepared: nn.Module
     try:
-        gm = capture(model, tuple(example_inputs))
+        rec = record(model, tuple(example_inputs))
     except CaptureError as err:
+        _check_runs(model, tuple(example_inputs))  # the model itself fails: nothing to fall back to
         if not fallback:
             raise
         prepared, plan = prepare_by_replacement(model, cfg, str(err))
         warnings.warn(f"{plan.notes[0]}; {plan.notes[1]}", stacklevel=2)
     else:
-        plan = materialize(gm, build_plan(gm, cfg, model))
-        prepared = gm
-    setattr(prepared, _PLAN_ATTR, plan)
+        prepared = rec.root
+        plan = materialize(prepared, rec.graph, build_plan(rec.graph, prepared, cfg, model))
+        if rec.data_dependent:
+            where = ", ".join(p or "<root>" for p in rec.data_dependent)
+            plan = dataclasses.replace(
+                plan,
+                notes=(
+                    *plan.notes,
+                    f"tensor values decide Python control flow in {where}: the plan follows the "
+                    "branches the example inputs took (a branch not taken runs in float)",
+                ),
+            )
+    object.__setattr__(prepared, _PLAN_ATTR, plan)
     prepared.train(model.training)
     _log.info("%s", plan.summary())
     return prepared
+
+
+def _check_runs(model: nn.Module, example_inputs: tuple[Any, ...]) -> None:
+    """Raise ``ValueError`` when ``model`` itself fails on ``example_inputs`` (in eval mode)."""
+    clone = copy.deepcopy(model).eval()
+    try:
+        with torch.no_grad():
+            clone(*example_inputs)
+    except Exception as err:
+        raise ValueError(
+            f"{type(model).__name__} raises on the example inputs "
+            f"({type(err).__name__}: {err}); check their number, shapes and dtypes"
+        ) from err
 
 
 def plan_of(prepared: nn.Module) -> QuantPlan:

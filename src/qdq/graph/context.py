@@ -28,7 +28,7 @@ __all__ = [
 class PlanContext:
     """Everything the rule steps read, and the points decided so far."""
 
-    gm: fx.GraphModule
+    root: nn.Module
     config: QuantConfig
     modules: dict[str, nn.Module]
     kinds: dict[fx.Node, str]

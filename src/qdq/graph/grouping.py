@@ -79,12 +79,29 @@ def group_points(
                     calib=lead.calib,
                     reason=f"{p.reason} (scale shared with {leader})",
                 )
-    # weights: one group each
-    for p in list(result.values()):
+    # weights: one group (one quantizer) per parameter, however often it is used
+    weight_groups: dict[str, list[str]] = {}
+    for p in result.values():
         if p.kind == "weight" and p.quantized:
-            gid = len(groups)
-            groups.append(ScaleGroup(gid, p.name, (p.name,), ()))
-            result[p.name] = replace(p, group=gid)
+            weight_groups.setdefault(p.producer, []).append(p.name)
+    for members in weight_groups.values():
+        gid = len(groups)
+        groups.append(ScaleGroup(gid, members[0], tuple(members), ("S01",) if members[1:] else ()))
+        lead = result[members[0]]
+        for m in members:
+            p = result[m]
+            if m == members[0]:
+                result[m] = replace(p, group=gid)
+            else:
+                result[m] = replace(
+                    p,
+                    group=gid,
+                    decision=SHARE,
+                    share_rule="S01",
+                    spec=lead.spec,
+                    calib=lead.calib,
+                    reason=f"{p.reason} (the same parameter as {members[0]})",
+                )
     return list(result.values()), groups
 
 

@@ -1,104 +1,73 @@
-"""Materialise a ``QuantPlan``: insert ``Quantizer`` modules into the captured ``GraphModule``.
+"""Materialise a ``QuantPlan`` on the user's own modules (a deep copy): quantizers + call sites.
 
-One :class:`~qdq.quant.Quantizer` object per scale group. Activation groups are called once per
-quantized tensor (every consumer of that tensor reads the same quantized value); all members of a
-group call the *same* module, so calibration sees all their data (joint calibration). Weight
-quantizers sit next to their weight (``layer1.0.conv1.weight_quantizer``) and are calibrated from the
-weight right away; activation quantizers wait for :func:`qdq.calibrate`.
+One :class:`~qdq.quant.Quantizer` per scale group, registered as a child of the module the op
+belongs to (``layer1.0.conv1.input_quantizer``, ``layer1.0.conv1.weight_quantizer``,
+``layer1.0.add_input1_quantizer`` on ``layer1.0``), so it is in ``state_dict()``, moves with
+``.to()`` and is named after the code it quantizes. Every member point of a group becomes an
+action at its consumer's call site (:class:`~qdq.graph.runtime.Site`); all members call the
+*same* module, so calibration sees all their data. One weight quantizer per parameter, however
+often the module is called. Weight quantizers are calibrated from the weight right away.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 import torch.fx as fx
+from torch import nn
 
+from qdq.graph.calls import SiteKey
 from qdq.graph.capture import fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
+from qdq.graph.runtime import ArgRef, Site, SiteRuntime, install_runtime
 from qdq.quant import Quantizer, QuantMode
 
 __all__ = ["materialize"]
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
-def materialize(gm: fx.GraphModule, plan: QuantPlan) -> QuantPlan:
-    """Insert the plan's quantizers into ``gm`` (in place); return the plan with quantizer paths."""
-    nodes = {n.name: n for n in gm.graph.nodes}
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
+    """Register the plan's quantizers on ``root`` and install the call-site runtime (in place).
+
+    Returns the plan with each group's quantizer path filled in.
+    """
+    nodes = {n.name: n for n in graph.nodes}
     points = {p.name: p for p in plan.points}
+    sites: dict[SiteKey, Site] = {}
     groups: list[ScaleGroup] = []
     for group in plan.groups:
-        members = [points[m] for m in group.members]
         leader = points[group.leader]
         assert leader.spec is not None and leader.calib is not None
-        path = _register(gm, leader, nodes, Quantizer(leader.spec, leader.calib, name=leader.name))
+        quantizer = Quantizer(leader.spec, leader.calib, name=leader.name)
+        path = _register(root, leader, nodes, quantizer)
         groups.append(
             ScaleGroup(group.id, group.leader, group.members, group.rules, group.crosses, path)
         )
         if leader.kind == "weight":
-            _insert_weight(gm, nodes[leader.producer], nodes[leader.consumer], leader.arg, path)
-        else:
-            _insert_activation(gm, members, nodes, order, path)
-    gm.graph.lint()
-    gm.recompile()
-    return QuantPlan(plan.model, plan.points, tuple(groups), plan.coverage, plan.notes)
+            _calibrate_weight(quantizer, fetch_attr(root, str(nodes[leader.producer].target)))
+        for name in group.members:
+            point = points[name]
+            consumer = nodes[point.consumer]
+            key = consumer.meta["qdq_site"]
+            sites.setdefault(key, Site()).actions.append((_arg_ref(consumer, point.arg), quantizer))
+    install_runtime(root, SiteRuntime(root, sites))
+    return QuantPlan(
+        plan.model, plan.points, tuple(groups), plan.coverage, plan.notes, plan.capture
+    )
 
 
-def _register(
-    gm: fx.GraphModule, point: QuantPoint, nodes: dict[str, fx.Node], quantizer: Quantizer
-) -> str:
-    """Add ``quantizer`` under a readable path: next to the weight, or inside the op's module."""
-    modules = dict(gm.named_modules())
-    label = point.name.rpartition(":")[2]
-    if point.kind == "weight":
-        base = f"{nodes[point.producer].target}_quantizer"
-    elif point.owner in modules:
-        base = f"{point.owner}.{label}_quantizer"
-    else:
-        parent, _, leaf = point.owner.rpartition(".")
-        base = f"{parent}.{leaf}_{label}_quantizer" if parent else f"{leaf}_{label}_quantizer"
-    path, i = base, 1
-    while _exists(gm, path):
-        path, i = f"{base}_{i}", i + 1
-    gm.add_submodule(path, quantizer)
-    return path
-
-
-def _exists(gm: fx.GraphModule, path: str) -> bool:
-    try:
-        gm.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
-
-
-def _replace_arg(consumer: fx.Node, arg: int | str, old: fx.Node, new: fx.Node) -> None:
+def _arg_ref(consumer: fx.Node, arg: int | str) -> ArgRef:
+    """Where the planned argument sits in the call: list items of ``cat`` are ``(0, i)``."""
     if isinstance(arg, str):
-        consumer.update_kwarg(arg, new)
-        return
-    if consumer.op == "call_function" and consumer.target in (
-        torch.cat,
-        torch.concat,
-        torch.concatenate,
-    ):
-        seq = list(consumer.args[0])  # type: ignore[arg-type]
-        assert seq[arg] is old
-        seq[arg] = new
-        consumer.update_arg(0, seq)
-        return
-    assert consumer.args[arg] is old, (consumer, arg, old)
-    consumer.update_arg(arg, new)
+        return arg
+    if consumer.args and isinstance(consumer.args[0], (list, tuple)):
+        return (0, arg)
+    if not consumer.args and isinstance(consumer.kwargs.get("tensors"), (list, tuple)):
+        return (len(consumer.args), arg)
+    return arg
 
 
-def _insert_weight(
-    gm: fx.GraphModule, w: fx.Node, consumer: fx.Node, arg: int | str, path: str
-) -> None:
-    with gm.graph.inserting_before(consumer):
-        q = gm.graph.call_module(path, (w,))
-    _replace_arg(consumer, arg, w, q)
-    quantizer = gm.get_submodule(path)
-    assert isinstance(quantizer, Quantizer)
-    weight = fetch_attr(gm, str(w.target))
+def _calibrate_weight(quantizer: Quantizer, weight: torch.Tensor) -> None:
     with torch.no_grad():
         quantizer.mode = QuantMode.CALIBRATE
         quantizer(weight)
@@ -107,21 +76,47 @@ def _insert_weight(
         quantizer.mode = QuantMode.QUANTIZE
 
 
-def _insert_activation(
-    gm: fx.GraphModule,
-    members: list[QuantPoint],
-    nodes: dict[str, fx.Node],
-    order: dict[fx.Node, int],
-    path: str,
-) -> None:
-    by_producer: dict[str, list[QuantPoint]] = defaultdict(list)
-    for p in members:
-        by_producer[p.producer].append(p)
-    for producer_name, pts in by_producer.items():
-        producer = nodes[producer_name]
-        consumers = [nodes[p.consumer] for p in pts]
-        first = min(consumers, key=lambda n: order[n])
-        with gm.graph.inserting_before(first):
-            q = gm.graph.call_module(path, (producer,))
-        for p, c in zip(pts, consumers, strict=True):
-            _replace_arg(c, p.arg, producer, q)
+def _register(
+    root: nn.Module, point: QuantPoint, nodes: dict[str, fx.Node], quantizer: Quantizer
+) -> str:
+    """Add ``quantizer`` under a readable path: next to the weight, or on the op's module."""
+    label = point.name.rpartition(":")[2]
+    if point.kind == "weight":
+        owner_path, _, attr = str(nodes[point.producer].target).rpartition(".")
+        leaf = f"{attr}_quantizer"
+    elif _is_module(root, point.owner):
+        owner_path, leaf = point.owner, f"{label}_quantizer"
+    else:
+        owner_path, _, op = point.owner.rpartition(".")
+        leaf = f"{op}_{label}_quantizer"
+    owner_path, leaf = _attachable(root, owner_path, leaf)
+    owner = root.get_submodule(owner_path) if owner_path else root
+    name, i = leaf, 1
+    while hasattr(owner, name):
+        name, i = f"{leaf}_{i}", i + 1
+    owner.add_module(name, quantizer)
+    return f"{owner_path}.{name}" if owner_path else name
+
+
+def _attachable(root: nn.Module, path: str, leaf: str) -> tuple[str, str]:
+    """Climb out of containers (a child added to a Sequential would be called by it)."""
+    while path:
+        module = root.get_submodule(path)
+        if not isinstance(module, _CONTAINERS):
+            return path, leaf
+        path, _, last = path.rpartition(".")
+        leaf = f"{last}_{leaf}"
+    if isinstance(root, _CONTAINERS):
+        raise ValueError(
+            f"cannot attach quantizer {leaf!r}: the model is a {type(root).__name__} container "
+            "whose children are all called in order; wrap it in a module with its own forward"
+        )
+    return "", leaf
+
+
+def _is_module(root: nn.Module, path: str) -> bool:
+    try:
+        root.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

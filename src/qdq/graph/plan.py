@@ -94,6 +94,7 @@ class QuantPlan:
     groups: tuple[ScaleGroup, ...]
     coverage: tuple[Coverage, ...] = field(default=())
     notes: tuple[str, ...] = ()
+    capture: str = ""  # how the dataflow was seen: "recorded" (one eager run) or "replacement"
 
     # ------------------------------------------------------------- queries
     def point(self, name: str) -> QuantPoint:

@@ -36,21 +36,25 @@ __all__ = ["build_plan"]
 
 
 def build_plan(
-    gm: fx.GraphModule, config: QuantConfig | None = None, model: nn.Module | None = None
+    graph: fx.Graph,
+    root: nn.Module,
+    config: QuantConfig | None = None,
+    model: nn.Module | None = None,
 ) -> QuantPlan:
-    """Plan Q/DQ placement for a captured graph.
+    """Plan Q/DQ placement for a recorded graph (:func:`qdq.graph.record.record`).
 
     Args:
-        gm: the output of :func:`qdq.graph.capture.capture`.
+        graph: the recorded graph.
+        root: the module copy the graph's ``get_attr``/``call_module`` targets refer to.
         config: what to quantize (default ``QuantConfig.tensorrt()``).
-        model: the original model, for the Conv/Linear coverage list (default: ``gm``).
+        model: the original model, for the Conv/Linear coverage list (default: ``root``).
     """
     cfg = config if config is not None else QuantConfig.tensorrt()
-    modules = dict(gm.named_modules())
-    nodes = list(gm.graph.nodes)
+    modules = dict(root.named_modules())
+    nodes = list(graph.nodes)
     kinds = {n: op_kind(n, modules) for n in nodes}
     ctx = PlanContext(
-        gm=gm,
+        root=root,
         config=cfg,
         modules=modules,
         kinds=kinds,
@@ -80,9 +84,15 @@ def build_plan(
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
     ordered = sorted(points, key=lambda p: (ctx.order[ctx.by_name[p.consumer]], p.kind != "weight"))
-    covered = coverage(model if model is not None else gm, ordered)
-    name = type(model).__name__ if model is not None else gm.__class__.__name__
-    return QuantPlan(model=name, points=tuple(ordered), groups=tuple(groups), coverage=covered)
+    covered = coverage(model if model is not None else root, ordered)
+    name = type(model if model is not None else root).__name__
+    return QuantPlan(
+        model=name,
+        points=tuple(ordered),
+        groups=tuple(groups),
+        coverage=covered,
+        capture="recorded",
+    )
 
 
 # ----------------------------------------------------- pools and concats

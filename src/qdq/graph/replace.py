@@ -1,8 +1,11 @@
-"""The module-replacement path for models torch.fx cannot trace.
+"""The graphless fallback, for models that cannot be recorded.
 
-Every Conv/ConvTranspose/Linear (and subclass) becomes :class:`qdq.nn.QuantWeighted`, every average
-pool :class:`qdq.nn.QuantInput`, in a deep copy. Rules that need the graph (P03 residual Adds, S02
-Concat groups, S03 MaxPool sharing) cannot be applied; the plan says so in its notes.
+Without a graph only what needs none is placed: every Conv/ConvTranspose/Linear module (and
+subclass) gets an input and a weight quantizer, applied at every call of that module (one
+quantizer each, however often it is called), and every average pool an input quantizer (P06).
+Rules that need the dataflow (P03 residual Adds, S02 Concat groups, S03 MaxPool sharing) cannot
+be applied; the plan says so in its notes. The quantizers are applied by the same call-site
+runtime as the full plan (:mod:`qdq.graph.runtime`), so the model exports with both exporters.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import torch
 from torch import nn
 
 from qdq.config import QuantConfig
+from qdq.graph.calls import MODULE, SiteKey
 from qdq.graph.capture import TRACE_THROUGH
+from qdq.graph.insert import _calibrate_weight
 from qdq.graph.plan import QUANTIZE, SKIP, Coverage, QuantPlan, QuantPoint, ScaleGroup
+from qdq.graph.runtime import Site, SiteRuntime, install_runtime
 from qdq.graph.weighted import performance_skip
-from qdq.nn import QuantInput, QuantWeighted
+from qdq.quant import Quantizer
 
 __all__ = ["prepare_by_replacement"]
 
@@ -26,39 +32,56 @@ _AVG_POOLS = (
     nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
 )  # fmt: skip
 _CONV_T = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _families(module: nn.Module) -> tuple[str, tuple[str, ...]]:
+    """The op kind and the torch calls a weighted module makes (``conv2d`` for a Conv2d...)."""
+    if isinstance(module, _CONV_T):
+        return "conv_transpose", tuple(f"conv_transpose{d}d" for d in (1, 2, 3))
+    if isinstance(module, nn.Linear):
+        return "linear", ("linear",)
+    return "conv", tuple(f"conv{d}d" for d in (1, 2, 3))
 
 
 def prepare_by_replacement(
     model: nn.Module, config: QuantConfig, why: str
 ) -> tuple[nn.Module, QuantPlan]:
-    """A copy of ``model`` with quantized Conv/Linear/average-pool modules, and its plan."""
+    """A copy of ``model`` with quantized Conv/Linear/average-pool calls, and its plan."""
     clone = copy.deepcopy(model)
     points: list[QuantPoint] = []
     coverage: list[Coverage] = []
     groups: list[ScaleGroup] = []
+    sites: dict[SiteKey, Site] = {}
+
+    def add(name: str, op: str, kind: str, rule: str, reason: str, q: Quantizer) -> None:
+        gid = len(groups)
+        path = f"{name}.{kind}_quantizer"
+        groups.append(ScaleGroup(gid, f"{name}:{kind}", (f"{name}:{kind}",), (), (), path))
+        point = _p(name, op, kind, QUANTIZE, rule, reason, gid)
+        points.append(replace(point, spec=q.spec, calib=q.calib))
+
     for name, module in list(clone.named_modules()):
-        if isinstance(module, TRACE_THROUGH):
-            _weighted(clone, name, module, config, points, coverage, groups)
-        elif isinstance(module, _AVG_POOLS) and config.family_enabled("pooling"):
+        if isinstance(module, TRACE_THROUGH) and name:
+            _weighted(clone, name, module, config, points, coverage, sites, add)
+        elif isinstance(module, _AVG_POOLS) and name and config.family_enabled("pooling"):
             excluded, calib, _ = config.resolve(name, type(module), "avg_pool")
             if excluded:
                 continue
-            q = QuantInput(module, name=name, calib=calib or config.activation_calib)
-            clone.set_submodule(name, q)
-            gid = len(groups)
-            groups.append(
-                ScaleGroup(
-                    gid, f"{name}:input", (f"{name}:input",), (), (), f"{name}.input_quantizer"
-                )
-            )
-            points.append(_p(name, "avg_pool", "input", QUANTIZE, "P06", "average pool input", gid))
+            q = Quantizer(config.activation, calib or config.activation_calib, name=f"{name}:input")
+            module.add_module("input_quantizer", q)
+            sites[(name, MODULE, None)] = Site([(0, q)])
+            add(name, "avg_pool", "input", "P06", "average pool input", q)
     notes = (
-        f"torch.fx cannot trace the model ({why})",
-        "module-replacement fallback: Conv/Linear inputs and weights and average-pool inputs are "
+        f"the model could not be recorded ({why})",
+        "graphless fallback: Conv/Linear inputs and weights and average-pool inputs are "
         "quantized; residual Adds (P03), Concat groups (S02) and MaxPool sharing (S03) are NOT "
         "placed. Use qdq.nn.QuantAdd / qdq.nn.QuantConcat in the model's forward for those.",
     )
-    plan = QuantPlan(type(model).__name__, tuple(points), tuple(groups), tuple(coverage), notes)
+    install_runtime(clone, SiteRuntime(clone, sites))
+    plan = QuantPlan(
+        type(model).__name__, tuple(points), tuple(groups), tuple(coverage), notes, "replacement"
+    )
     return clone, plan
 
 
@@ -78,15 +101,10 @@ def _weighted(
     config: QuantConfig,
     points: list[QuantPoint],
     coverage: list[Coverage],
-    groups: list[ScaleGroup],
+    sites: dict[SiteKey, Site],
+    add: object,
 ) -> None:
-    op = (
-        "conv_transpose"
-        if isinstance(module, _CONV_T)
-        else "linear"
-        if isinstance(module, nn.Linear)
-        else "conv"
-    )
+    op, families = _families(module)
     excluded, calib, bits = config.resolve(name, type(module), op)
     weight = module.weight
     assert isinstance(weight, torch.Tensor)
@@ -110,22 +128,16 @@ def _weighted(
             f"ConvTranspose weights axis {axis}",
         )
     ispec = config.activation if bits is None else replace(config.activation, num_bits=bits)
-    wrapped = QuantWeighted(module, name=name, weight_spec=wspec, input_spec=ispec,
-                            input_calib=calib or config.activation_calib)  # fmt: skip
-    root.set_submodule(name, wrapped)
-    for kind, rule, reason, spec in (
-        ("weight", wrule, wreason, wspec),
-        ("input", "P01", f"activation input of {op}", ispec),
-    ):
-        gid = len(groups)
-        groups.append(
-            ScaleGroup(
-                gid, f"{name}:{kind}", (f"{name}:{kind}",), (), (), f"{name}.{kind}_quantizer"
-            )
-        )
-        point_calib = config.weight_calib if kind == "weight" else calib or config.activation_calib
-        point = _p(name, op, kind, QUANTIZE, rule, reason, gid)
-        points.append(replace(point, spec=spec, calib=point_calib))
+    wq = Quantizer(wspec, config.weight_calib, name=f"{name}:weight")
+    iq = Quantizer(ispec, calib or config.activation_calib, name=f"{name}:input")
+    module.add_module("weight_quantizer", wq)
+    module.add_module("input_quantizer", iq)
+    _calibrate_weight(wq, weight.detach())
+    for family in families:
+        sites[(name, family, None)] = Site([(0, iq), (1, wq)])
+    assert callable(add)
+    add(name, op, "weight", wrule, wreason, wq)
+    add(name, op, "input", "P01", f"activation input of {op}", iq)
     coverage.append(
-        Coverage(name, type(module).__name__, "int8", "P01", "module replaced by QuantWeighted")
+        Coverage(name, type(module).__name__, "int8", "P01", "every call of the module quantized")
     )

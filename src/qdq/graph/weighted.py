@@ -16,7 +16,7 @@ __all__ = ["performance_skip", "plan_weighted"]
 
 
 def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
-    return tuple(fetch_attr(ctx.gm, str(w.target)).shape)
+    return tuple(fetch_attr(ctx.root, str(w.target)).shape)
 
 
 def _conv_groups(node: fx.Node) -> int:

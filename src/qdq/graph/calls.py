@@ -1,0 +1,252 @@
+"""Call sites: how qdq sees, names and counts the torch calls a model makes.
+
+qdq places Q/DQ on the user's *own* modules (a deep copy), at the call sites of their ``forward``
+code. One mechanism serves both directions, so that what is planned is exactly what runs:
+
+* the recorder (:mod:`qdq.graph.record`) runs the model once on the example inputs and writes every
+  call as a graph node, tagged with its :data:`SiteKey`;
+* the runtime (:mod:`qdq.graph.runtime`) sees the same calls whenever the prepared model runs
+  (eager, training, ``torch.export``, the TorchScript tracer) and applies the plan's quantizers at
+  the keys the plan names.
+
+A call is seen through a :class:`torch.overrides.TorchFunctionMode` (every ``torch.*`` function,
+``torch.nn.functional`` function and ``Tensor`` method or operator), the module it ran in through
+forward hooks on every module of the copy. Its key is ``(module path, family, ordinal)``: the
+innermost module's path, the call's name (``"conv2d"``, ``"add"``, ``"cat"`` ...) and how many
+calls of that name the module made before it since the outermost module was entered. A built-in
+``torch.nn`` module that is not a Conv/Linear (ReLU, BatchNorm, MaxPool, AvgPool ...) is one call
+``(path, "module", invocation)``; what it does inside is not looked at (as torch.fx treats leaves).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from qdq.graph.capture import TRACE_THROUGH
+
+__all__ = ["MODULE", "CallTracker", "SiteKey", "is_leaf", "normalize_call"]
+
+#: ``(module path, family, ordinal)``; the ordinal is ``None`` in a key that matches every call
+SiteKey = tuple[str, str, int | None]
+#: the family of a call to a leaf module
+MODULE = "module"
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_PATH_ATTR = "_qdq_path"
+
+
+def _path_of(module: nn.Module) -> str | None:
+    path = module.__dict__.get(_PATH_ATTR)
+    return path if isinstance(path, str) else None
+
+
+_TENSOR_QUALNAMES = ("TensorBase.", "Tensor.")
+
+
+def is_leaf(module: nn.Module) -> bool:
+    """A module seen as one call: built-in ``torch.nn`` modules except containers and Conv/Linear
+    (which are seen through, so their subclasses and functional forms are planned alike), and
+    TorchScript modules (whose insides no Python hook can see)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return True
+    if isinstance(module, (*TRACE_THROUGH, *_CONTAINERS)):
+        return False
+    from qdq.quant import Quantizer
+
+    if isinstance(module, Quantizer):
+        return True
+    return type(module).__module__.startswith(("torch.nn", "torch.ao.nn"))
+
+
+def normalize_call(func: Callable[..., Any]) -> tuple[str, Any, str]:
+    """``(fx op, fx target, family)`` of a call seen by a torch function mode.
+
+    Tensor methods and operators become ``call_method`` nodes named like torch.fx names them
+    (``x + y`` is ``add``, ``x @ w`` is ``matmul``), indexing ``operator.getitem``/``setitem``,
+    tensor properties (``x.T``) ``getattr``; everything else is a ``call_function`` of ``func``.
+
+    Example:
+        >>> normalize_call(torch.Tensor.add)
+        ('call_method', 'add', 'add')
+        >>> normalize_call(torch.cat)[2]
+        'cat'
+    """
+    name = getattr(func, "__name__", "") or ""
+    qual = getattr(func, "__qualname__", "") or ""
+    owner = getattr(func, "__self__", None)
+    if name == "__get__" and hasattr(owner, "__name__") and hasattr(owner, "__objclass__"):
+        return "call_function", getattr, f"getattr.{getattr(owner, '__name__', '')}"
+    if qual.startswith(_TENSOR_QUALNAMES):
+        if name == "__getitem__":
+            return "call_function", operator.getitem, "getitem"
+        if name == "__setitem__":
+            return "call_function", operator.setitem, "setitem"
+        return "call_method", name, name
+    return "call_function", func, name or type(func).__name__
+
+
+class _Mode(TorchFunctionMode):
+    """Routes every torch call made while a tracker is active to :meth:`CallTracker.on_call`."""
+
+    def __init__(self, tracker: CallTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        tracker = self.tracker
+        kwargs = kwargs or {}
+        if tracker.leaf_depth:
+            return func(*args, **kwargs)
+        op, target, family = normalize_call(func)
+        key = tracker.next_key(family)
+        return tracker.on_call(func, key, op, target, args, kwargs)
+
+
+class CallTracker:
+    """Module stack, per-path call counters and the torch function mode, shared by the recorder
+    and the runtime. Hooks on every module of ``root`` keep the stack; the first module entered
+    (usually ``root``) activates the mode and resets the counters, and deactivates on exit.
+
+    Subclasses implement :meth:`on_call` and may override :meth:`on_leaf_enter`/``on_leaf_exit``.
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        #: the first qualified name of every module object (shared modules have one path)
+        self.paths: dict[nn.Module, str] = {m: name for name, m in root.named_modules()}
+        for module, name in self.paths.items():
+            # kept on the module itself: exporters may run shallow copies of the modules
+            object.__setattr__(module, _PATH_ATTR, name)
+        self.leaf_depth = 0
+        self._stack: list[nn.Module] = []
+        self._counters: Counter[tuple[str, str]] = Counter()
+        self._mode: _Mode | None = None
+        self._active_by: nn.Module | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def install(self, *, prepend: bool = False) -> list[Any]:
+        """Register the stack hooks on every module of ``root``; return the handles.
+
+        With ``prepend`` the tracker is entered before the model's other hooks (and so before
+        another tracker already installed): its torch function mode then sits *below* the other
+        one and sees the calls after the other one changed them.
+        """
+        handles = []
+        for module in self.paths:
+            handles.append(
+                module.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=prepend)
+            )
+            handles.append(  # exits mirror entries: the tracker entered first leaves last
+                module.register_forward_hook(self._post, always_call=True, prepend=not prepend)
+            )
+        return handles
+
+    def _pre(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self._active_by is None:
+            self._activate(module)
+        self._stack.append(module)
+        if self.leaf_depth:
+            self.leaf_depth += 1
+            return None
+        if not is_leaf(module):
+            return None
+        key = self.next_key(MODULE, path=_path_of(module) or "")
+        self.leaf_depth = 1
+        return self.on_leaf_enter(module, key, args, kwargs)
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+        if self.leaf_depth:
+            self.leaf_depth -= 1
+            if self.leaf_depth == 0:
+                self.on_leaf_exit(module, output)
+        if module is self._active_by:
+            self._deactivate()
+
+    def _activate(self, module: nn.Module) -> None:
+        self._active_by = module
+        self._counters.clear()
+        self._stack.clear()
+        self.leaf_depth = 0
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self.on_activate()
+
+    def _deactivate(self) -> None:
+        mode, self._mode, self._active_by = self._mode, None, None
+        self._stack.clear()
+        self.leaf_depth = 0
+        try:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+        finally:
+            self.on_deactivate()
+
+    # ----------------------------------------------------------------- keys
+    def current_path(self) -> str:
+        """The path of the innermost module being run ("" for the root or none)."""
+        for module in reversed(self._stack):
+            path = _path_of(module)
+            if path is not None:
+                return path
+        return ""
+
+    def stack_paths(self) -> list[tuple[str, type]]:
+        """``(path, type)`` of the modules being run, outermost first (root excluded)."""
+        out = []
+        for module in self._stack:
+            path = _path_of(module)
+            if path:
+                out.append((path, type(module)))
+        return out
+
+    def next_key(self, family: str, *, path: str | None = None) -> SiteKey:
+        """The key of the next call of ``family`` in ``path`` (default: the innermost module)."""
+        p = self.current_path() if path is None else path
+        i = self._counters[(p, family)]
+        self._counters[(p, family)] = i + 1
+        return (p, family, i)
+
+    # ---------------------------------------------------------- subclass API
+    def on_call(
+        self,
+        func: Callable[..., Any],
+        key: SiteKey,
+        op: str,
+        target: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run one torch call (``func(*args, **kwargs)``) and return its result."""
+        return func(*args, **kwargs)
+
+    def on_leaf_enter(
+        self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """A leaf module is entered; may return replacement ``(args, kwargs)``."""
+        return None
+
+    def on_leaf_exit(self, module: nn.Module, output: Any) -> None:
+        """The leaf module entered last returned ``output``."""
+
+    def on_activate(self) -> None:
+        """The outermost module was entered."""
+
+    def on_deactivate(self) -> None:
+        """The outermost module returned (or raised)."""

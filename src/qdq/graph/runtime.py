@@ -1,0 +1,137 @@
+"""The runtime that applies a plan at the call sites of the user's own modules.
+
+:class:`SiteRuntime` lives on the prepared model (a deep copy of the user's model, same class,
+same attributes). It sees every call through the machinery of :mod:`qdq.graph.calls` and, at the
+keys the plan names, replaces arguments with their quantized values:
+
+* an activation argument → ``quantizer(x)`` (a tensor read by several quantized consumers is
+  quantized once per forward and shared, as one Q with one scale — rule S01);
+* the weight of a planned Conv/Linear/MatMul call → ``weight_quantizer(weight)``.
+
+Because it acts on calls, not on a traced graph, the prepared model keeps everything the float one
+had: its ``forward`` signature and outputs, ``train()``/``eval()`` branches, attributes
+(``model.stride``, ``model.names``), hooks, ``state_dict`` (plus the quantizers' ``amax``), and it
+works under ``torch.export``, the TorchScript tracer, ``deepcopy`` and pickling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.graph.calls import CallTracker, SiteKey
+
+__all__ = ["ArgRef", "Site", "SiteRuntime", "runtime_of"]
+
+#: where an argument sits: a position, a keyword, or ``(position, index)`` inside a list argument
+ArgRef = int | str | tuple[int, int]
+_RUNTIME_ATTR = "qdq_runtime"
+
+
+@dataclass
+class Site:
+    """What to quantize at one call site: ``(argument, quantizer)`` pairs."""
+
+    actions: list[tuple[ArgRef, nn.Module]] = field(default_factory=list)
+    hits: int = 0
+
+
+class SiteRuntime(CallTracker):
+    """Applies :class:`Site` actions at their keys whenever the prepared model runs.
+
+    Attributes:
+        sites: the planned call sites by key.
+        unused: after a forward, the planned keys that were not reached (diagnostics).
+    """
+
+    def __init__(self, root: nn.Module, sites: dict[SiteKey, Site]) -> None:
+        super().__init__(root)
+        self.sites = sites
+        self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ---------------------------------------------------------------- apply
+    def _quantize(self, quantizer: nn.Module, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        key = (id(x), id(quantizer))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        out = quantizer(x)
+        self._cache[key] = (x, out)
+        return out
+
+    def _apply(
+        self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        new_args = list(args)
+        new_kwargs = dict(kwargs)
+        for ref, quantizer in site.actions:
+            if isinstance(ref, str):
+                if ref in new_kwargs:
+                    new_kwargs[ref] = self._quantize(quantizer, new_kwargs[ref])
+            elif isinstance(ref, tuple):
+                pos, index = ref
+                seq = new_kwargs.get("tensors") if pos >= len(new_args) else new_args[pos]
+                if isinstance(seq, (list, tuple)) and index < len(seq):
+                    items = list(seq)
+                    items[index] = self._quantize(quantizer, items[index])
+                    if pos >= len(new_args):
+                        new_kwargs["tensors"] = items
+                    else:
+                        new_args[pos] = items
+            elif ref < len(new_args):
+                new_args[ref] = self._quantize(quantizer, new_args[ref])
+        site.hits += 1
+        return tuple(new_args), new_kwargs
+
+    # ------------------------------------------------------------- tracker
+    def on_call(
+        self,
+        func: Callable[..., Any],
+        key: SiteKey,
+        op: str,
+        target: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
+        if site is not None:
+            args, kwargs = self._apply(site, args, kwargs)
+        return func(*args, **kwargs)
+
+    def on_leaf_enter(
+        self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
+        if site is None:
+            return None
+        return self._apply(site, args, kwargs)
+
+    def on_deactivate(self) -> None:
+        self._cache.clear()
+
+    def reset_hits(self) -> None:
+        """Zero every site's hit count."""
+        for site in self.sites.values():
+            site.hits = 0
+
+    def unreached(self) -> list[SiteKey]:
+        """Planned sites with no hit since :meth:`reset_hits`."""
+        return [k for k, s in self.sites.items() if s.hits == 0]
+
+
+def runtime_of(prepared: nn.Module) -> SiteRuntime | None:
+    """The :class:`SiteRuntime` of a prepared model (``None`` for other models)."""
+    rt = getattr(prepared, _RUNTIME_ATTR, None)
+    return rt if isinstance(rt, SiteRuntime) else None
+
+
+def install_runtime(prepared: nn.Module, runtime: SiteRuntime) -> None:
+    """Attach ``runtime`` to ``prepared`` and register its hooks."""
+    runtime.install()
+    object.__setattr__(prepared, _RUNTIME_ATTR, runtime)
