@@ -85,6 +85,7 @@ class _Predictor:
         self.int8_out: set[str] = set()  # tensors a layer writes as INT8
         self.float_readers: set[int] = set()  # ids of nodes that run float
         self.shape_nodes = _shape_nodes(g)
+        self.tails: dict[str, Any] = {}  # epilogue end (before a residual Add) -> weighted op
         names = {1: "fp32", 10: "fp16", 16: "bf16"}
         self.io = {
             i.name: names.get(i.type.tensor_type.elem_type, float_dtype) for i in g.graph.input
@@ -92,7 +93,11 @@ class _Predictor:
 
     def run(self) -> list[PredictedLayer]:
         g = self.g
-        groups = {id(n): self._epilogue(n) for n in g.nodes if g.weighted(n)}
+        weighted = [n for n in g.nodes if g.weighted(n)]
+        chains = {id(n): self._chain(n.output[0]) for n in weighted}
+        # the tensor ending each weighted op's epilogue before any residual Add
+        self.tails = {chains[id(n)][1]: n for n in weighted}
+        groups = {id(n): self._epilogue(n, *chains[id(n)]) for n in weighted}
         for members in groups.values():
             self.absorbed.update(id(m) for m in members[1:])
         layers: list[PredictedLayer] = []
@@ -158,10 +163,12 @@ class _Predictor:
         return PredictedLayer(" + ".join(names), names, "pointwise", self.fp, self.fp, reason)
 
     # ------------------------------------------------------------------ grouping
-    def _epilogue(self, node: Any) -> list[Any]:
-        """The weighted op and the ops TensorRT fuses after it."""
+    def _chain(self, tensor: str) -> tuple[list[Any], str]:
+        """The BN / activation / bias / SiLU ops TensorRT fuses after ``tensor`` (each read only
+        by the next), and the tensor the chain ends in."""
         g = self.g
-        members, cur = [node], node.output[0]
+        members: list[Any] = []
+        cur = tensor
         while True:
             readers = g.float_uses(cur)
             silu = _silu(g, cur, readers)
@@ -170,28 +177,45 @@ class _Predictor:
                 cur = silu
                 continue
             if len(readers) != 1 or len(g.consumers.get(cur, [])) != 1:
-                break
+                return members, cur
             nxt = readers[0]
-            residual = nxt.op_type == "Add" and not _bias(g, nxt) and self._fuses_add(cur, nxt)
-            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt) or residual):
-                break
+            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt)):
+                return members, cur
             members.append(nxt)
             cur = nxt.output[0]
+
+    def _epilogue(self, node: Any, chain: list[Any], tail: str) -> list[Any]:
+        """The weighted op and the ops TensorRT fuses after it: ``Conv [BN] [act | SiLU]
+        [residual Add [act]]`` -- at most one residual Add (rule spec §1.6 step 3)."""
+        members = [node, *chain]
+        add = self._residual_reader(tail)
+        if add is not None and self._fuses_add(node, tail, add):
+            after, _ = self._chain(add.output[0])
+            members += [add, *after]
         return members
 
-    def _fuses_add(self, tensor: str, add: Any) -> bool:
-        """A residual Add read in float on ``tensor`` fuses into this conv, unless its other operand
-        is also a float conv branch computed later (TensorRT fuses into the last producer)."""
-        g = self.g
-        if len(add.input) != 2:
-            return False
+    def _residual_reader(self, tensor: str) -> Any:
+        """The two-operand, non-bias Add that is the only reader of ``tensor``, or ``None``."""
+        readers = self.g.consumers.get(tensor, [])
+        if len(readers) != 1 or self.g.float_uses(tensor) != readers:
+            return None
+        add = readers[0]
+        if add.op_type != "Add" or len(add.input) != 2 or _bias(self.g, add):
+            return None
+        return add
+
+    def _fuses_add(self, node: Any, tensor: str, add: Any) -> bool:
+        """The residual Add read in float on ``tensor`` (the end of ``node``'s epilogue) fuses into
+        ``node``, unless its other operand also ends a weighted op's epilogue that is computed
+        later (TensorRT fuses into the last producer). Both candidates decide with the same test,
+        so exactly one of them takes the Add."""
         other = add.input[1] if add.input[0] == tensor else add.input[0]
-        if g.qinput(other) is not None:
+        if self.g.qinput(other) is not None:
             return True
-        bb_other = g.backbone(other)
-        if bb_other is None or len(g.consumers.get(other, [])) != 1:
+        rival = self.tails.get(other)
+        if rival is None or rival is node or self._residual_reader(other) is not add:
             return True
-        return self.order[id(g.backbone(tensor))] > self.order[id(bb_other)]
+        return self.order[id(node)] > self.order[id(rival)]
 
     # ------------------------------------------------------------------ layers
     def _weighted_layer(self, members: list[Any]) -> PredictedLayer:
