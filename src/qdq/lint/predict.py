@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.graph import COPY_OPS, LintGraph
+from qdq.lint.guard import Guard
 
 __all__ = ["PredictedLayer", "predict_layers"]
 
@@ -71,15 +72,25 @@ class PredictedLayer:
         return asdict(self)
 
 
-def predict_layers(g: LintGraph, float_dtype: str = "fp16") -> list[PredictedLayer]:
-    """Predicted engine layers in graph order (standalone Q/DQ layers where they execute)."""
-    return _Predictor(g, float_dtype).run()
+def predict_layers(
+    g: LintGraph, float_dtype: str = "fp16", guard: Guard | None = None
+) -> list[PredictedLayer]:
+    """Predicted engine layers in graph order (standalone Q/DQ layers where they execute).
+
+    Args:
+        g: the indexed graph.
+        float_dtype: the precision of float layers (``"fp16"``, ``"fp32"``, ``"bf16"``).
+        guard: records a node the predictor fails on as an ``L00`` finding (in ``guard.findings``)
+            and predicts it as a float layer; without one the exception propagates.
+    """
+    return _Predictor(g, float_dtype, guard or Guard(strict=True)).run()
 
 
 class _Predictor:
-    def __init__(self, g: LintGraph, float_dtype: str) -> None:
+    def __init__(self, g: LintGraph, float_dtype: str, guard: Guard) -> None:
         self.g = g
         self.fp = float_dtype
+        self.guard = guard
         self.order = {id(n): i for i, n in enumerate(g.nodes)}
         self.absorbed: set[int] = set()
         self.int8_out: set[str] = set()  # tensors a layer writes as INT8
@@ -91,28 +102,48 @@ class _Predictor:
             i.name: names.get(i.type.tensor_type.elem_type, float_dtype) for i in g.graph.input
         }
 
+    def _safe(self, step: str, nodes: list[Any], default: Any, fn: Any, *args: Any) -> Any:
+        names = tuple(self.g.name(n) for n in nodes)
+        return self.guard.call(f"layer prediction ({step})", names, fn, *args, default=default)
+
     def run(self) -> list[PredictedLayer]:
         g = self.g
         weighted = [n for n in g.nodes if g.weighted(n)]
-        chains = {id(n): self._chain(n.output[0]) for n in weighted}
+        chains = {id(n): self._safe("epilogue", [n], ([], ""), self._chain_of, n) for n in weighted}
         # the tensor ending each weighted op's epilogue before any residual Add
-        self.tails = {chains[id(n)][1]: n for n in weighted}
-        groups = {id(n): self._epilogue(n, *chains[id(n)]) for n in weighted}
+        self.tails = {chains[id(n)][1]: n for n in weighted if chains[id(n)][1]}
+        groups = {
+            id(n): self._safe("epilogue", [n], [n], self._epilogue, n, *chains[id(n)])
+            for n in weighted
+        }
         for members in groups.values():
             self.absorbed.update(id(m) for m in members[1:])
-        layers: list[PredictedLayer] = []
+        layers: list[tuple[Any, PredictedLayer]] = []  # (first node, layer)
         for n in g.nodes:
             if id(n) in groups:
-                layers.append(self._weighted_layer(groups[id(n)]))
+                members = groups[id(n)]
+                layer = self._safe("weighted layer", members, None, self._weighted_layer, members)
             elif id(n) in self.absorbed or n.op_type in _SKIP or id(n) in self.shape_nodes:
                 continue
             elif n.op_type in _POINTWISE:
-                region = self._pointwise_region(n)
-                self.absorbed.update(id(m) for m in region)
-                layers.append(self._pointwise_layer(region))
+                members = self._safe("pointwise fusion", [n], [n], self._pointwise_region, n)
+                self.absorbed.update(id(m) for m in members)
+                layer = self._safe("pointwise layer", members, None, self._pointwise_layer, members)
             else:
-                layers.append(self._plain_layer(n))
+                members = [n]
+                layer = self._safe("layer", members, None, self._plain_layer, n)
+            layers.append((members[0], layer or self._not_analysed(members)))
         return self._with_standalone_qdq(layers)
+
+    def _not_analysed(self, members: list[Any]) -> PredictedLayer:
+        """The float layer reported for nodes the predictor failed on (an L00 finding says why)."""
+        names = tuple(self.g.name(m) for m in members)
+        self.float_readers.update(id(m) for m in members)
+        kind = "weighted" if self.g.weighted(members[0]) else "other"
+        return PredictedLayer(" + ".join(names), names, kind, self.fp, self.fp, "not analysed")
+
+    def _chain_of(self, node: Any) -> tuple[list[Any], str]:
+        return self._chain(node.output[0])
 
     def _pointwise_region(self, start: Any) -> list[Any]:
         """Pointwise ops TensorRT fuses into one PointWise layer with ``start``: readers whose
@@ -283,14 +314,16 @@ class _Predictor:
         )
 
     # ------------------------------------------------------------------ standalone Q/DQ
-    def _with_standalone_qdq(self, layers: list[PredictedLayer]) -> list[PredictedLayer]:
+    def _with_standalone_qdq(
+        self, layers: list[tuple[Any, PredictedLayer]]
+    ) -> list[PredictedLayer]:
         """Insert a ``qdq`` layer after each layer for its standalone Quantize/Dequantize nodes."""
         g = self.g
         extra: dict[int, list[PredictedLayer]] = {}
         for n in g.nodes:
             if n.op_type not in _QDQ or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
                 continue
-            reason = self._standalone(n)
+            reason = self._safe("standalone Q/DQ", [n], "", self._standalone, n)
             if reason:
                 name = g.name(n)
                 src, dst = (self.fp, INT8) if n.op_type == "QuantizeLinear" else (INT8, self.fp)
@@ -299,10 +332,10 @@ class _Predictor:
                 extra.setdefault(self.order[id(n)], []).append(
                     PredictedLayer(name, (name,), "qdq", src, dst, reason)
                 )
+        by_first = {id(first): ly for first, ly in layers}
         out: list[PredictedLayer] = []
-        by_first = {ly.nodes[0]: ly for ly in layers}
         for n in g.nodes:
-            ly = by_first.get(g.name(n))
+            ly = by_first.get(id(n))
             if ly is not None:
                 out.append(ly)
             out.extend(extra.get(self.order[id(n)], []))
