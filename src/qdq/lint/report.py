@@ -172,8 +172,8 @@ def lint(
     layers: list[PredictedLayer] = guard.call(
         "layer prediction", (), predict_layers, g, dtype, guard, default=[]
     )
-    by_id = {g.name(n): n for n in g.nodes}
-    floats = [by_id[x] for ly in layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes]
+    by_name = {g.name(n): n for n in g.nodes}
+    floats = [by_name[x] for ly in layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes]
     if t.strongly_typed:
         findings += guard.call(
             "strong-typing rules B02/V11", (), _strong_typing, g, floats, default=[]
