@@ -117,7 +117,7 @@ def test_cli_exit_codes_json_targets_and_engine_diff(tmp_path: Path) -> None:
     ].keys()
     assert {"rule", "severity", "nodes", "message", "fix"} <= doc["findings"][0].keys()
     missing = run(str(tmp_path / "missing.onnx"))
-    assert missing.returncode == 3 and "no ONNX file" in missing.stderr
+    assert missing.returncode == 3 and "missing.onnx: no such file" in missing.stderr
     wrong = run(str(clean), "--target", "tensorrt10")
     assert wrong.returncode == 3 and "target must look like" in wrong.stderr
     assert run(str(clean), "--flags", "fp16").returncode == 2  # V13: Q/DQ without --int8

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any
 
 __all__ = ["run_lint"]
+
+logger = logging.getLogger(__name__)
 
 
 def run_lint(
@@ -19,7 +22,11 @@ def run_lint(
     flags: list[str] | None = None,
     show_layers: bool = False,
 ) -> int:
-    """Lint ``model``; return 0 clean, 1 warnings, 2 errors (3 when an input cannot be read)."""
+    """Lint ``model``; return 0 clean, 1 warnings, 2 errors, 3 when an input cannot be read.
+
+    Every failure is one line on stderr naming the file and what is wrong; the traceback is logged
+    at debug level (``qdq -v lint ...``).
+    """
     from qdq.lint.diff import diff_engine
     from qdq.lint.engine_report import load_engine_report
     from qdq.lint.report import lint
@@ -27,8 +34,17 @@ def run_lint(
     try:
         report = lint(model, target=target, strongly_typed=strongly_typed, flags=flags)
         diff = diff_engine(report, load_engine_report(engine)) if engine else None
-    except (FileNotFoundError, ValueError) as err:
-        print(f"qdq lint: error: {err}", file=sys.stderr)
+    except (OSError, ValueError) as err:  # LintInputError, engine report, options
+        logger.debug("qdq lint %s failed", model, exc_info=True)
+        print(f"qdq lint: error: {_one_line(err)}", file=sys.stderr)
+        return 3
+    except Exception as err:  # a linter bug outside the guarded rule steps
+        logger.debug("qdq lint %s failed", model, exc_info=True)
+        print(
+            f"qdq lint: error: {model}: the linter failed ({type(err).__name__}: "
+            f"{_one_line(err)}); this is a bug, `qdq -v lint` prints the traceback",
+            file=sys.stderr,
+        )
         return 3
     if as_json:
         doc: dict[str, Any] = report.to_dict()
@@ -40,3 +56,8 @@ def run_lint(
         if diff is not None:
             print(diff.format())
     return report.exit_code
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__

@@ -60,8 +60,8 @@ class LintGraph:
         self.outputs = {o.name for o in model.graph.output}
 
     def name(self, node: Any) -> str:
-        """A node's name, or its first output when unnamed."""
-        return str(node.name or node.output[0])
+        """A node's name, or its first output when unnamed (its op type when it has neither)."""
+        return str(node.name or (node.output[0] if node.output else node.op_type))
 
     def is_const(self, tensor: str) -> bool:
         """Whether ``tensor`` is a constant, possibly through Q/DQ/Cast/Transpose/Reshape."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from qdq.lint.findings import INFO, WARN, Finding
 from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
+from qdq.lint.guard import Guard
 
 __all__ = ["check_placement"]
 
@@ -15,51 +16,69 @@ _NO_INT8 = frozenset({"Softmax", "LayerNormalization", "Sigmoid", "Resize", "Gel
 _POOLS = frozenset({"GlobalAveragePool", "AveragePool", "ReduceMean"})
 
 
-def check_placement(g: LintGraph) -> list[Finding]:
-    """Run the P/S/H rules; findings are ordered by graph position."""
+def check_placement(g: LintGraph, guard: Guard | None = None) -> list[Finding]:
+    """Run the P/S/H rules; findings are ordered by graph position.
+
+    Args:
+        g: the indexed graph.
+        guard: records a rule that fails on a node or tensor as an ``L00`` finding (in
+            ``guard.findings``) and goes on; without one the exception propagates.
+    """
+    guard = guard or Guard(strict=True)
     out: list[Finding] = []
     for node in g.nodes:
-        op = node.op_type
-        if g.weighted(node):
-            out.extend(_weighted(g, node))
-        elif op == "Add" and _is_residual(g, node):
-            out.extend(_residual_add(g, node))
-        elif op == "Concat":
-            out.extend(_concat(g, node))
-        elif op == "MaxPool":
-            out.extend(_maxpool(g, node))
-        elif op in _POOLS:
-            out.extend(_avg_pool(g, node))
-        elif op == "MatMul" and len(node.input) == 2:
-            out.append(
-                Finding(
-                    "P14",
-                    INFO,
-                    (g.name(node),),
-                    f"{g.name(node)}: MatMul of two activations (attention-style) is not "
-                    "quantized by default",
-                    "runs FP16",
-                    "",
-                    _SRC,
-                )
+        step = f"placement rules on {node.op_type}"
+        out.extend(guard.call(step, (g.name(node),), _node_rules, g, node, default=[]))
+    for t in sorted({q.input[0] for q in g.nodes if q.op_type == "QuantizeLinear" and q.input}):
+        out.extend(
+            guard.call("tensor rules S01/S04/P04/P07", (t,), _tensor_rules, g, t, default=[])
+        )
+    return out
+
+
+def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
+    """The rules keyed on one node."""
+    op = node.op_type
+    out: list[Finding] = []
+    if g.weighted(node):
+        out.extend(_weighted(g, node))
+    elif op == "Add" and _is_residual(g, node):
+        out.extend(_residual_add(g, node))
+    elif op == "Concat":
+        out.extend(_concat(g, node))
+    elif op == "MaxPool":
+        out.extend(_maxpool(g, node))
+    elif op in _POOLS:
+        out.extend(_avg_pool(g, node))
+    elif op == "MatMul" and len(node.input) == 2:
+        out.append(
+            Finding(
+                "P14",
+                INFO,
+                (g.name(node),),
+                f"{g.name(node)}: MatMul of two activations (attention-style) is not "
+                "quantized by default",
+                "runs FP16",
+                "",
+                _SRC,
             )
-        elif op == "Pad":
-            out.extend(_pad(g, node))
-        elif op == "DequantizeLinear":
-            out.extend(_dangling_dq(g, node))
-        elif op == "QuantizeLinear" and node.input[0] in g.inputs:
-            out.append(
-                Finding(
-                    "P13",
-                    INFO,
-                    (g.name(node),),
-                    f"{g.name(node)}: quantizes the network input",
-                    "one input Quantize reformat (expected)",
-                    "",
-                    _SRC,
-                )
+        )
+    elif op == "Pad":
+        out.extend(_pad(g, node))
+    elif op == "DequantizeLinear":
+        out.extend(_dangling_dq(g, node))
+    elif op == "QuantizeLinear" and node.input[0] in g.inputs:
+        out.append(
+            Finding(
+                "P13",
+                INFO,
+                (g.name(node),),
+                f"{g.name(node)}: quantizes the network input",
+                "one input Quantize reformat (expected)",
+                "",
+                _SRC,
             )
-    out.extend(_tensor_rules(g))
+        )
     return out
 
 
@@ -442,73 +461,68 @@ def _uses_through(g: LintGraph, tensor: str) -> list[tuple[Any, Any, tuple[float
     return out
 
 
-def _tensor_rules(g: LintGraph) -> list[Finding]:
-    """S01 (several scales on one tensor), P04 (quantized and float consumers), P07 (SiLU)."""
-    out = []
-    tensors = {q.input[0] for q in g.nodes if q.op_type == "QuantizeLinear"}
-    for t in sorted(tensors):
-        if g.is_const(t):
-            continue
-        uses = g.quantized_uses(t)
-        scales = {s for _, _, s in uses}
-        skips = [c for _, c, _ in uses if c.op_type == "Add" and _is_residual(g, c)]
-        if len(scales) > 1 and skips:
-            add = skips[0]
-            out.append(
-                Finding(
-                    "S04",
-                    WARN,
-                    (g.name(add), t),
-                    f"{g.name(add)}: its skip {t} is quantized with a scale different from the "
-                    f"other quantized uses of {t} ({sorted(s[0] for s in scales if s)})",
-                    f"{len(scales) - 1} standalone Quantize layer(s): {t} has one INT8 version",
-                    "reuse the block input's quantizer for the skip",
-                    _SRC,
-                )
-            )
-        elif len(scales) > 1:
-            out.append(
-                Finding(
-                    "S01",
-                    WARN,
-                    (t,),
-                    f"tensor {t}: {len(scales)} different scales on its consumers",
-                    f"{len(scales) - 1} standalone Quantize layer(s)",
-                    "share one quantizer per tensor",
-                    _SRC,
-                )
-            )
-        floats = [
-            c for c in g.float_uses(t) if not _fusible(g, t, c) and not _quantized_through(g, c)
-        ]
-        if not uses or not floats:
-            continue
-        names = sorted({g.name(c) for c in floats})
-        if any(c.op_type == "Sigmoid" for c in floats) and any(
-            c.op_type == "Mul" for _, c, _ in uses
-        ):
-            out.append(
-                Finding(
-                    "P07",
-                    WARN,
-                    (t,),
-                    f"SiLU on {t}: the Mul reads it through Q/DQ but the Sigmoid in float",
-                    "conv output stays float; SiLU not fused",
-                    "no Q/DQ inside x*sigmoid(x)",
-                    _SRC,
-                )
-            )
+def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
+    """S01 (several scales on one quantized tensor), S04 (skip scale), P04 (quantized and float
+    consumers), P07 (SiLU)."""
+    out: list[Finding] = []
+    if g.is_const(t):
+        return out
+    uses = g.quantized_uses(t)
+    scales = {s for _, _, s in uses}
+    skips = [c for _, c, _ in uses if c.op_type == "Add" and _is_residual(g, c)]
+    if len(scales) > 1 and skips:
+        add = skips[0]
         out.append(
             Finding(
-                "P04",
+                "S04",
                 WARN,
-                (t,),
-                f"tensor {t} has quantized consumers and float consumers {names}",
-                "its producer outputs float; the Quantize runs standalone",
-                "quantize all its consumers with one quantizer, or none",
+                (g.name(add), t),
+                f"{g.name(add)}: its skip {t} is quantized with a scale different from the "
+                f"other quantized uses of {t} ({sorted(s[0] for s in scales if s)})",
+                f"{len(scales) - 1} standalone Quantize layer(s): {t} has one INT8 version",
+                "reuse the block input's quantizer for the skip",
                 _SRC,
             )
         )
+    elif len(scales) > 1:
+        out.append(
+            Finding(
+                "S01",
+                WARN,
+                (t,),
+                f"tensor {t}: {len(scales)} different scales on its consumers",
+                f"{len(scales) - 1} standalone Quantize layer(s)",
+                "share one quantizer per tensor",
+                _SRC,
+            )
+        )
+    floats = [c for c in g.float_uses(t) if not _fusible(g, t, c) and not _quantized_through(g, c)]
+    if not uses or not floats:
+        return out
+    names = sorted({g.name(c) for c in floats})
+    if any(c.op_type == "Sigmoid" for c in floats) and any(c.op_type == "Mul" for _, c, _ in uses):
+        out.append(
+            Finding(
+                "P07",
+                WARN,
+                (t,),
+                f"SiLU on {t}: the Mul reads it through Q/DQ but the Sigmoid in float",
+                "conv output stays float; SiLU not fused",
+                "no Q/DQ inside x*sigmoid(x)",
+                _SRC,
+            )
+        )
+    out.append(
+        Finding(
+            "P04",
+            WARN,
+            (t,),
+            f"tensor {t} has quantized consumers and float consumers {names}",
+            "its producer outputs float; the Quantize runs standalone",
+            "quantize all its consumers with one quantizer, or none",
+            _SRC,
+        )
+    )
     return out
 
 

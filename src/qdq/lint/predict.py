@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.graph import COPY_OPS, LintGraph
+from qdq.lint.guard import Guard
 
 __all__ = ["PredictedLayer", "predict_layers"]
 
@@ -71,43 +72,78 @@ class PredictedLayer:
         return asdict(self)
 
 
-def predict_layers(g: LintGraph, float_dtype: str = "fp16") -> list[PredictedLayer]:
-    """Predicted engine layers in graph order (standalone Q/DQ layers where they execute)."""
-    return _Predictor(g, float_dtype).run()
+def predict_layers(
+    g: LintGraph, float_dtype: str = "fp16", guard: Guard | None = None
+) -> list[PredictedLayer]:
+    """Predicted engine layers in graph order (standalone Q/DQ layers where they execute).
+
+    Args:
+        g: the indexed graph.
+        float_dtype: the precision of float layers (``"fp16"``, ``"fp32"``, ``"bf16"``).
+        guard: records a node the predictor fails on as an ``L00`` finding (in ``guard.findings``)
+            and predicts it as a float layer; without one the exception propagates.
+    """
+    return _Predictor(g, float_dtype, guard or Guard(strict=True)).run()
 
 
 class _Predictor:
-    def __init__(self, g: LintGraph, float_dtype: str) -> None:
+    def __init__(self, g: LintGraph, float_dtype: str, guard: Guard) -> None:
         self.g = g
         self.fp = float_dtype
+        self.guard = guard
         self.order = {id(n): i for i, n in enumerate(g.nodes)}
         self.absorbed: set[int] = set()
         self.int8_out: set[str] = set()  # tensors a layer writes as INT8
         self.float_readers: set[int] = set()  # ids of nodes that run float
         self.shape_nodes = _shape_nodes(g)
+        self.tails: dict[str, Any] = {}  # epilogue end (before a residual Add) -> weighted op
         names = {1: "fp32", 10: "fp16", 16: "bf16"}
         self.io = {
             i.name: names.get(i.type.tensor_type.elem_type, float_dtype) for i in g.graph.input
         }
 
+    def _safe(self, step: str, nodes: list[Any], default: Any, fn: Any, *args: Any) -> Any:
+        names = tuple(self.g.name(n) for n in nodes)
+        return self.guard.call(f"layer prediction ({step})", names, fn, *args, default=default)
+
     def run(self) -> list[PredictedLayer]:
         g = self.g
-        groups = {id(n): self._epilogue(n) for n in g.nodes if g.weighted(n)}
+        weighted = [n for n in g.nodes if g.weighted(n)]
+        chains = {id(n): self._safe("epilogue", [n], ([], ""), self._chain_of, n) for n in weighted}
+        # the tensor ending each weighted op's epilogue before any residual Add
+        self.tails = {chains[id(n)][1]: n for n in weighted if chains[id(n)][1]}
+        groups = {
+            id(n): self._safe("epilogue", [n], [n], self._epilogue, n, *chains[id(n)])
+            for n in weighted
+        }
         for members in groups.values():
             self.absorbed.update(id(m) for m in members[1:])
-        layers: list[PredictedLayer] = []
+        layers: list[tuple[Any, PredictedLayer]] = []  # (first node, layer)
         for n in g.nodes:
             if id(n) in groups:
-                layers.append(self._weighted_layer(groups[id(n)]))
+                members = groups[id(n)]
+                layer = self._safe("weighted layer", members, None, self._weighted_layer, members)
             elif id(n) in self.absorbed or n.op_type in _SKIP or id(n) in self.shape_nodes:
                 continue
             elif n.op_type in _POINTWISE:
-                region = self._pointwise_region(n)
-                self.absorbed.update(id(m) for m in region)
-                layers.append(self._pointwise_layer(region))
+                members = self._safe("pointwise fusion", [n], [n], self._pointwise_region, n)
+                self.absorbed.update(id(m) for m in members)
+                layer = self._safe("pointwise layer", members, None, self._pointwise_layer, members)
             else:
-                layers.append(self._plain_layer(n))
+                members = [n]
+                layer = self._safe("layer", members, None, self._plain_layer, n)
+            layers.append((members[0], layer or self._not_analysed(members)))
         return self._with_standalone_qdq(layers)
+
+    def _not_analysed(self, members: list[Any]) -> PredictedLayer:
+        """The float layer reported for nodes the predictor failed on (an L00 finding says why)."""
+        names = tuple(self.g.name(m) for m in members)
+        self.float_readers.update(id(m) for m in members)
+        kind = "weighted" if self.g.weighted(members[0]) else "other"
+        return PredictedLayer(" + ".join(names), names, kind, self.fp, self.fp, "not analysed")
+
+    def _chain_of(self, node: Any) -> tuple[list[Any], str]:
+        return self._chain(node.output[0])
 
     def _pointwise_region(self, start: Any) -> list[Any]:
         """Pointwise ops TensorRT fuses into one PointWise layer with ``start``: readers whose
@@ -158,10 +194,12 @@ class _Predictor:
         return PredictedLayer(" + ".join(names), names, "pointwise", self.fp, self.fp, reason)
 
     # ------------------------------------------------------------------ grouping
-    def _epilogue(self, node: Any) -> list[Any]:
-        """The weighted op and the ops TensorRT fuses after it."""
+    def _chain(self, tensor: str) -> tuple[list[Any], str]:
+        """The BN / activation / bias / SiLU ops TensorRT fuses after ``tensor`` (each read only
+        by the next), and the tensor the chain ends in."""
         g = self.g
-        members, cur = [node], node.output[0]
+        members: list[Any] = []
+        cur = tensor
         while True:
             readers = g.float_uses(cur)
             silu = _silu(g, cur, readers)
@@ -170,28 +208,45 @@ class _Predictor:
                 cur = silu
                 continue
             if len(readers) != 1 or len(g.consumers.get(cur, [])) != 1:
-                break
+                return members, cur
             nxt = readers[0]
-            residual = nxt.op_type == "Add" and not _bias(g, nxt) and self._fuses_add(cur, nxt)
-            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt) or residual):
-                break
+            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt)):
+                return members, cur
             members.append(nxt)
             cur = nxt.output[0]
+
+    def _epilogue(self, node: Any, chain: list[Any], tail: str) -> list[Any]:
+        """The weighted op and the ops TensorRT fuses after it: ``Conv [BN] [act | SiLU]
+        [residual Add [act]]`` -- at most one residual Add (rule spec §1.6 step 3)."""
+        members = [node, *chain]
+        add = self._residual_reader(tail)
+        if add is not None and self._fuses_add(node, tail, add):
+            after, _ = self._chain(add.output[0])
+            members += [add, *after]
         return members
 
-    def _fuses_add(self, tensor: str, add: Any) -> bool:
-        """A residual Add read in float on ``tensor`` fuses into this conv, unless its other operand
-        is also a float conv branch computed later (TensorRT fuses into the last producer)."""
-        g = self.g
-        if len(add.input) != 2:
-            return False
+    def _residual_reader(self, tensor: str) -> Any:
+        """The two-operand, non-bias Add that is the only reader of ``tensor``, or ``None``."""
+        readers = self.g.consumers.get(tensor, [])
+        if len(readers) != 1 or self.g.float_uses(tensor) != readers:
+            return None
+        add = readers[0]
+        if add.op_type != "Add" or len(add.input) != 2 or _bias(self.g, add):
+            return None
+        return add
+
+    def _fuses_add(self, node: Any, tensor: str, add: Any) -> bool:
+        """The residual Add read in float on ``tensor`` (the end of ``node``'s epilogue) fuses into
+        ``node``, unless its other operand also ends a weighted op's epilogue that is computed
+        later (TensorRT fuses into the last producer). Both candidates decide with the same test,
+        so exactly one of them takes the Add."""
         other = add.input[1] if add.input[0] == tensor else add.input[0]
-        if g.qinput(other) is not None:
+        if self.g.qinput(other) is not None:
             return True
-        bb_other = g.backbone(other)
-        if bb_other is None or len(g.consumers.get(other, [])) != 1:
+        rival = self.tails.get(other)
+        if rival is None or rival is node or self._residual_reader(other) is not add:
             return True
-        return self.order[id(g.backbone(tensor))] > self.order[id(bb_other)]
+        return self.order[id(node)] > self.order[id(rival)]
 
     # ------------------------------------------------------------------ layers
     def _weighted_layer(self, members: list[Any]) -> PredictedLayer:
@@ -259,14 +314,16 @@ class _Predictor:
         )
 
     # ------------------------------------------------------------------ standalone Q/DQ
-    def _with_standalone_qdq(self, layers: list[PredictedLayer]) -> list[PredictedLayer]:
+    def _with_standalone_qdq(
+        self, layers: list[tuple[Any, PredictedLayer]]
+    ) -> list[PredictedLayer]:
         """Insert a ``qdq`` layer after each layer for its standalone Quantize/Dequantize nodes."""
         g = self.g
         extra: dict[int, list[PredictedLayer]] = {}
         for n in g.nodes:
             if n.op_type not in _QDQ or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
                 continue
-            reason = self._standalone(n)
+            reason = self._safe("standalone Q/DQ", [n], "", self._standalone, n)
             if reason:
                 name = g.name(n)
                 src, dst = (self.fp, INT8) if n.op_type == "QuantizeLinear" else (INT8, self.fp)
@@ -275,10 +332,10 @@ class _Predictor:
                 extra.setdefault(self.order[id(n)], []).append(
                     PredictedLayer(name, (name,), "qdq", src, dst, reason)
                 )
+        by_first = {id(first): ly for first, ly in layers}
         out: list[PredictedLayer] = []
-        by_first = {ly.nodes[0]: ly for ly in layers}
         for n in g.nodes:
-            ly = by_first.get(g.name(n))
+            ly = by_first.get(id(n))
             if ly is not None:
                 out.append(ly)
             out.extend(extra.get(self.order[id(n)], []))

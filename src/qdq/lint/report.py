@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -13,13 +14,27 @@ import numpy as np
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
 from qdq.lint.graph import COPY_OPS, LintGraph
+from qdq.lint.guard import Guard
+from qdq.lint.load import LintInputError, load_model
 from qdq.lint.placement import check_placement
 from qdq.lint.predict import PredictedLayer, predict_layers
 from qdq.lint.target import Target, parse_target
 from qdq.lint.validity import check_validity
 from qdq.lint.versioned import build_rules
 
-__all__ = ["LintReport", "lint"]
+__all__ = ["SUMMARY_KEYS", "LintReport", "lint"]
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_KEYS = (
+    "weighted_layers",
+    "int8_weighted_layers",
+    "int8_flops_percent",
+    "unfused_qdq",
+    "float_islands",
+    "scale_mismatches",
+    "alignment_reformats",
+)
 
 _SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
 
@@ -46,7 +61,7 @@ class LintReport:
 
     @property
     def exit_code(self) -> int:
-        """0 clean, 1 warnings, 2 errors."""
+        """0 clean, 1 warnings, 2 errors (including ``L00``, ``L01``)."""
         return exit_code(self.findings)
 
     @property
@@ -121,6 +136,17 @@ def lint(
             ``int8`` a Q/DQ model does not build (V13), without ``fp16`` the float remainder
             runs FP32 (B01).
 
+    Returns:
+        The :class:`LintReport`. A rule or prediction step that fails on part of the graph does not
+        abort the lint: it becomes an ``L00`` ERROR finding naming the step, the nodes, and the
+        exception, and the other rules still run. A graph without any Q/DQ gets ``L01`` (ERROR).
+
+    Raises:
+        LintInputError: (a ``ValueError``) ``model`` cannot be read: a missing file, a directory,
+            an empty, non-ONNX or truncated file, missing external data, an undefined tensor.
+        TypeError: ``model`` is neither a path nor an ``onnx.ModelProto``.
+        ValueError: a bad ``target``/``strongly_typed``/``flags`` combination.
+
     Example:
         >>> report = lint("model.onnx")  # doctest: +SKIP
         >>> report.summary["int8_weighted_layers"], report.verdict  # doctest: +SKIP
@@ -128,27 +154,49 @@ def lint(
     import onnx
 
     t = parse_target(target, strongly_typed=strongly_typed, flags=flags)
-    if isinstance(model, (str, Path)):
-        path = Path(model)
-        if not path.is_file():
-            raise FileNotFoundError(f"no ONNX file at {path}")
-        proto, label = onnx.load(str(path)), path.name
-    else:
-        proto, label = model, getattr(model.graph, "name", "model")
-    g = LintGraph(proto)
-    findings = check_validity(proto, t) + check_placement(g)
+    proto, label = load_model(model)
+    try:
+        g = LintGraph(proto)
+    except Exception as err:  # an initializer or Constant numpy cannot decode
+        logger.debug("indexing %s failed", label, exc_info=True)
+        raise LintInputError(
+            f"{label}: the graph cannot be read ({type(err).__name__}: {err})"
+        ) from err
+    guard = Guard()
+    findings: list[Finding] = guard.call(
+        "validity rules", (), check_validity, proto, t, guard, default=[]
+    )
+    findings += check_placement(g, guard)
     fp16_onnx = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
-    layers = predict_layers(g, "fp16" if t.strongly_typed and fp16_onnx else t.float_dtype)
+    dtype = "fp16" if t.strongly_typed and fp16_onnx else t.float_dtype
+    layers: list[PredictedLayer] = guard.call(
+        "layer prediction", (), predict_layers, g, dtype, guard, default=[]
+    )
     by_name = {g.name(n): n for n in g.nodes}
     floats = [by_name[x] for ly in layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes]
     if t.strongly_typed:
-        findings += _strong_typing(g, floats)
-    findings += build_rules(g, t, layers, floats)
+        findings += guard.call(
+            "strong-typing rules B02/V11", (), _strong_typing, g, floats, default=[]
+        )
+    findings += guard.call(
+        "build rules V13/B01/P05/P11", (), build_rules, g, t, layers, floats, default=[]
+    )
+    summary: dict[str, int] = guard.call(
+        "summary", (), _summary, proto, g, layers, floats, findings, default={}
+    )
+    findings += guard.findings
+    summary = {**dict.fromkeys(SUMMARY_KEYS, 0), **summary}
+    return LintReport(label, t.label, tuple(findings), summary, tuple(layers))
+
+
+def _summary(
+    proto: Any, g: LintGraph, layers: list[PredictedLayer], floats: list[Any], findings: list[Any]
+) -> dict[str, int]:
     flops = _weighted_flops(proto, g)
     total_flops = sum(flops.values())
     int8_ids = {id(n) for n in g.nodes if g.int8_weighted(n)}
     int8_flops = sum(f for n, f in flops.items() if n in int8_ids)
-    summary = {
+    return {
         "weighted_layers": sum(1 for n in g.nodes if g.weighted(n)),
         "int8_weighted_layers": sum(1 for n in g.nodes if g.int8_weighted(n)),
         "int8_flops_percent": round(100 * int8_flops / total_flops) if total_flops else 0,
@@ -157,7 +205,6 @@ def lint(
         "scale_mismatches": sum(1 for f in findings if f.rule in ("S01", "S02", "S03", "S04")),
         "alignment_reformats": sum(1 for f in findings if f.rule == "H01" and f.severity == WARN),
     }
-    return LintReport(label, t.label, tuple(findings), summary, tuple(layers))
 
 
 def _weighted_flops(proto: Any, g: LintGraph) -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""Validity rules V01–V12: what the TensorRT ONNX parser rejects or silently misreads.
+"""Validity rules V01–V12 and L01: what the TensorRT ONNX parser rejects or silently misreads,
+and a model with no Q/DQ at all.
 
 Each check reads only the ONNX graph (no GPU). Rule texts and sources are in
 ``reference/tensorrt-qdq-rules.md`` §1.1.
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
+from qdq.lint.guard import Guard
 from qdq.lint.target import Target, parse_target
 
 __all__ = ["check_validity"]
@@ -74,14 +76,28 @@ class _Graph:
         return None if value is None else tuple(value.shape)
 
 
-def check_validity(model: Any, target: str | Target = "trt10") -> list[Finding]:
-    """Run V01–V12 on an ``onnx.ModelProto`` for a TensorRT ``target``; return the findings."""
+def check_validity(
+    model: Any, target: str | Target = "trt10", guard: Guard | None = None
+) -> list[Finding]:
+    """Run V01–V12 and L01 on an ``onnx.ModelProto`` for a TensorRT ``target``.
+
+    Args:
+        model: the ONNX model.
+        target: the TensorRT target.
+        guard: records a check that fails on a node as an ``L00`` finding (in ``guard.findings``)
+            and goes on; without one the exception propagates.
+
+    Returns:
+        The findings, in graph order.
+    """
+    guard = guard or Guard(strict=True)
     g = _Graph(model)
     g.target = parse_target(target)
     out: list[Finding] = []
-    has_qdq = False
+    has_qdq = qoperator = False
     for node in g.graph.node:
         if node.op_type in QOPERATOR_OPS:
+            qoperator = True
             out.append(
                 Finding(
                     "V08",
@@ -97,7 +113,12 @@ def check_validity(model: Any, target: str | Target = "trt10") -> list[Finding]:
             continue
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             has_qdq = True
-            out.extend(_check_qdq(g, node))
+            name = node.name or (node.output[0] if node.output else node.op_type)
+            out.extend(
+                guard.call("validity rules on Q/DQ", (name,), _check_qdq, g, node, default=[])
+            )
+    if not has_qdq and not qoperator:
+        out.append(_not_quantized(g))
     if has_qdq and g.opset and g.opset < 10:
         out.append(
             Finding(
@@ -123,7 +144,22 @@ def check_validity(model: Any, target: str | Target = "trt10") -> list[Finding]:
                 _SRC,
             )
         )
-    return out + _prequantized_weights(g)
+    v10: list[Finding] = guard.call("validity rule V10", (), _prequantized_weights, g, default=[])
+    return out + v10
+
+
+def _not_quantized(g: _Graph) -> Finding:
+    """L01: no QuantizeLinear/DequantizeLinear at all (and no QOperator op, which V08 reports)."""
+    return Finding(
+        "L01",
+        ERROR,
+        (),
+        f"the model is not quantized: none of its {len(g.graph.node)} nodes is a "
+        "QuantizeLinear or DequantizeLinear",
+        "TensorRT builds it in FP32/FP16 only; no layer runs INT8",
+        "lint the Q/DQ export (qdq.prepare -> qdq.calibrate -> qdq.export_onnx), not the float ONNX",
+        "qdq.lint",
+    )
 
 
 def _prequantized_weights(g: _Graph) -> list[Finding]:

@@ -1,0 +1,99 @@
+"""The linter on re-parameterizable multi-branch blocks (RepVGG in train form): several parallel
+conv branches of one input summed, ``Add(Add(conv1x1_bn(x), conv3x3_bn(x)), bn(x))``. The predictor
+used to crash (``KeyError`` in ``_fuses_add``) on the second Add of such a block once the first had
+been fused into a conv."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from lint_graphs import G
+from qdq.lint import lint
+
+
+class _ConvBN(nn.Sequential):
+    def __init__(self, c: int, k: int) -> None:
+        super().__init__(nn.Conv2d(c, c, k, padding=k // 2, bias=False), nn.BatchNorm2d(c))
+
+
+class _RepBlock(nn.Module):
+    """timm's ``RepVggBlock`` forward in train form: 1x1 + 3x3 branches, then the BN identity."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.identity = nn.BatchNorm2d(c)
+        self.conv_kxk = _ConvBN(c, 3)
+        self.conv_1x1 = _ConvBN(c, 1)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = self.identity(x)
+        y = self.conv_1x1(x) + self.conv_kxk(x)
+        return self.act(y + identity)
+
+
+class _RepNet(nn.Module):
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.ReLU())
+        self.blocks = nn.Sequential(_RepBlock(c), _RepBlock(c))
+        self.head = nn.Conv2d(c, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def _assert_each_node_in_one_layer(report) -> None:
+    counts = Counter(n for ly in report.layers for n in ly.nodes)
+    assert all(c == 1 for c in counts.values()), counts.most_common(3)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_repvgg_train_form_block_lints(exporter: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    prepared = qdq.prepare(_RepNet().eval(), (x,))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = qdq.export_onnx(prepared, (x[:1],), tmp_path / "rep.onnx", exporter=exporter).path
+    report = lint(path)
+    assert "L00" not in report.rules(), report.format()
+    assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"] == 6
+    _assert_each_node_in_one_layer(report)
+    adds = [ly for ly in report.layers if any("Add" in n for n in ly.nodes)]
+    # per block: the branch sum fuses into one conv, the identity sum is its own layer
+    assert [ly.kind for ly in adds] == ["weighted", "pointwise"] * 2, report.format(True)
+    assert all(sum("Add" in n for n in ly.nodes) == 1 for ly in adds)
+
+
+def _three_branch(quantize_identity: bool) -> onnx.ModelProto:
+    """Add(Add(conv_bn(x), conv_bn(x)), bn(x)) built by hand, both branch sums read in float."""
+    g = G()
+    x = g.qdq("x")
+    a = g.bn(g.conv(x, k=1))
+    b = g.bn(g.conv(x))
+    ident = g.bn("x")
+    s = g.op("Add", [a, b])
+    y = g.op("Relu", [g.op("Add", [s, g.qdq(ident) if quantize_identity else ident])])
+    return g.model([g.conv(g.qdq(y))])
+
+
+@pytest.mark.parametrize("quantize_identity", [False, True])
+def test_three_branch_sum_fuses_one_add_per_conv(quantize_identity: bool) -> None:
+    report = lint(_three_branch(quantize_identity))
+    assert "L00" not in report.rules(), report.format()
+    _assert_each_node_in_one_layer(report)
+    weighted = [ly for ly in report.layers if ly.kind == "weighted"]
+    # the first sum fuses into the conv computed last; a second residual Add never joins it
+    assert [sum(n.startswith("add") for n in ly.nodes) for ly in weighted] == [0, 1, 0]
+    second = next(ly for ly in report.layers if ly.kind == "pointwise")
+    assert [n.split("_")[0].rstrip("0123456789") for n in second.nodes] == ["add", "relu"]
