@@ -96,7 +96,8 @@ def atomic_write_files(files: Mapping[str | Path, bytes], *, overwrite: bool = T
                 backup = Path(f"{temporaries[target]}.old")
                 os.replace(target, backup)
                 backups[target] = backup
-            os.replace(temporaries.pop(target), target)
+            os.replace(temporaries[target], target)
+            del temporaries[target]
             placed.append(target)
     except BaseException:
         for target in placed:

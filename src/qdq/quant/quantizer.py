@@ -71,6 +71,7 @@ class Quantizer(nn.Module):
     ) -> None:
         super().__init__()
         self.spec = spec if spec is not None else QuantSpec()
+        self.name = name
         self._channels = self._check_channels(channels)
         if calib is None:
             calib = CalibSpec() if self.spec.axis is None else CalibSpec.weights()
