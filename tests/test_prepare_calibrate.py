@@ -106,9 +106,9 @@ def test_calibrate_errors() -> None:
     prepared = qdq.prepare(Small().eval(), (torch.randn(1, 16, 8, 8),))
     with pytest.raises(qdq.CalibrationError, match="no batches"):
         qdq.calibrate(prepared, [], show_progress=False)
-    with pytest.raises(TypeError, match="calibration batches must be"):
+    with pytest.raises(TypeError, match="calibration batch 0 is a str; expected a tensor"):
         qdq.calibrate(prepared, ["not a tensor"], show_progress=False)
-    with pytest.raises(ValueError, match="num_batches must be >= 1"):
+    with pytest.raises(ValueError, match="num_batches must be an int >= 1"):
         qdq.calibrate(prepared, _data(), num_batches=0)
     bad = [torch.full((1, 16, 8, 8), float("nan"))]
     with pytest.raises(

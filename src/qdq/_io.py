@@ -1,12 +1,20 @@
-"""Atomic file writes: a temporary file in the same directory, then ``os.replace``."""
+"""Atomic file writes: a temporary file in the same directory, then ``os.replace``.
+
+:func:`atomic_write_files` extends this to several files that only make sense together (an ONNX model
+and its manifest): all are written to temporaries first, then moved into place; if anything fails, the
+temporaries are removed and the files that were already replaced are restored, so readers see the old
+set or the new set, never a mix.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_files", "atomic_write_text"]
 
 
 def atomic_write_text(path: str | Path, text: str, *, overwrite: bool = True) -> Path:
@@ -35,3 +43,72 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, overwrite: bool = True)
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _write_temporary(target: Path, data: bytes) -> Path:
+    """``data`` in a new temporary file beside ``target`` (flushed to disk); return its path."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def atomic_write_files(files: Mapping[str | Path, bytes], *, overwrite: bool = True) -> list[Path]:
+    """Write several files as one unit: afterwards all are new, or (on any error) all are as before.
+
+    Every file is first written to a temporary beside it; only when all are on disk are they moved
+    into place. Existing files are first moved aside (to a temporary name) and restored if a later
+    move fails. Interrupted by a crash between two moves, the directory may hold a mixed set; files
+    that must match should carry a hash of each other (as the ONNX manifest does).
+
+    Raises:
+        FileExistsError: ``overwrite`` is false and any of the files exists (nothing is written).
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> [p.name for p in atomic_write_files({os.path.join(d, "a"): b"1", os.path.join(d, "b"): b"2"})]
+        ['a', 'b']
+    """
+    targets = {Path(p): data for p, data in files.items()}
+    if not overwrite:
+        existing = [str(t) for t in targets if t.exists()]
+        if existing:
+            raise FileExistsError(
+                f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+                "pass overwrite=True to replace"
+            )
+    temporaries: dict[Path, Path] = {}
+    backups: dict[Path, Path] = {}
+    placed: list[Path] = []
+    try:
+        for target, data in targets.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporaries[target] = _write_temporary(target, data)
+        for target in targets:
+            if target.exists():
+                backup = Path(f"{temporaries[target]}.old")
+                os.replace(target, backup)
+                backups[target] = backup
+            os.replace(temporaries[target], target)
+            del temporaries[target]
+            placed.append(target)
+    except BaseException:
+        for target in placed:
+            with contextlib.suppress(OSError):
+                target.unlink()
+        for target, backup in backups.items():
+            with contextlib.suppress(OSError):
+                os.replace(backup, target)
+        for tmp in temporaries.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for backup in backups.values():
+        backup.unlink(missing_ok=True)
+    return list(targets)

@@ -11,19 +11,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from qdq._progress import progress
 from qdq.calib import CalibrationError
-from qdq.config import QuantConfig
+from qdq.calib.batches import expected_inputs, run_batch
+from qdq.config import CALIBRATION_METHODS, QuantConfig
 from qdq.graph.capture import CaptureError
 from qdq.graph.insert import materialize
 from qdq.graph.plan import QuantPlan
 from qdq.graph.planner import build_plan
 from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
-from qdq.quant import Quantizer, QuantMode
+from qdq.quant import MIN_AMAX, Quantizer, QuantMode
 
 __all__ = ["calibrate", "plan_of", "prepare", "quantizers_of", "recompute_amax"]
 
@@ -146,29 +146,60 @@ def calibrate(
 
     Runs the model in eval mode, without gradients and without fake quantization (a float forward),
     collecting one histogram per scale group, then sets every activation amax by ``method``.
+    Arguments are checked before the first batch runs; every batch is checked before it runs.
 
     Args:
         prepared: a model from :func:`prepare`.
         data: a DataLoader or any iterable of batches, or a ``forward_loop(model)`` callable that
-            runs the model itself. A batch may be a tensor (``model(x)``), a dict (``model(**b)``),
-            or a tuple/list whose first ``n`` items are the model's ``n`` inputs (labels are ignored).
+            runs the model itself. A batch may be
+
+            * a tensor: ``model(x)``;
+            * a tuple or list whose first ``n`` items are the model's ``n`` inputs, the rest
+              (labels) ignored: ``(x, y)`` → ``model(x)``, ``[x1, x2]`` or ``((x1, x2), y)`` →
+              ``model(x1, x2)``;
+            * a dict of keyword inputs; keys that ``forward`` does not take (labels) are ignored.
+
+            ``n`` is the number of example inputs given to :func:`prepare` (else the positional
+            parameters of ``forward`` without defaults). Each input must have the rank, dtype and
+            device of the example input (see :mod:`qdq.calib.batches`).
         method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"`` for every activation
             quantizer; ``None`` uses each quantizer's ``CalibSpec`` (default mse).
         num_batches: stop after this many batches (default: all).
-        percentile: for ``method="percentile"`` (default 99.99 or the quantizer's spec).
+        percentile: for ``method="percentile"`` only, in (0, 100] (default 99.99 or the
+            quantizer's spec).
         show_progress: show a progress bar.
 
     Raises:
-        CalibrationError: no batch was seen, or a batch holds NaN/inf (naming quantizer and batch).
+        ValueError: unknown ``method``, ``percentile`` out of range or given with another method,
+            a method the quantizers' calibrators cannot compute (all before any batch runs).
+        TypeError: a batch (or an input in it) is not a tensor / tuple / list / dict.
+        CalibrationError: no batch was seen, a batch holds NaN/inf, or a batch does not match the
+            model's inputs (naming the batch index, what was expected and what came).
+
+    Warns:
+        UserWarning: quantizers whose amax is 0 (they saw only zeros), by name.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
+        >>> m = prepare(net, (torch.randn(1, 3, 8, 8),))
+        >>> data = [(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])) for _ in range(2)]
+        >>> _ = calibrate(m, data, method="percentile", percentile=99.9, show_progress=False)
+        >>> calibrate(m, data, method="max", percentile=50)
+        Traceback (most recent call last):
+        ...
+        ValueError: percentile=50 is only used by method='percentile', not method='max'
     """
     plan_of(prepared)
-    if num_batches is not None and num_batches < 1:
-        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    if num_batches is not None and (
+        isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1
+    ):
+        raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
     quantizers = quantizers_of(prepared)
     acts = _activation_quantizers(prepared)
+    _check_method(acts, method, percentile)
+    expected = expected_inputs(prepared)
     for q in acts.values():
         q.calibrator.reset()
-    n_inputs = _num_inputs(prepared)
     seen = 0
     with _calibration_mode(prepared, quantizers, acts):
         if callable(data) and not isinstance(data, Iterable):
@@ -177,7 +208,7 @@ def calibrate(
         else:
             total = num_batches if num_batches is not None else _len_or_none(data)
             for batch in progress(data, total=total, desc="calibrating", enabled=show_progress):
-                _run(prepared, batch, n_inputs)
+                run_batch(prepared, batch, seen, expected)
                 seen += 1
                 if num_batches is not None and seen >= num_batches:
                     break
@@ -193,12 +224,62 @@ def recompute_amax(
 
     Calibrate once, evaluate many: after :func:`calibrate`, switch between ``"max"``,
     ``"entropy"``, ``"mse"`` and ``"percentile"`` without running data again.
+
+    Raises:
+        ValueError: as :func:`calibrate` for ``method``/``percentile`` (checked before any amax
+            changes).
+
+    Warns:
+        UserWarning: quantizers whose amax is 0 (they saw only zeros), by name.
     """
     plan_of(prepared)
-    for q in _activation_quantizers(prepared).values():
+    acts = _activation_quantizers(prepared)
+    _check_method(acts, method, percentile)
+    for q in acts.values():
         uses_percentile = (method or q.calib.method) == "percentile"
         q.load_calib_amax(method, percentile=percentile if uses_percentile else None)
+    _warn_zero_amax(acts)
     return prepared
+
+
+def _check_method(acts: dict[str, Quantizer], method: str | None, percentile: float | None) -> None:
+    """Validate ``method``/``percentile`` against each other and the quantizers' calibrators."""
+    if method is not None and method not in CALIBRATION_METHODS:
+        raise ValueError(
+            f"unknown calibration method {method!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    if percentile is not None:
+        if isinstance(percentile, bool) or not isinstance(percentile, (int, float)):
+            raise TypeError(f"percentile must be a number, got {type(percentile).__name__}")
+        if not 0.0 < float(percentile) <= 100.0:
+            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        if method is not None and method != "percentile":
+            raise ValueError(
+                f"percentile={percentile} is only used by method='percentile', not method={method!r}"
+            )
+        if method is None and not any(q.calib.method == "percentile" for q in acts.values()):
+            raise ValueError(
+                f"percentile={percentile} is only used by method='percentile', and no quantizer "
+                "calibrates by percentile; pass method='percentile'"
+            )
+    if method is not None:
+        unable = [n for n, q in acts.items() if method not in q.calibrator.methods]
+        if unable:
+            raise ValueError(
+                f"method {method!r} needs a histogram calibrator, but quantizers {unable[:5]} "
+                "use calibrator='max'"
+            )
+
+
+def _warn_zero_amax(acts: dict[str, Quantizer]) -> None:
+    zero = [n for n, q in acts.items() if q.is_calibrated and bool((q.amax <= MIN_AMAX).all())]
+    if zero:
+        warnings.warn(
+            f"{len(zero)} quantizer(s) have amax 0 (they saw only zeros during calibration): "
+            f"{zero[:10]}; their scale will be floored at export and every value quantizes to 0. "
+            "Check the calibration data, or exclude those layers",
+            stacklevel=3,
+        )
 
 
 def _activation_quantizers(prepared: nn.Module) -> dict[str, Quantizer]:
@@ -221,26 +302,6 @@ def _calibration_mode(
         for n, q in quantizers.items():
             q.mode = saved_modes[n] if n not in acts else QuantMode.QUANTIZE
         model.train(was_training)
-
-
-def _num_inputs(model: nn.Module) -> int:
-    if isinstance(model, fx.GraphModule):
-        return sum(1 for n in model.graph.nodes if n.op == "placeholder")
-    return 1
-
-
-def _run(model: nn.Module, batch: Any, n_inputs: int) -> None:
-    if isinstance(batch, torch.Tensor):
-        model(batch)
-    elif isinstance(batch, dict):
-        model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        model(*batch[:n_inputs])
-    else:
-        raise TypeError(
-            f"calibration batches must be tensors, dicts or tuples/lists, got {type(batch).__name__}; "
-            "pass a forward_loop(model) callable for anything else"
-        )
 
 
 def _len_or_none(data: Any) -> int | None:

@@ -1,9 +1,18 @@
 """The quantization manifest: every quantizer's module path, rule, group, calibration, amax, scale
-and ONNX node names, as versioned JSON beside the ONNX file; ``load_calibration`` restores amax."""
+and ONNX node names, as versioned JSON beside the ONNX file; ``load_calibration`` restores amax.
+
+A manifest belongs to exactly one ONNX file: it is named after the full file name
+(``m.onnx`` → ``m.onnx.manifest.json``, so ``m.onnx`` and ``m.bin`` never share one), it records that
+file's name and the SHA-256 of its bytes (``"onnx": {"file": ..., "sha256": ...}``), and
+:func:`qdq.export_onnx` writes both files as one unit (both or neither).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +24,29 @@ from qdq.api import plan_of, quantizers_of
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
 
-__all__ = ["SCHEMA", "build_manifest", "load_calibration"]
+__all__ = ["MANIFEST_SUFFIX", "SCHEMA", "build_manifest", "load_calibration", "manifest_path_for"]
 
 SCHEMA = "qdq.manifest/1"
+#: Appended to the full ONNX file name: ``m.onnx`` → ``m.onnx.manifest.json``.
+MANIFEST_SUFFIX = ".manifest.json"
+
+_log = logging.getLogger("qdq.export")
+
+
+def manifest_path_for(onnx_path: str | Path) -> Path:
+    """The manifest path of an ONNX file: its full name plus ``.manifest.json``.
+
+    Example:
+        >>> manifest_path_for("out/m.onnx").name
+        'm.onnx.manifest.json'
+    """
+    p = Path(onnx_path)
+    return p.with_name(p.name + MANIFEST_SUFFIX)
+
+
+def sha256_of(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _values(t: torch.Tensor) -> float | list[float]:
@@ -26,9 +55,20 @@ def _values(t: torch.Tensor) -> float | list[float]:
 
 
 def build_manifest(
-    plan: QuantPlan, quantizers: dict[str, Quantizer], model: Any, *, exporter: str, opset: int
+    plan: QuantPlan,
+    quantizers: dict[str, Quantizer],
+    model: Any,
+    *,
+    exporter: str,
+    opset: int,
+    onnx_file: str | None = None,
+    onnx_sha256: str | None = None,
 ) -> str:
-    """The manifest JSON text for an export."""
+    """The manifest JSON text for an export.
+
+    ``onnx_file`` (the ONNX file's name) and ``onnx_sha256`` (the hash of its bytes) tie the
+    manifest to that one file; :func:`load_calibration` checks them.
+    """
     nodes: dict[str, list[str]] = {}
     for n in model.graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
@@ -50,29 +90,57 @@ def build_manifest(
                 "method": q.calib.method,
                 "num_bits": q.spec.num_bits,
                 "axis": q.spec.axis,
+                "channels": int(q.amax.numel()) if q.spec.axis is not None else 1,
                 "amax": _values(q.amax),
                 "scale": _values(scale_from_amax(q.amax)),
                 "onnx_nodes": nodes.get(path, []),
             }
         )
-    doc = {
+    doc: dict[str, Any] = {
         "schema": SCHEMA,
         "qdq_version": __version__,
         "model": plan.model,
         "exporter": exporter,
         "opset": opset,
-        "quantizers": entries,
     }
+    if onnx_file is not None:
+        doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}
+    doc["quantizers"] = entries
     return json.dumps(doc, indent=2) + "\n"
 
 
-def load_calibration(prepared: nn.Module, manifest: str | Path) -> nn.Module:
+def load_calibration(
+    prepared: nn.Module, manifest: str | Path, onnx_path: str | Path | None = None
+) -> nn.Module:
     """Restore every quantizer's amax from a manifest (no data needed); return ``prepared``.
 
+    Everything is checked before any amax changes, so on error the model is untouched:
+
+    * the ONNX file: ``onnx_path`` when given, else the file the manifest names, when it lies
+      beside the manifest — its SHA-256 must equal the manifest's (the pair was written together);
+    * every quantizer of the model has exactly one entry (and the manifest no extra ones), with
+      the same name, axis and channel count, and a finite, non-negative amax (a number per tensor,
+      a list per channel).
+
+    Args:
+        prepared: a model from :func:`qdq.prepare` with the same plan as the exported one.
+        manifest: the ``*.manifest.json`` path written by :func:`qdq.export_onnx`.
+        onnx_path: the ONNX file the manifest must describe (default: found beside it, if any).
+
     Raises:
-        FileNotFoundError: no manifest at that path.
-        ValueError: wrong schema, or the manifest does not match the model (missing quantizers
-            or a different number of channels), naming the quantizer.
+        FileNotFoundError: no manifest (or no ``onnx_path``) at that path.
+        ValueError: not JSON, wrong schema, a malformed entry, a hash mismatch, or a manifest that
+            does not match the model; the message names the file and the quantizer.
+
+    Example:
+        >>> import qdq, torch, tempfile, os
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3))
+        >>> m = qdq.prepare(net, (torch.randn(1, 3, 8, 8),))
+        >>> _ = qdq.calibrate(m, [torch.randn(2, 3, 8, 8)], show_progress=False)
+        >>> out = qdq.export_onnx(m, (torch.randn(1, 3, 8, 8),), os.path.join(tempfile.mkdtemp(), "m.onnx"))
+        >>> out.manifest_path.name
+        'm.onnx.manifest.json'
+        >>> fresh = qdq.load_calibration(qdq.prepare(net, (torch.randn(1, 3, 8, 8),)), out.manifest_path)
     """
     plan_of(prepared)
     p = Path(manifest)
@@ -80,25 +148,125 @@ def load_calibration(prepared: nn.Module, manifest: str | Path) -> nn.Module:
         raise FileNotFoundError(f"no manifest at {p}")
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{p} is not valid JSON: {err}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(
-            f"{p}: expected schema {SCHEMA!r}, got {doc.get('schema') if isinstance(doc, dict) else doc!r}"
-        )
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{p}: expected schema {SCHEMA!r}, got {got!r}")
+    _check_onnx_hash(p, doc, onnx_path)
+    entries = _entries(p, doc)
     quantizers = quantizers_of(prepared)
-    entries = {e["path"]: e for e in doc["quantizers"]}
     missing = sorted(set(quantizers) - set(entries))
     if missing:
         raise ValueError(
             f"{p} has no entry for quantizers {missing[:5]}: it belongs to another model"
         )
+    extra = sorted(set(entries) - set(quantizers))
+    if extra:
+        raise ValueError(
+            f"{p} has entries for quantizers the model does not have {extra[:5]}: it belongs to "
+            "another model"
+        )
+    amax = {path: _entry_amax(p, path, entries[path], q) for path, q in quantizers.items()}
     for path, q in quantizers.items():
-        amax = torch.tensor(entries[path]["amax"], dtype=torch.float32)
-        expected = 1 if q.spec.axis is None else None
-        if expected == 1 and amax.numel() != 1:
-            raise ValueError(
-                f"{p}: quantizer {path!r} is per-tensor but the manifest has {amax.numel()} values"
-            )
-        q.set_amax(amax)
+        q.set_amax(amax[path])
     return prepared
+
+
+def _check_onnx_hash(p: Path, doc: dict[str, Any], onnx_path: str | Path | None) -> None:
+    """The ONNX file beside (or given with) the manifest has the hash the manifest records."""
+    info = doc.get("onnx")
+    if info is not None and not (
+        isinstance(info, dict)
+        and isinstance(info.get("file"), str)
+        and isinstance(info.get("sha256"), str)
+    ):
+        raise ValueError(f"{p}: malformed 'onnx' entry {info!r}; expected {{'file', 'sha256'}}")
+    if onnx_path is not None:
+        target = Path(onnx_path)
+        if not target.is_file():
+            raise FileNotFoundError(f"no ONNX file at {target}")
+        if info is None:
+            raise ValueError(
+                f"{p} records no ONNX hash (written by qdq before 0.x?), so it cannot be checked "
+                f"against {target}; re-export to get a matching pair"
+            )
+    elif info is not None and (p.parent / info["file"]).is_file():
+        target = p.parent / info["file"]
+    else:
+        _log.debug("%s: no ONNX file beside it; amax loaded without a hash check", p)
+        return
+    digest = sha256_of(target.read_bytes())
+    if digest != info["sha256"]:
+        raise ValueError(
+            f"{p} does not describe {target}: the file's SHA-256 is {digest[:12]}…, the manifest "
+            f"records {info['sha256'][:12]}… (the pair was not written together, or one was "
+            "replaced); re-export, or pass the matching manifest"
+        )
+
+
+def _entries(p: Path, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = doc.get("quantizers")
+    if not isinstance(raw, list):
+        raise ValueError(
+            f"{p}: 'quantizers' must be a list of entries, got "
+            f"{'nothing' if raw is None else type(raw).__name__}"
+        )
+    entries: dict[str, dict[str, Any]] = {}
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict):
+            raise ValueError(f"{p}: quantizers[{i}] must be an object, got {e!r}")
+        path = e.get("path")
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"{p}: quantizers[{i}] has no 'path' (got {path!r})")
+        if path in entries:
+            raise ValueError(f"{p}: quantizer {path!r} appears twice")
+        entries[path] = e
+    return entries
+
+
+def _entry_amax(p: Path, path: str, entry: dict[str, Any], q: Quantizer) -> torch.Tensor:
+    """The entry's amax as a tensor shaped for ``q``; ValueError naming file and quantizer."""
+    where = f"{p}: quantizer {path!r}"
+    name = entry.get("name", q.name)
+    if name != q.name:
+        raise ValueError(f"{where} is named {name!r} in the manifest, {q.name!r} in the model")
+    if "axis" not in entry:
+        raise ValueError(f"{where} has no 'axis'")
+    axis = entry["axis"]
+    if axis != q.spec.axis or isinstance(axis, bool):
+        raise ValueError(
+            f"{where} has axis={axis!r} in the manifest but axis={q.spec.axis!r} in the model"
+        )
+    if "amax" not in entry:
+        raise ValueError(f"{where} has no 'amax'")
+    raw = entry["amax"]
+    if isinstance(raw, list):
+        values = raw
+    elif q.spec.axis is None:
+        values = [raw]
+    else:
+        raise ValueError(
+            f"{where} is per-channel (axis {q.spec.axis}) but its amax is {_short(raw)}, "
+            "not a list of numbers"
+        )
+    if not values or not all(_is_number(v) for v in values):
+        raise ValueError(f"{where}: amax must be a finite non-negative number or a list of them, "
+                         f"got {_short(raw)}")  # fmt: skip
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v) or v < 0]
+    if bad:
+        raise ValueError(f"{where}: amax has negative or non-finite values at index {bad[:8]}")
+    channels = entry.get("channels")
+    if channels is not None and channels != len(values):
+        raise ValueError(f"{where}: 'channels' is {channels!r} but amax has {len(values)} values")
+    amax = torch.tensor(values, dtype=torch.float32)
+    return q.check_amax_shape(amax, source=str(p))
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -5,18 +5,20 @@ warning listing dead channels) and int8 zero points to every quantizer → run t
 TorchScript exporter with quantizers emitting ``QuantizeLinear``/``DequantizeLinear`` → post-process
 (drop Identity on constants, one DequantizeLinear per consumer, module-path node names) → validate
 (``onnx.checker``, strict shape inference, every planned weighted op really reads DQ'd inputs) →
-write the ONNX and its manifest atomically.
+check the numbers in ONNX Runtime against torch (:mod:`qdq.export.verify`) → write the ONNX and its
+manifest (with the ONNX's SHA-256) as one unit: both or neither.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq._io import atomic_write_bytes, atomic_write_text
+from qdq._io import atomic_write_files
 from qdq.api import plan_of, quantizers_of
-from qdq.quant import MIN_AMAX, Quantizer, QuantMode, scale_from_amax
+from qdq.quant import MIN_AMAX, Quantizer, QuantMode, ScaleShapeError, scale_from_amax
 from qdq.quant.onnx_qdq import export_mode
 from qdq.quant.primitives import check_amax_values
 
-__all__ = ["EXPORTERS", "ExportError", "ExportResult", "export_onnx"]
+__all__ = ["EXPORTERS", "ExportError", "ExportRefusedError", "ExportResult", "export_onnx"]
 
 _log = logging.getLogger("qdq.export")
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -38,7 +40,12 @@ MIN_OPSET, MAX_OPSET = 13, 21
 
 
 class ExportError(RuntimeError):
-    """The exported graph failed validation (checker, shape inference or Q/DQ structure)."""
+    """The exported graph failed validation (checker, shape inference, Q/DQ structure, numbers)."""
+
+
+class ExportRefusedError(ExportError):
+    """An export qdq refuses whatever the exporter: it would be silently wrong (e.g. specialized
+    on the example input's tensor values)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,16 @@ def export_onnx(
     exporter: str = "auto",
     fp16: bool = False,
     overwrite: bool = False,
+    verify: bool | None = None,
+    check_inputs: Iterable[Any] | None = None,
+    allow_specialization: bool = False,
 ) -> ExportResult:
-    """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX (and ``*.manifest.json``).
+    """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX and its manifest.
+
+    The ONNX file and its manifest (``path`` + ``.manifest.json``, e.g. ``m.onnx.manifest.json``;
+    it records the SHA-256 of the ONNX bytes) are one unit: both are written to temporaries, checked,
+    then moved into place together; on any error neither is written and an existing pair is left
+    as it was.
 
     Args:
         prepared: a prepared and calibrated model.
@@ -80,12 +95,25 @@ def export_onnx(
             precision from the ONNX). Inputs and outputs stay float32 behind Casts. Below opset 19
             QuantizeLinear needs float32, so Q/DQ keep float32 scales with Casts around them; from
             opset 19 the scales themselves are float16 (rounded from the float32 scale).
-        overwrite: replace an existing file.
+        overwrite: replace an existing ONNX file or manifest (without it, either existing refuses).
+        verify: run the exported graph in ONNX Runtime (``ORT_ENABLE_BASIC``) on
+            ``example_inputs`` and ``check_inputs`` and compare every output with the torch
+            fake-quant model before writing (see :mod:`qdq.export.verify` for the tolerance: the
+            ORT–torch distance must stay below the error quantization itself makes). Default: on
+            when onnxruntime is installed.
+        check_inputs: more batches for ``verify`` (each a tensor or a tuple of inputs shaped
+            like ``example_inputs``; with ``dynamic_batch=False`` of the same batch size). Use
+            inputs that take other paths through the model than the example does.
+        allow_specialization: write the file even though the TorchScript tracer warned that it
+            turned tensor values into Python constants (``if x.mean() > 0:`` in ``forward``):
+            the graph then always takes the branch the example input took.
 
     Raises:
-        ValueError: unsupported opset or exporter, uncalibrated or non-finite amax.
-        FileExistsError: ``path`` exists and ``overwrite`` is false.
-        ExportError: the exported graph fails validation.
+        ValueError: unsupported opset or exporter, uncalibrated or non-finite amax, an amax whose
+            shape does not match its quantizer or tensor.
+        FileExistsError: ``path`` or its manifest exists and ``overwrite`` is false.
+        ExportError: the exported graph fails validation, was specialized on tensor values, or
+            computes something else than torch (naming the first diverging output).
 
     Example:
         >>> import qdq, torch
@@ -94,10 +122,10 @@ def export_onnx(
         >>> _ = qdq.calibrate(m, [torch.randn(2, 3, 8, 8)], show_progress=False)
         >>> import tempfile, os
         >>> out = qdq.export_onnx(m, (torch.randn(1, 3, 8, 8),), os.path.join(tempfile.mkdtemp(), "m.onnx"))
-        >>> out.num_quantize, out.num_dequantize
-        (2, 2)
+        >>> out.num_quantize, out.num_dequantize, out.manifest_path.name
+        (2, 2, 'm.onnx.manifest.json')
     """
-    from qdq.export.manifest import build_manifest
+    from qdq.export.manifest import build_manifest, manifest_path_for, sha256_of
     from qdq.export.postprocess import postprocess
     from qdq.export.validate import validate_export
 
@@ -108,11 +136,20 @@ def export_onnx(
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of inputs; wrap a single tensor as (x,)")
+    for flag, value in (("verify", verify), ("allow_specialization", allow_specialization)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {value!r}")
+    do_verify = _resolve_verify(verify)
+    checks = [tuple(example_inputs), *_check_batches(check_inputs)]
     target = Path(path)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+    manifest_path = manifest_path_for(target)
+    if not overwrite:
+        for existing in (target, manifest_path):
+            if existing.exists():
+                raise FileExistsError(f"{existing} exists; pass overwrite=True to replace it")
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
+    _check_forward(prepared, tuple(example_inputs))
     export_model, export_args = prepared, tuple(example_inputs)
     if fp16:
         export_model, export_args = _half_copy(prepared, export_args)
@@ -129,11 +166,17 @@ def export_onnx(
             scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
             with _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype):
                 model_proto, call_order = _run_exporter(
-                    export_model, export_args, candidate, opset, dynamic_batch
-                )
+                    export_model, export_args, candidate, opset, dynamic_batch,
+                    allow_specialization,
+                )  # fmt: skip
             used = candidate
             break
+        except (ExportRefusedError, ScaleShapeError):
+            raise  # our own refusals: another exporter would not make them right
         except Exception as err:  # the exporters raise many types; report them all
+            refusal = _refusal_inside(err)
+            if refusal is not None:
+                raise refusal from None
             if exporter != "auto":
                 raise
             errors.append(f"{candidate}: {type(err).__name__}: {err}")
@@ -148,13 +191,88 @@ def export_onnx(
 
         float32_io(model_proto)
     counts = validate_export(model_proto, plan)
+    data = model_proto.SerializeToString()
+    if do_verify:
+        from qdq.export.verify import verify_numerics
+
+        verify_numerics(
+            data, export_model, checks, to_model=_caster(fp16), fp16=fp16, error=ExportError
+        )
     seconds = time.perf_counter() - start
-    manifest = build_manifest(plan, quantizers, model_proto, exporter=used, opset=opset)
-    atomic_write_bytes(target, model_proto.SerializeToString(), overwrite=True)
-    manifest_path = target.with_suffix(".manifest.json")
-    atomic_write_text(manifest_path, manifest, overwrite=True)
+    manifest = build_manifest(
+        plan, quantizers, model_proto, exporter=used, opset=opset,
+        onnx_file=target.name, onnx_sha256=sha256_of(data),
+    )  # fmt: skip
+    atomic_write_files({target: data, manifest_path: manifest.encode("utf-8")}, overwrite=overwrite)
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
     return ExportResult(target, manifest_path, used, opset, seconds, counts[0], counts[1], floored)
+
+
+def _resolve_verify(verify: bool | None) -> bool:
+    """``verify=None`` → on when onnxruntime is importable; ``True`` without it is an error."""
+    available = importlib.util.find_spec("onnxruntime") is not None
+    if verify is None:
+        return available
+    if verify and not available:
+        raise ImportError("verify=True needs onnxruntime: pip install 'qdq[onnx]'")
+    return verify
+
+
+def _check_batches(check_inputs: Iterable[Any] | None) -> list[tuple[Any, ...]]:
+    if check_inputs is None:
+        return []
+    if isinstance(check_inputs, torch.Tensor):
+        raise TypeError("check_inputs must be a list of batches; wrap a single tensor as [x]")
+    batches = []
+    for i, b in enumerate(check_inputs):
+        if isinstance(b, torch.Tensor):
+            batches.append((b,))
+        elif isinstance(b, (tuple, list)) and all(isinstance(a, torch.Tensor) for a in b):
+            batches.append(tuple(b))
+        else:
+            raise TypeError(
+                f"check_inputs[{i}] must be a tensor or a tuple of tensors, got {type(b).__name__}"
+            )
+    return batches
+
+
+def _caster(fp16: bool) -> Any:
+    def cast(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if not fp16:
+            return args
+        return tuple(
+            a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        )
+
+    return cast
+
+
+def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> None:
+    """One torch forward on the example: a per-channel amax that does not fit its tensor (or any
+    other shape problem) is reported here, naming the quantizer, before an exporter hides it."""
+    was_training = prepared.training
+    prepared.eval()
+    try:
+        with torch.no_grad():
+            prepared(*args)
+    except ValueError as err:
+        if "quantizer" in str(err):
+            raise ValueError(f"cannot export: {err}") from None
+        raise
+    finally:
+        prepared.train(was_training)
+
+
+def _refusal_inside(err: BaseException) -> BaseException | None:
+    """Our refusal wrapped by an exporter (torch.export and torch.onnx re-raise with context)."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (ExportRefusedError, ScaleShapeError)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _check_quantizers(quantizers: dict[str, Quantizer]) -> dict[str, list[int]]:
@@ -228,7 +346,12 @@ def _export_state(
 
 
 def _run_exporter(
-    model: nn.Module, args: tuple[Any, ...], exporter: str, opset: int, dynamic_batch: bool
+    model: nn.Module,
+    args: tuple[Any, ...],
+    exporter: str,
+    opset: int,
+    dynamic_batch: bool,
+    allow_specialization: bool,
 ) -> tuple[Any, list[str] | None]:
     """Run one exporter; return the ONNX model and (TorchScript) the quantizer call order."""
     import onnx
@@ -263,7 +386,10 @@ def _run_exporter(
             for path, q in quantizers_of(model).items()
         ]
         try:
-            with tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp:
+            with (
+                tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp,
+                _tracer_warnings(allow_specialization),
+            ):
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
                     model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
@@ -273,3 +399,40 @@ def _run_exporter(
         finally:
             for h in hooks:
                 h.remove()
+
+
+@contextlib.contextmanager
+def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
+    """Refuse (``ExportRefusedError``) when the TorchScript tracer warns that the model's own code turned
+    a tensor into a Python value; other warnings pass through unchanged."""
+    torch_dir = str(Path(torch.__file__).parent)
+    specialized = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if not issubclass(w.category, torch.jit.TracerWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                elif not w.filename.startswith(torch_dir):
+                    specialized.append(w)
+    if not specialized:
+        return
+    where = "; ".join(
+        f"{w.filename}:{w.lineno}: {str(w.message).split('.')[0]}" for w in specialized[:3]
+    )
+    if allow_specialization:
+        warnings.warn(
+            f"the TorchScript export is specialized on the example input ({where}); written "
+            "because allow_specialization=True",
+            stacklevel=4,
+        )
+        return
+    raise ExportRefusedError(
+        f"the model's forward turns tensor values into Python values ({where}), typically "
+        "Python control flow such as `if x.mean() > 0:`. The TorchScript exporter records only "
+        "the branch the example input took, so the ONNX would silently compute something else "
+        "for other inputs. Make the branch tensor code (torch.where), export a model without it, "
+        "or pass allow_specialization=True if every input takes the same path"
+    )

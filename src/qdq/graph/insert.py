@@ -50,7 +50,12 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
             consumer = nodes[point.consumer]
             key = consumer.meta["qdq_site"]
             sites.setdefault(key, Site()).actions.append((_arg_ref(consumer, point.arg), quantizer))
-    install_runtime(root, SiteRuntime(root, sites))
+    inputs = tuple(
+        (str(n.target), tuple(n.meta["tensor_meta"].shape), n.meta["tensor_meta"].dtype)
+        for n in graph.nodes
+        if n.op == "placeholder" and "tensor_meta" in n.meta
+    )
+    install_runtime(root, SiteRuntime(root, sites, inputs))
     return QuantPlan(
         plan.model, plan.points, tuple(groups), plan.coverage, plan.notes, plan.capture
     )

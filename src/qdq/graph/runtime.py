@@ -48,9 +48,16 @@ class SiteRuntime(CallTracker):
         unused: after a forward, the planned keys that were not reached (diagnostics).
     """
 
-    def __init__(self, root: nn.Module, sites: dict[SiteKey, Site]) -> None:
+    def __init__(
+        self,
+        root: nn.Module,
+        sites: dict[SiteKey, Site],
+        inputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = (),
+    ) -> None:
         super().__init__(root)
         self.sites = sites
+        #: ``(name, shape, dtype)`` of the example inputs the plan was recorded with
+        self.inputs = inputs
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---------------------------------------------------------------- apply

@@ -10,13 +10,14 @@ from qdq.quant.primitives import (
     quant_range,
     scale_from_amax,
 )
-from qdq.quant.quantizer import Quantizer, QuantMode, quantizer_mode
+from qdq.quant.quantizer import Quantizer, QuantMode, ScaleShapeError, quantizer_mode
 
 __all__ = [
     "MIN_AMAX",
     "MIN_SCALE",
     "QuantMode",
     "Quantizer",
+    "ScaleShapeError",
     "fake_quant",
     "fake_quant_unchecked",
     "quant_range",

@@ -10,12 +10,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq._validate import normalize_axis
 from qdq.calib import CalibrationError, make_calibrator
 from qdq.config import CalibSpec, QuantSpec
 from qdq.quant.onnx_qdq import current_exporter, emit_qdq
 from qdq.quant.primitives import check_amax_values, fake_quant_unchecked
 
-__all__ = ["QuantMode", "Quantizer", "quantizer_mode"]
+__all__ = ["QuantMode", "Quantizer", "ScaleShapeError", "quantizer_mode"]
+
+
+class ScaleShapeError(ValueError):
+    """An export scale whose shape does not match the tensor its quantizer quantizes."""
 
 
 class QuantMode(str, enum.Enum):
@@ -33,6 +38,10 @@ class Quantizer(nn.Module):
         spec: bits, per-channel axis, narrow range.
         calib: how amax is calibrated (default: histogram + entropy per tensor, max per channel).
         name: a human name used in messages and reports (e.g. ``"layer1.0.conv1.input"``).
+        channels: for a per-channel ``spec``, the number of channels along ``spec.axis`` when
+            known at construction; otherwise it is recorded from the first tensor or amax the
+            quantizer sees (:attr:`channels`). Every later amax (``set_amax``, calibration results,
+            ``load_state_dict``, manifests) and every tensor must match it.
 
     Example:
         >>> q = Quantizer(name="demo")
@@ -43,15 +52,27 @@ class Quantizer(nn.Module):
         >>> q.mode = QuantMode.QUANTIZE
         >>> q(torch.tensor([0.01, 1.0, 3.0]))
         tensor([0.0157, 1.0079, 2.0000])
+        >>> w = Quantizer(QuantSpec(axis=0), name="conv.weight", channels=8)
+        >>> w.set_amax(torch.ones(3))
+        Traceback (most recent call last):
+        ...
+        ValueError: quantizer 'conv.weight' is per-channel (axis 0, 8 channels) but got 3 amax values
     """
 
     amax: torch.Tensor
 
     def __init__(
-        self, spec: QuantSpec | None = None, calib: CalibSpec | None = None, *, name: str = ""
+        self,
+        spec: QuantSpec | None = None,
+        calib: CalibSpec | None = None,
+        *,
+        name: str = "",
+        channels: int | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec if spec is not None else QuantSpec()
+        self.name = name
+        self._channels = self._check_channels(channels)
         if calib is None:
             calib = CalibSpec() if self.spec.axis is None else CalibSpec.weights()
         self.calib = calib
@@ -82,18 +103,65 @@ class Quantizer(nn.Module):
         """Whether an amax is set."""
         return self.amax.numel() > 0
 
+    @property
+    def channels(self) -> int | None:
+        """Channels along ``spec.axis`` (per-channel), 1 (per-tensor), or ``None`` if not yet seen."""
+        return 1 if self.spec.axis is None else self._channels
+
+    def _check_channels(self, channels: int | None) -> int | None:
+        if channels is None:
+            return None
+        if isinstance(channels, bool) or not isinstance(channels, int):
+            raise TypeError(f"quantizer {self.name!r}: channels must be an int, got {channels!r}")
+        if channels < 1 or (self.spec.axis is None and channels != 1):
+            raise ValueError(
+                f"quantizer {self.name!r}: channels must be >= 1 (1 for a per-tensor quantizer), "
+                f"got {channels}"
+            )
+        return channels
+
+    def check_amax_shape(self, amax: torch.Tensor, *, source: str = "") -> torch.Tensor:
+        """Return ``amax`` reshaped for this quantizer (0-d per tensor, 1-d per channel).
+
+        Raises:
+            ValueError: the number of values does not match the quantizer's axis and channel
+                count (naming the quantizer and, when given, ``source``).
+        """
+        where = f"{source}: " if source else ""
+        n = amax.numel()
+        if self.spec.axis is None:
+            if n != 1:
+                raise ValueError(
+                    f"{where}quantizer {self.name!r} is per-tensor but got amax of shape "
+                    f"{tuple(amax.shape)} ({n} values)"
+                )
+            return amax.reshape(())
+        if sum(1 for d in amax.shape if d != 1) > 1:
+            raise ValueError(
+                f"{where}quantizer {self.name!r} is per-channel (axis {self.spec.axis}) but got "
+                f"amax of shape {tuple(amax.shape)}; pass one value per channel"
+            )
+        if self._channels is not None and n != self._channels:
+            raise ValueError(
+                f"{where}quantizer {self.name!r} is per-channel (axis {self.spec.axis}, "
+                f"{self._channels} channels) but got {n} amax values"
+            )
+        return amax.reshape(-1)
+
     def set_amax(self, amax: torch.Tensor | float) -> None:
-        """Set amax directly (validated: finite, non-negative, the right number of channels)."""
+        """Set amax directly (validated: finite, non-negative, the right number of channels).
+
+        A per-channel quantizer that does not know its channel count yet records it here.
+
+        Raises:
+            ValueError: non-finite or negative values, or a shape that does not match the
+                quantizer's axis and channel count (the message names the quantizer).
+        """
         t = torch.as_tensor(amax, dtype=torch.float32).detach()
         check_amax_values(t, what=f"quantizer {self.name!r} amax")
-        if self.spec.axis is None:
-            if t.numel() != 1:
-                raise ValueError(
-                    f"quantizer {self.name!r} is per-tensor but got amax of shape {tuple(t.shape)}"
-                )
-            t = t.reshape(())
-        else:
-            t = t.reshape(-1)
+        t = self.check_amax_shape(t)
+        if self.spec.axis is not None and self._channels is None:
+            self._channels = t.numel()
         self.amax = t.to(self.amax.device)
 
     def load_calib_amax(
@@ -125,6 +193,8 @@ class Quantizer(nn.Module):
             return x
         if current_exporter() is not None and self._mode is QuantMode.QUANTIZE:
             return self._export_qdq(x)
+        if self.spec.axis is not None:
+            self._check_tensor_channels(x, calibrating=self._mode is QuantMode.CALIBRATE)
         if self._mode is QuantMode.CALIBRATE:
             try:
                 self.calibrator.collect(x)
@@ -144,6 +214,28 @@ class Quantizer(nn.Module):
             narrow_range=self.spec.narrow_range,
         )
 
+    def _check_tensor_channels(self, x: torch.Tensor, *, calibrating: bool) -> None:
+        """Record (first call) or check the channel count of a per-channel input tensor."""
+        if not isinstance(x, torch.Tensor) or self.spec.axis is None:
+            return
+        ax = normalize_axis(self.spec.axis, x.dim())
+        if ax is None:
+            return
+        n = int(x.shape[ax])
+        if self._channels is None:
+            self._channels = n
+        elif n != self._channels:
+            error = CalibrationError if calibrating else ValueError
+            raise error(
+                f"quantizer {self.name!r} is per-channel (axis {self.spec.axis}, "
+                f"{self._channels} channels) but got a tensor of shape {tuple(x.shape)}"
+            )
+        if not calibrating and self.is_calibrated and self.amax.numel() != n:
+            raise ValueError(
+                f"quantizer {self.name!r} has {self.amax.numel()} amax values but its tensor has "
+                f"{n} channels along axis {self.spec.axis} (shape {tuple(x.shape)})"
+            )
+
     def _export_qdq(self, x: torch.Tensor) -> torch.Tensor:
         scale = getattr(self, "export_scale", None)
         zero_point = getattr(self, "export_zero_point", None)
@@ -151,7 +243,19 @@ class Quantizer(nn.Module):
             raise RuntimeError(
                 f"quantizer {self.name!r} has no export scale; export with qdq.export_onnx"
             )
+        if not torch.jit.is_tracing():  # TorchScript: checked by the eager forward before export
+            self._check_export_scale(x, scale)
         return emit_qdq(x, scale, zero_point, self.spec.axis, int(self.export_opset))
+
+    def _check_export_scale(self, x: torch.Tensor, scale: torch.Tensor) -> None:
+        expected = 1 if self.spec.axis is None else int(x.shape[self.spec.axis])
+        if scale.numel() != expected or (self.spec.axis is None and scale.dim() != 0):
+            raise ScaleShapeError(
+                f"quantizer {self.name!r}: scale of shape {tuple(scale.shape)} does not match the "
+                f"tensor it quantizes (shape {tuple(x.shape)}, axis {self.spec.axis}: "
+                f"{'one value' if self.spec.axis is None else f'{expected} values'} expected); "
+                "refusing to export a Q/DQ whose scale does not fit its tensor"
+            )
 
     def _load_from_state_dict(
         self,
@@ -164,7 +268,15 @@ class Quantizer(nn.Module):
         error_msgs: list[str],
     ) -> None:
         key = prefix + "amax"
-        if key in state_dict:  # amax's shape is only known once calibrated: adopt the saved one
+        saved = state_dict.get(key)
+        if isinstance(saved, torch.Tensor):  # adopt the saved shape once it fits the quantizer
+            if saved.numel() > 0:
+                src = f"state_dict[{key!r}]"
+                shaped = self.check_amax_shape(saved.detach().to(torch.float32), source=src)
+                if saved.shape != shaped.shape:
+                    state_dict = {**state_dict, key: saved.reshape(shaped.shape)}
+                if self.spec.axis is not None and self._channels is None:
+                    self._channels = shaped.numel()
             self.amax = torch.empty_like(state_dict[key], device=self.amax.device)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -176,6 +288,8 @@ class Quantizer(nn.Module):
         parts.append(f"bits={self.spec.num_bits}")
         if self.spec.axis is not None:
             parts.append(f"axis={self.spec.axis}")
+            if self._channels is not None:
+                parts.append(f"channels={self._channels}")
         if self.spec.narrow_range:
             parts.append("narrow")
         if not self.is_calibrated:

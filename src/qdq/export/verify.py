@@ -1,0 +1,190 @@
+"""Numeric check of an export: the ONNX in ONNX Runtime against the torch fake-quant model.
+
+What counts as "float noise"
+----------------------------
+torch and ONNX Runtime run the same Q/DQ numerics (bit-exact on the same input) but accumulate
+convolutions and matrix products in different orders. A value that lands within float rounding of a
+code boundary is therefore sometimes quantized to the neighbouring code: an error of **one
+quantization step on one element**. Quantization itself moves *every* element by up to half a step.
+So the distance between the two exports of a correct graph is a small fraction of the distance that
+quantization puts between the fake-quant model and the float model, and a wrong graph (a silently
+specialized branch, a scale on the wrong tensor) is far beyond it. For every output the check is
+
+    ‖ORT − torch_quant‖₂  ≤  ‖torch_quant − torch_float‖₂  +  floor · ‖torch_quant‖₂
+
+over all check batches together, where ``torch_float`` is the same model with every quantizer
+bypassed and ``floor`` absorbs float accumulation differences when quantization changes almost
+nothing (1e-4, or 1e-2 for ``fp16`` exports, whose float remainder runs in half precision).
+Integer and bool outputs may differ in no more elements than quantization itself changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdq.quant import quantizer_mode
+
+__all__ = ["FLOOR_FP16", "FLOOR_FP32", "OutputCheck", "verify_numerics"]
+
+_log = logging.getLogger("qdq.export")
+
+#: Relative float floor of the comparison (see the module docstring).
+FLOOR_FP32, FLOOR_FP16 = 1e-4, 1e-2
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output over all check batches: the three L2 distances of the module docstring."""
+
+    name: str
+    ort_vs_torch: float
+    quant_noise: float
+    reference: float
+    first_batch: int  # the first batch whose output differs beyond tolerance on its own (or -1)
+
+    def tolerance(self, floor: float) -> float:
+        """The largest ``ort_vs_torch`` that counts as float noise."""
+        return self.quant_noise + floor * self.reference
+
+
+def verify_numerics(
+    onnx_bytes: bytes,
+    model: nn.Module,
+    batches: Sequence[tuple[Any, ...]],
+    *,
+    to_model: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+    fp16: bool,
+    error: type[Exception],
+) -> list[OutputCheck]:
+    """Run ``onnx_bytes`` in ONNX Runtime and ``model`` in torch on ``batches``; compare outputs.
+
+    Args:
+        onnx_bytes: the serialized ONNX model.
+        model: the model that was exported (quantizers in their export state: calibrated).
+        batches: tuples of positional inputs, as given to the exporter.
+        to_model: maps a batch to the model's inputs (e.g. a cast to float16).
+        fp16: the export's float remainder is float16 (a looser float floor).
+        error: the exception type raised on a mismatch.
+
+    Returns:
+        One :class:`OutputCheck` per output.
+
+    Raises:
+        error: ONNX Runtime cannot run the model, or an output differs beyond float noise (the
+            message names the first diverging output and batch).
+    """
+    from qdq.backends.onnxruntime import session
+
+    try:
+        sess = session(onnx_bytes)
+    except Exception as err:  # ORT raises its own exception types
+        raise error(f"ONNX Runtime cannot load the exported model: {err}") from None
+    names = [i.name for i in sess.get_inputs()]
+    out_names = [o.name for o in sess.get_outputs()]
+    floor = FLOOR_FP16 if fp16 else FLOOR_FP32
+    sums: dict[int, list[float]] = {}
+    first_bad: dict[int, int] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for b, batch in enumerate(batches):
+                tensors = [a for a in batch if isinstance(a, torch.Tensor)]
+                feed = {
+                    n: t.detach().cpu().numpy()
+                    for n, t in zip(_input_names(len(tensors)), tensors, strict=True)
+                }
+                feed = {n: v for n, v in feed.items() if n in names}
+                try:
+                    theirs = sess.run(None, feed)
+                except Exception as err:
+                    raise error(
+                        f"ONNX Runtime cannot run the exported model on check batch {b} "
+                        f"(shapes {[tuple(t.shape) for t in tensors]}): {err}"
+                    ) from None
+                args = to_model(batch)
+                quant = _flatten(model(*args))
+                with quantizer_mode(model, "bypass"):
+                    flt = _flatten(model(*args))
+                if len(quant) != len(theirs):
+                    warnings.warn(
+                        f"numeric check skipped: torch returns {len(quant)} tensors, the ONNX "
+                        f"model {len(theirs)} outputs",
+                        stacklevel=3,
+                    )
+                    return []
+                for i, (q, f, o) in enumerate(zip(quant, flt, theirs, strict=True)):
+                    acc = sums.setdefault(i, [0.0, 0.0, 0.0])
+                    d, n, r = _distances(q, f, o)
+                    acc[0] += d
+                    acc[1] += n
+                    acc[2] += r
+                    if i not in first_bad and d**0.5 > n**0.5 + floor * r**0.5:
+                        first_bad[i] = b
+    finally:
+        model.train(was_training)
+    checks = [
+        OutputCheck(out_names[i], d**0.5, n**0.5, r**0.5, first_bad.get(i, -1))
+        for i, (d, n, r) in sorted(sums.items())
+    ]
+    for c in checks:
+        if c.ort_vs_torch > c.tolerance(floor):
+            batch_note = (
+                f" (first seen on check batch {c.first_batch})" if c.first_batch >= 0 else ""
+            )
+            raise error(
+                f"the exported ONNX does not compute what the torch model computes: output "
+                f"{c.name!r} differs from torch by {c.ort_vs_torch:.4g} (L2){batch_note}, beyond "
+                f"float noise (the quantization error itself, {c.quant_noise:.4g}, plus "
+                f"{floor:g} x {c.reference:.4g}). Usually the model's forward depends on tensor "
+                "values (Python control flow) or on inputs the exporter fixed; pass verify=False "
+                "only if you have checked the file another way"
+            )
+    _log.info(
+        "numeric check: %s",
+        ", ".join(f"{c.name} {c.ort_vs_torch:.3g} <= {c.tolerance(floor):.3g}" for c in checks),
+    )
+    return checks
+
+
+def _input_names(n: int) -> list[str]:
+    """The ONNX input names the exporter gives ``n`` tensor inputs."""
+    return [f"input{i}" if i else "input" for i in range(n)]
+
+
+def _distances(q: torch.Tensor, f: torch.Tensor, o: np.ndarray) -> tuple[float, float, float]:
+    """Squared L2 of ORT − quant and quant − float, and of quant; counts for non-float outputs."""
+    qn = q.detach().cpu().numpy()
+    fn = f.detach().cpu().numpy()
+    if qn.shape != o.shape:
+        return float("inf"), 0.0, 0.0
+    if not np.issubdtype(qn.dtype, np.floating):
+        return float((qn != o).sum()), float((qn != fn).sum()), 0.0
+    q64, f64, o64 = (a.astype(np.float64) for a in (qn, fn, o))
+    same_nan = np.isnan(q64) == np.isnan(o64)
+    if not same_nan.all():
+        return float("inf"), 0.0, 0.0
+    q64, f64, o64 = (np.nan_to_num(a, nan=0.0) for a in (q64, f64, o64))
+    return (
+        float(np.square(o64 - q64).sum()),
+        float(np.square(q64 - f64).sum()),
+        float(np.square(q64).sum()),
+    )
+
+
+def _flatten(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flatten(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _flatten(v)]
+    return []
