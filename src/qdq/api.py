@@ -90,6 +90,7 @@ def prepare(
             where = ", ".join(p or "<root>" for p in rec.data_dependent)
             plan = dataclasses.replace(
                 plan,
+                control_flow=rec.data_dependent,
                 notes=(
                     *plan.notes,
                     f"tensor values decide Python control flow in {where}: the plan follows the "

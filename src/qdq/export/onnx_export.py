@@ -139,6 +139,16 @@ def export_onnx(
     for flag, value in (("verify", verify), ("allow_specialization", allow_specialization)):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
+    if plan.control_flow and not allow_specialization:
+        where = ", ".join(p or "<root>" for p in plan.control_flow)
+        raise ExportRefusedError(
+            f"tensor values decide Python control flow in {where} (a Python boolean or number "
+            "read from a computed tensor, seen when qdq.prepare recorded the model). Every "
+            "exporter records only the branch the example input takes, so the ONNX would silently "
+            "compute something else for other inputs. Make the branch tensor code (torch.where), "
+            "export a model without it, or pass allow_specialization=True if every input takes "
+            "the same path"
+        )
     do_verify = _resolve_verify(verify)
     checks = [tuple(example_inputs), *_check_batches(check_inputs)]
     target = Path(path)

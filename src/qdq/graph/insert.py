@@ -11,6 +11,8 @@ often the module is called. Weight quantizers are calibrated from the weight rig
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx as fx
 from torch import nn
@@ -56,9 +58,7 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
         if n.op == "placeholder" and "tensor_meta" in n.meta
     )
     install_runtime(root, SiteRuntime(root, sites, inputs))
-    return QuantPlan(
-        plan.model, plan.points, tuple(groups), plan.coverage, plan.notes, plan.capture
-    )
+    return dataclasses.replace(plan, groups=tuple(groups))
 
 
 def _arg_ref(consumer: fx.Node, arg: int | str) -> ArgRef:

@@ -95,6 +95,8 @@ class QuantPlan:
     coverage: tuple[Coverage, ...] = field(default=())
     notes: tuple[str, ...] = ()
     capture: str = ""  # how the dataflow was seen: "recorded" (one eager run) or "replacement"
+    #: module paths where a tensor value decided Python control flow when the plan was recorded
+    control_flow: tuple[str, ...] = ()
 
     # ------------------------------------------------------------- queries
     def point(self, name: str) -> QuantPoint:
