@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from qdq.export.manifest import SCHEMA, load_calibration
-from qdq.export.onnx_export import EXPORTERS, ExportError, ExportResult, export_onnx
+from qdq.export.manifest import SCHEMA, load_calibration, manifest_path_for
+from qdq.export.onnx_export import (
+    EXPORTERS,
+    ExportError,
+    ExportRefusedError,
+    ExportResult,
+    export_onnx,
+)
 from qdq.export.summary import graph_summary
 
 __all__ = [
     "EXPORTERS",
     "SCHEMA",
     "ExportError",
+    "ExportRefusedError",
     "ExportResult",
     "export_onnx",
     "graph_summary",
     "load_calibration",
+    "manifest_path_for",
 ]
