@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from qdq.config import CalibSpec, QuantSpec
-from qdq.quant import Quantizer, QuantMode
+from qdq.quant import Quantizer
 
 __all__ = ["QuantAdd", "QuantConcat", "QuantInput", "QuantWeighted"]
 
@@ -53,12 +53,7 @@ class QuantWeighted(nn.Module):
             input_spec or QuantSpec(), input_calib, name=f"{name}:input"
         )
         self.weight_quantizer = Quantizer(weight_spec, CalibSpec.weights(), name=f"{name}:weight")
-        with torch.no_grad():
-            self.weight_quantizer.mode = QuantMode.CALIBRATE
-            self.weight_quantizer(weight.detach())
-            self.weight_quantizer.load_calib_amax("max")
-            self.weight_quantizer.calibrator.reset()
-            self.weight_quantizer.mode = QuantMode.QUANTIZE
+        self.weight_quantizer.calibrate_from(weight)
 
     def forward(self, x: torch.Tensor, *args: object) -> torch.Tensor:
         wq = self.weight_quantizer(self.module.weight)

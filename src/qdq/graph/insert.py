@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.fx as fx
 from torch import nn
 
@@ -21,7 +20,7 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.capture import fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
 from qdq.graph.runtime import ArgRef, Site, SiteRuntime, install_runtime
-from qdq.quant import Quantizer, QuantMode
+from qdq.quant import Quantizer
 
 __all__ = ["materialize"]
 
@@ -46,7 +45,7 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
             ScaleGroup(group.id, group.leader, group.members, group.rules, group.crosses, path)
         )
         if leader.kind == "weight":
-            _calibrate_weight(quantizer, fetch_attr(root, str(nodes[leader.producer].target)))
+            quantizer.calibrate_from(fetch_attr(root, str(nodes[leader.producer].target)))
         for name in group.members:
             point = points[name]
             consumer = nodes[point.consumer]
@@ -70,15 +69,6 @@ def _arg_ref(consumer: fx.Node, arg: int | str) -> ArgRef:
     if not consumer.args and isinstance(consumer.kwargs.get("tensors"), (list, tuple)):
         return (len(consumer.args), arg)
     return arg
-
-
-def _calibrate_weight(quantizer: Quantizer, weight: torch.Tensor) -> None:
-    with torch.no_grad():
-        quantizer.mode = QuantMode.CALIBRATE
-        quantizer(weight)
-        quantizer.load_calib_amax("max")
-        quantizer.calibrator.reset()
-        quantizer.mode = QuantMode.QUANTIZE
 
 
 def _register(

@@ -19,7 +19,6 @@ from torch import nn
 from qdq.config import QuantConfig
 from qdq.graph.calls import MODULE, SiteKey
 from qdq.graph.capture import TRACE_THROUGH
-from qdq.graph.insert import _calibrate_weight
 from qdq.graph.plan import QUANTIZE, SKIP, Coverage, QuantPlan, QuantPoint, ScaleGroup
 from qdq.graph.runtime import Site, SiteRuntime, install_runtime
 from qdq.graph.weighted import performance_skip
@@ -132,7 +131,7 @@ def _weighted(
     iq = Quantizer(ispec, calib or config.activation_calib, name=f"{name}:input")
     module.add_module("weight_quantizer", wq)
     module.add_module("input_quantizer", iq)
-    _calibrate_weight(wq, weight.detach())
+    wq.calibrate_from(weight)
     for family in families:
         sites[(name, family, None)] = Site([(0, iq), (1, wq)])
     assert callable(add)

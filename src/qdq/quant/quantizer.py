@@ -186,6 +186,16 @@ class Quantizer(nn.Module):
         self.set_amax(amax)
         return self.amax.clone()
 
+    def calibrate_from(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Set amax by abs-max of ``tensor`` (a weight) now, leave no statistics, quantize mode."""
+        with torch.no_grad():
+            self.mode = QuantMode.CALIBRATE
+            self(tensor.detach())
+            amax = self.load_calib_amax("max")
+            self.calibrator.reset()
+            self.mode = QuantMode.QUANTIZE
+        return amax
+
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the current mode to ``x``."""
