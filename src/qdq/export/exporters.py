@@ -4,6 +4,7 @@ Q/DQ; the TorchScript run refuses a trace specialized on tensor values (tracer w
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -18,6 +19,10 @@ from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.quant.onnx_qdq import export_mode
 
 __all__ = ["run_exporter"]
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_CAPTURE_DIR = str(Path(__file__).parent.parent / "graph")
+_DISPATCH = (str(Path(torch.__file__).parent / "overrides.py"),)
 
 
 def run_exporter(
@@ -79,24 +84,33 @@ def run_exporter(
 @contextlib.contextmanager
 def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
     """Refuse (``ExportRefusedError``) when the TorchScript tracer warns that the model's own code turned
-    a tensor into a Python value; other warnings pass through unchanged."""
-    torch_dir = str(Path(torch.__file__).parent)
-    specialized = []
-    with warnings.catch_warnings(record=True) as caught:
+    a tensor into a Python value; other warnings pass through unchanged.
+
+    A conversion made by torch itself (``torch._assert`` on a traced shape, ``Tensor.__format__``) is
+    not the model's control flow. The call-site runtime forwards every torch call of the model, so a
+    C-level conversion (``Tensor.__bool__``) is reported at the runtime's frame; its real origin is
+    the first frame outside qdq's capture code and torch's dispatch code.
+    """
+    specialized: list[tuple[str, int, str]] = []
+    passed: list[warnings.WarningMessage] = []
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+        if not issubclass(category, torch.jit.TracerWarning):
+            passed.append(warnings.WarningMessage(message, category, filename, lineno))
+            return
+        filename, lineno = _origin(filename, lineno)
+        if not filename.startswith(_TORCH_DIR):
+            specialized.append((filename, lineno, str(message).split(".")[0]))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always", torch.jit.TracerWarning)
-        try:
-            yield
-        finally:
-            for w in caught:
-                if not issubclass(w.category, torch.jit.TracerWarning):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                elif not w.filename.startswith(torch_dir):
-                    specialized.append(w)
+        warnings.showwarning = show  # restored by catch_warnings
+        yield
+    for w in passed:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not specialized:
         return
-    where = "; ".join(
-        f"{w.filename}:{w.lineno}: {str(w.message).split('.')[0]}" for w in specialized[:3]
-    )
+    where = "; ".join(f"{file}:{line}: {text}" for file, line, text in specialized[:3])
     if allow_specialization:
         warnings.warn(
             f"the TorchScript export is specialized on the example input ({where}); written "
@@ -111,3 +125,22 @@ def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
         "for other inputs. Make the branch tensor code (torch.where), export a model without it, "
         "or pass allow_specialization=True if every input takes the same path"
     )
+
+
+def _origin(filename: str, lineno: int) -> tuple[str, int]:
+    """Where a warning reported at ``filename:lineno`` really comes from: the frame itself, unless it
+    is qdq's call-site runtime, then the first caller outside the runtime and torch's dispatch."""
+    if not filename.startswith(_CAPTURE_DIR):
+        return filename, lineno
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_filename == filename and frame.f_lineno == lineno
+    ):
+        frame = frame.f_back
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_CAPTURE_DIR) or frame.f_code.co_filename in _DISPATCH
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return filename, lineno
+    return frame.f_code.co_filename, frame.f_lineno
