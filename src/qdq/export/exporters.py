@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import types
 import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -94,7 +95,14 @@ def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
     specialized: list[tuple[str, int, str]] = []
     passed: list[warnings.WarningMessage] = []
 
-    def show(message: Any, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if not issubclass(category, torch.jit.TracerWarning):
             passed.append(warnings.WarningMessage(message, category, filename, lineno))
             return
@@ -132,7 +140,7 @@ def _origin(filename: str, lineno: int) -> tuple[str, int]:
     is qdq's call-site runtime, then the first caller outside the runtime and torch's dispatch."""
     if not filename.startswith(_CAPTURE_DIR):
         return filename, lineno
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and not (
         frame.f_code.co_filename == filename and frame.f_lineno == lineno
     ):
