@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import types
 import tempfile
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
