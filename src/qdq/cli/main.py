@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from qdq._version import __version__
 
@@ -55,7 +56,40 @@ def _build_parser() -> argparse.ArgumentParser:
         "--layers", action="store_true", help="also print the predicted engine layers"
     )
     lint.add_argument("--engine-report", help="trtexec --exportLayerInfo JSON to compare with")
+    _add_parity(sub)
     return parser
+
+
+def _add_parity(sub: Any) -> None:
+    parity = sub.add_parser(
+        "parity",
+        help="compare an exported Q/DQ ONNX with its torch fake-quant model, layer by layer",
+        description="Run the torch fake-quant model (rebuilt from --model, prepared with the "
+        "default config, calibration loaded from X.manifest.json beside X.onnx) and the ONNX in "
+        "ONNX Runtime on the same data; report end-to-end agreement, per quantizer the fraction "
+        "of differing INT8 codes (free-running and isolated) and the first diverging layer. "
+        "Exit code: 0 within the threshold, 1 past it, 2 when an input cannot be used.",
+    )
+    parity.add_argument("model_onnx", metavar="MODEL.onnx", help="the exported .onnx file")
+    parity.add_argument(
+        "--model",
+        required=True,
+        metavar="SPEC",
+        help="pkg.module:factory or path/to/file.py:factory returning the float nn.Module; "
+        "this imports/executes that code",
+    )
+    parity.add_argument(
+        "--data", required=True, metavar="SPEC", help=".npy or .npz file of input samples"
+    )
+    parity.add_argument(
+        "--threshold",
+        type=float,
+        default=0.01,
+        help="largest tolerated top-1 disagreement and per-layer isolated code mismatch "
+        "fraction (default 0.01)",
+    )
+    parity.add_argument("--batch-size", type=int, default=None, help="samples per batch")
+    parity.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,5 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             strongly_typed=True if args.strongly_typed else None,
             flags=args.flags.split(",") if args.flags is not None else None,
             show_layers=args.layers,
+        )
+    if args.command == "parity":
+        from qdq.cli.parity import run_parity
+
+        return run_parity(
+            args.model_onnx,
+            model=args.model,
+            data=args.data,
+            threshold=args.threshold,
+            batch_size=args.batch_size,
+            as_json=args.json,
         )
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command

@@ -1,0 +1,375 @@
+"""torch fake quant vs its exported Q/DQ ONNX in ONNX Runtime: end to end and per quantizer.
+
+Two per-layer views (``per_layer=True``), both keyed by quantizer path in torch's execution order:
+
+* **free-running**: both models run on the same input; every quantizer's dequantized output is
+  compared. A code that flips in one layer changes the input of every later one, so in a deep
+  network a single flip near the input can cascade into many differing codes downstream.
+* **isolated** (teacher-forced): torch runs again with every quantizer's output *replaced by ORT's
+  dequantized tensor*, so each layer of torch starts from exactly ORT's input; what reaches each
+  quantizer then differs only by that one layer's float arithmetic. A differing code is
+  *explained by accumulation order* when the two pre-quantization values are within
+  :data:`EXPLAINED_FRACTION` of a quantization step of each other (they straddle a rounding
+  boundary); anything else (a misplaced quantizer, a different scale, a different op) is
+  *unexplained*, and the first layer with such codes is where the two models really differ.
+
+onnxruntime and onnx are imported lazily.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdq.quant import Quantizer, fake_quant, scale_from_amax
+
+__all__ = ["EXPLAINED_FRACTION", "LayerParity", "ParityReport", "parity"]
+
+#: A code that differs while the pre-quantization values differ by less than this fraction of the
+#: quantization step is a rounding-boundary flip (float accumulation order), not a real mismatch.
+EXPLAINED_FRACTION = 0.01
+
+
+@dataclass(frozen=True)
+class LayerParity:
+    """One activation quantizer, torch vs ORT, summed over call sites and batches.
+
+    Attributes:
+        max_abs_diff: free-running, largest |torch - ORT| of the dequantized output.
+        cosine: free-running, smallest cosine of the dequantized outputs.
+        differing_codes: free-running, elements whose INT8 code differs (includes flips that
+            cascaded from earlier layers).
+        elements: elements compared.
+        qdq_mismatches: ORT's own pre-quantization tensor fake-quantized by torch vs ORT's
+            DequantizeLinear output, bitwise: a test of the Q/DQ numerics alone. Must be 0.
+        isolated_codes: isolated (teacher-forced), elements whose code differs.
+        unexplained_codes: isolated codes that differ by more than a rounding-boundary flip.
+        isolated_max_abs_diff: isolated, largest |torch - ORT| before quantization.
+    """
+
+    max_abs_diff: float
+    cosine: float
+    differing_codes: int
+    elements: int
+    qdq_mismatches: int = 0
+    isolated_codes: int = 0
+    unexplained_codes: int = 0
+    isolated_max_abs_diff: float = 0.0
+
+    @property
+    def code_mismatch_rate(self) -> float:
+        """Free-running ``differing_codes / elements``."""
+        return self.differing_codes / self.elements if self.elements else 0.0
+
+    @property
+    def isolated_mismatch_rate(self) -> float:
+        """Isolated ``isolated_codes / elements``."""
+        return self.isolated_codes / self.elements if self.elements else 0.0
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """torch fake-quant vs ONNX Runtime on the same batches.
+
+    Attributes:
+        max_abs_diff: largest |torch - ORT| over all outputs and batches.
+        max_rel_diff: ``max_abs_diff`` divided by the largest |torch| value.
+        min_cosine: smallest per-batch cosine similarity of the flattened outputs.
+        top1_agreement: fraction of rows whose argmax agrees (2-D outputs), else ``None``.
+        batches: how many batches were compared.
+        layers: per activation quantizer path, a :class:`LayerParity`, in torch's execution order
+            (``per_layer=True`` only).
+    """
+
+    max_abs_diff: float
+    max_rel_diff: float
+    min_cosine: float
+    top1_agreement: float | None
+    batches: int
+    layers: dict[str, LayerParity] = field(default_factory=dict)
+
+    @property
+    def first_diverging(self) -> str | None:
+        """The first quantizer (execution order) with a differing code, free-running."""
+        return next((n for n, lp in self.layers.items() if lp.differing_codes), None)
+
+    @property
+    def first_unexplained(self) -> str | None:
+        """The first quantizer whose isolated codes differ beyond a rounding-boundary flip."""
+        return next((n for n, lp in self.layers.items() if lp.unexplained_codes), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (layer rates and the first diverging layers included)."""
+        layers = {
+            name: {
+                **asdict(lp),
+                "code_mismatch_rate": lp.code_mismatch_rate,
+                "isolated_mismatch_rate": lp.isolated_mismatch_rate,
+            }
+            for name, lp in self.layers.items()
+        }
+        return {
+            "max_abs_diff": self.max_abs_diff,
+            "max_rel_diff": self.max_rel_diff,
+            "min_cosine": self.min_cosine,
+            "top1_agreement": self.top1_agreement,
+            "batches": self.batches,
+            "first_diverging": self.first_diverging,
+            "first_unexplained": self.first_unexplained,
+            "layers": layers,
+        }
+
+
+def parity(
+    prepared: nn.Module,
+    onnx_model: str | Path | Any,
+    batches: Iterable[torch.Tensor | Sequence[torch.Tensor]],
+    *,
+    per_layer: bool = False,
+) -> ParityReport:
+    """Compare ``prepared`` (fake quant in torch) with its exported ONNX in ORT, batch by batch.
+
+    With ``per_layer=True`` every activation quantizer is also compared by name, free-running and
+    isolated (see the module docstring); the ONNX graph is extended with the tensors entering
+    each QuantizeLinear and leaving each DequantizeLinear as outputs (the file is not changed).
+
+    Example:
+        >>> report = parity(prepared, "model.onnx", [x], per_layer=True)  # doctest: +SKIP
+        >>> report.top1_agreement, report.first_diverging, report.first_unexplained  # doctest: +SKIP
+        (1.0, None, None)
+    """
+    import onnx
+
+    from qdq.backends.onnxruntime import run, session
+
+    model = onnx_model if hasattr(onnx_model, "graph") else onnx.load(str(onnx_model))
+    taps: dict[str, list[tuple[str, str]]] = {}
+    if per_layer:
+        model = _with_quantizer_outputs(model, taps)
+    sess = session(model)
+    quantizers = {
+        p: m for p, m in prepared.named_modules() if p in taps and isinstance(m, Quantizer)
+    }
+    out_names = [o.name for o in sess.get_outputs()]
+    n_out = len(out_names) - 2 * sum(len(v) for v in taps.values())
+    ends = _EndToEnd()
+    stats: dict[str, LayerParity] = {}
+    order: dict[str, None] = {}
+    count = 0
+    was_training = prepared.training
+    prepared.eval()
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                inputs = [batch] if isinstance(batch, torch.Tensor) else list(batch)
+                theirs = run(sess, inputs)
+                by_name = dict(zip(out_names, theirs, strict=True))
+                with _Recorder(quantizers) as free:
+                    ours = _flatten_outputs(prepared(*inputs))
+                ends.add(ours, theirs[:n_out])
+                if quantizers:
+                    forced = {p: [by_name[v] for _, v in sites] for p, sites in taps.items()}
+                    with _Recorder(quantizers, forced) as isolated:
+                        prepared(*inputs)
+                    for path in [*free.order, *isolated.order]:
+                        order.setdefault(path)
+                    for path, q in quantizers.items():
+                        stats[path] = _fold(
+                            stats.get(path), q, taps[path], by_name, free, isolated, path
+                        )
+                count += 1
+    finally:
+        prepared.train(was_training)
+    if count == 0:
+        raise ValueError("parity needs at least one batch")
+    ordered = {p: stats[p] for p in order if p in stats}
+    ordered.update(stats)
+    return ends.report(count, ordered)
+
+
+class _EndToEnd:
+    """Running end-to-end statistics of the model outputs."""
+
+    def __init__(self) -> None:
+        self.max_abs = self.max_ref = 0.0
+        self.min_cos = 1.0
+        self.agree = self.rows = 0
+
+    def add(self, ours: list[torch.Tensor], theirs: list[np.ndarray]) -> None:
+        for a, b in zip(ours, theirs, strict=True):
+            a_np = a.detach().cpu().numpy()
+            self.max_abs = max(self.max_abs, float(np.abs(a_np - b).max(initial=0.0)))
+            self.max_ref = max(self.max_ref, float(np.abs(a_np).max(initial=0.0)))
+            self.min_cos = min(self.min_cos, _cosine(a_np, b))
+            if a_np.ndim == 2:
+                self.agree += int((a_np.argmax(1) == b.argmax(1)).sum())
+                self.rows += a_np.shape[0]
+
+    def report(self, count: int, layers: dict[str, LayerParity]) -> ParityReport:
+        rel = self.max_abs / self.max_ref if self.max_ref > 0 else self.max_abs
+        top1 = self.agree / self.rows if self.rows else None
+        return ParityReport(self.max_abs, rel, self.min_cos, top1, count, layers)
+
+
+class _Recorder:
+    """Hooks on the quantizers: record inputs and outputs per call; optionally replace each
+    output by the matching ORT tensor (same call site, matched by shape)."""
+
+    def __init__(
+        self, quantizers: dict[str, Quantizer], forced: dict[str, list[np.ndarray]] | None = None
+    ) -> None:
+        self.quantizers = quantizers
+        self.forced = {p: list(v) for p, v in forced.items()} if forced is not None else None
+        self.inputs: dict[str, list[torch.Tensor]] = {}
+        self.outputs: dict[str, list[torch.Tensor]] = {}
+        self.order: list[str] = []
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> _Recorder:
+        for path, q in self.quantizers.items():
+            self._hooks.append(q.register_forward_hook(self._hook(path)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _hook(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+            if path not in self.inputs:
+                self.order.append(path)
+            self.inputs.setdefault(path, []).append(args[0].detach())
+            self.outputs.setdefault(path, []).append(output.detach())
+            if self.forced is None:
+                return None
+            pending = self.forced.get(path, [])
+            match = next((i for i, t in enumerate(pending) if t.shape == output.shape), None)
+            if match is None:
+                return None
+            return torch.from_numpy(pending.pop(match)).to(output.dtype)
+
+        return hook
+
+
+def _take(calls: list[torch.Tensor], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Pop the first recorded call of ``shape`` (one call site per ONNX tap)."""
+    match = next((i for i, t in enumerate(calls) if tuple(t.shape) == shape), None)
+    return calls.pop(match).cpu().numpy() if match is not None else None
+
+
+def _fold(
+    old: LayerParity | None,
+    q: Quantizer,
+    sites: list[tuple[str, str]],
+    by_name: dict[str, np.ndarray],
+    free: _Recorder,
+    isolated: _Recorder,
+    path: str,
+) -> LayerParity:
+    """Fold every call site of quantizer ``path`` in one batch into its running statistics."""
+    lp = old or LayerParity(0.0, 1.0, 0, 0)
+    free_out = list(free.outputs.get(path, []))
+    iso_in = list(isolated.inputs.get(path, []))
+    for pre_name, value_name in sites:
+        pre, value = by_name[pre_name], by_name[value_name]
+        scale = _scale(q, value.ndim)
+        ours_on_theirs = fake_quant(
+            torch.from_numpy(pre), q.amax, axis=q.spec.axis, narrow_range=q.spec.narrow_range
+        ).numpy()
+        exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
+        lp = replace(lp, qdq_mismatches=lp.qdq_mismatches + exact)
+        ours = _take(free_out, value.shape)
+        if ours is not None:
+            codes = np.round(ours / scale) != np.round(value / scale)
+            lp = replace(
+                lp,
+                max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
+                cosine=min(lp.cosine, _cosine(ours, value)),
+                differing_codes=lp.differing_codes + int(codes.sum()),
+                elements=lp.elements + codes.size,
+            )
+        ours_pre = _take(iso_in, pre.shape)
+        if ours_pre is not None:
+            lp = _isolated(lp, q, ours_pre.astype(np.float32), pre, scale)
+    return lp
+
+
+def _isolated(
+    lp: LayerParity, q: Quantizer, ours: np.ndarray, theirs: np.ndarray, scale: np.ndarray
+) -> LayerParity:
+    qmin = -127 if q.spec.narrow_range else -128
+    differ = _codes(ours, scale, qmin) != _codes(theirs, scale, qmin)
+    gap = np.abs(ours - theirs)
+    unexplained = differ & (gap >= EXPLAINED_FRACTION * np.broadcast_to(scale, gap.shape))
+    return replace(
+        lp,
+        isolated_codes=lp.isolated_codes + int(differ.sum()),
+        unexplained_codes=lp.unexplained_codes + int(unexplained.sum()),
+        isolated_max_abs_diff=max(lp.isolated_max_abs_diff, float(gap.max(initial=0.0))),
+    )
+
+
+def _codes(x: np.ndarray, scale: np.ndarray, qmin: int) -> np.ndarray:
+    return np.clip(np.round(x / scale), qmin, 127)
+
+
+def _scale(q: Quantizer, ndim: int) -> np.ndarray:
+    """The float32 scale torch and the exporter use, broadcastable to an ``ndim`` tensor."""
+    scale = scale_from_amax(q.amax.detach().cpu()).numpy()
+    if q.spec.axis is not None and scale.ndim == 1:
+        shape = [1] * ndim
+        shape[q.spec.axis] = -1
+        scale = scale.reshape(shape)
+    return scale
+
+
+def _with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -> Any:
+    """A copy of ``model`` that also outputs, for every activation quantizer, the tensor entering
+    its QuantizeLinear and the tensor leaving its DequantizeLinear."""
+    import onnx
+
+    extended = onnx.ModelProto()
+    extended.CopyFrom(model)
+    existing = {o.name for o in extended.graph.output}
+    quantize = {n.output[0]: n for n in extended.graph.node if n.op_type == "QuantizeLinear"}
+    for node in extended.graph.node:
+        if node.op_type != "DequantizeLinear" or "/" not in node.name:
+            continue
+        path, _, tail = node.name.rpartition("/")
+        if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):
+            continue  # weights, and the per-consumer copies ("....1") of a DequantizeLinear
+        q = quantize.get(node.input[0])
+        if q is None:
+            continue
+        taps.setdefault(path, []).append((q.input[0], node.output[0]))
+        for name in (q.input[0], node.output[0]):
+            if name not in existing:
+                extended.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+                existing.add(name)
+    return extended
+
+
+def _flatten_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flatten_outputs(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _flatten_outputs(v)]
+    return []
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = np.linalg.norm(a64), np.linalg.norm(b64)
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(a64 @ b64 / (na * nb))

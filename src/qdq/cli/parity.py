@@ -1,0 +1,116 @@
+"""``qdq parity``: does an exported Q/DQ ONNX compute what the torch fake-quant model computes?
+
+The torch side is rebuilt from the user's model spec, prepared with the default config and given
+the calibration stored in the manifest beside the ONNX (``X.manifest.json`` for ``X.onnx``), so it
+is the same calibrated model that was exported. Both run on the data spec's batches.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_THRESHOLD", "failures", "run_parity"]
+
+DEFAULT_THRESHOLD = 0.01
+
+
+def run_parity(
+    onnx_path: str,
+    *,
+    model: str,
+    data: str,
+    threshold: float = DEFAULT_THRESHOLD,
+    batch_size: int | None = None,
+    as_json: bool = False,
+) -> int:
+    """Compare and print; return 0 within ``threshold``, 1 past it, 2 when an input is unusable."""
+    if not 0.0 <= threshold <= 1.0:
+        print(f"qdq parity: error: --threshold must be in [0, 1], got {threshold}", file=sys.stderr)
+        return 2
+    try:
+        report, manifest = _compare(onnx_path, model, data, batch_size)
+    except Exception as err:  # user code and files: any failure is one line, no traceback
+        print(f"qdq parity: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    failed = failures(report, threshold)
+    if as_json:
+        doc = {"onnx": onnx_path, "manifest": str(manifest), "threshold": threshold,
+               "passed": not failed, "failures": failed, **report.to_dict()}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_format(report, onnx_path, manifest, threshold, failed))
+    return 1 if failed else 0
+
+
+def failures(report: Any, threshold: float) -> list[str]:
+    """Why ``report`` (a :class:`~qdq.backends.parity.ParityReport`) fails ``threshold``.
+
+    Fails when top-1 disagreement exceeds ``threshold``, when a layer fed ORT's own input
+    (isolated) differs on more than ``threshold`` of its codes, when any isolated code differs
+    beyond a rounding-boundary flip, or when a Q/DQ pair is not bit-exact.
+    """
+    out = []
+    if report.top1_agreement is not None and 1.0 - report.top1_agreement > threshold:
+        out.append(f"top-1 agreement {report.top1_agreement:.2%} < {1.0 - threshold:.2%}")
+    for name, lp in report.layers.items():
+        if lp.isolated_mismatch_rate > threshold:
+            out.append(f"{name}: {lp.isolated_mismatch_rate:.3%} of codes differ in isolation")
+        if lp.unexplained_codes:
+            out.append(f"{name}: {lp.unexplained_codes} codes differ beyond float rounding")
+        if lp.qdq_mismatches:
+            out.append(f"{name}: {lp.qdq_mismatches} Q/DQ outputs not bit-exact")
+    return out
+
+
+def _compare(onnx_path: str, model_spec: str, data_spec: str, batch_size: int | None) -> Any:
+    import qdq
+    from qdq.backends.parity import parity
+    from qdq.specs import load_data_spec, load_model_spec
+
+    path = Path(onnx_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ONNX file at {path}")
+    manifest = path.with_suffix(".manifest.json")
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no manifest at {manifest} (qdq.export_onnx writes it)")
+    batches = load_data_spec(data_spec, batch_size=batch_size)
+    float_model = load_model_spec(model_spec)
+    prepared = qdq.prepare(float_model, (batches[0],))
+    qdq.load_calibration(prepared, manifest)
+    return parity(prepared, path, batches, per_layer=True), manifest
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return (
+        text
+        if isinstance(err, (ValueError, FileNotFoundError))
+        else f"{type(err).__name__}: {text}"
+    )
+
+
+def _format(
+    report: Any, onnx_path: str, manifest: Path, threshold: float, failed: list[str]
+) -> str:
+    lines = [f"parity of {onnx_path} (calibration from {manifest}) over {report.batches} batches"]
+    if report.top1_agreement is not None:
+        lines.append(f"  top-1 agreement     {report.top1_agreement:.2%}")
+    lines += [
+        f"  max |torch - ORT|   {report.max_abs_diff:.3g} (relative {report.max_rel_diff:.2g})",
+        f"  min cosine          {report.min_cosine:.6f}",
+        f"  first diverging     {report.first_diverging or '-'} (free-running)",
+        f"  first unexplained   {report.first_unexplained or '-'} (isolated, beyond float rounding)",
+        f"  {'quantizer':<44} {'free-running':>13} {'isolated':>10} {'unexplained':>11} {'Q/DQ':>5}",
+    ]
+    for name, lp in report.layers.items():
+        lines.append(
+            f"  {name:<44} {lp.code_mismatch_rate:>13.4%} {lp.isolated_mismatch_rate:>10.4%} "
+            f"{lp.unexplained_codes:>11} {lp.qdq_mismatches:>5}"
+        )
+    verdict = "FAIL" if failed else "PASS"
+    lines.append(f"verdict: {verdict} (threshold {threshold:g})")
+    lines += [f"  - {f}" for f in failed]
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""Command-line specs for a model and its data (shared by the ``qdq`` sub-commands).
+
+* A **model spec** names a factory: ``pkg.module:factory`` (imported) or ``path/to/file.py:factory``
+  (the file is executed). The factory is called with no arguments and must return an
+  ``nn.Module``; an ``nn.Module`` object named by the spec is used as is. Loading a spec runs
+  the user's code, exactly as ``python -c "import ..."`` would.
+* A **data spec** is a ``.npy`` file (one array: the samples stacked along axis 0) or a ``.npz``
+  file (every array in stored order, each stacked along axis 0). Floating arrays become float32
+  tensors; other dtypes keep theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["load_data_spec", "load_model_spec"]
+
+
+def load_model_spec(spec: str) -> nn.Module:
+    """Build the model a spec names (this executes user code).
+
+    Args:
+        spec: ``pkg.module:factory`` or ``path/to/file.py:factory``; ``factory`` may be dotted
+            (``module:Class.build``).
+
+    Returns:
+        The ``nn.Module`` the factory returns, in eval mode.
+
+    Raises:
+        ValueError: the spec is malformed, or the module has no such attribute.
+        FileNotFoundError: a ``.py`` path that does not exist.
+        TypeError: the factory is not callable or does not return an ``nn.Module``.
+
+    Example:
+        >>> load_model_spec("torch.nn:Identity")
+        Identity()
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"model spec must be a string, got {type(spec).__name__}")
+    source, sep, attr = spec.rpartition(":")
+    if not sep or not source or not attr:
+        raise ValueError(
+            f"model spec {spec!r} must be 'pkg.module:factory' or 'path/to/file.py:factory'"
+        )
+    module = _module_from_file(source) if _is_path(source) else _import(source, spec)
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"model spec {spec!r}: {source} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, nn.Module):
+        if not callable(obj):
+            raise TypeError(f"model spec {spec!r}: {attr} is not callable nor an nn.Module")
+        obj = obj()
+    if not isinstance(obj, nn.Module):
+        raise TypeError(
+            f"model spec {spec!r}: {attr}() returned {type(obj).__name__}, not an nn.Module"
+        )
+    return obj.eval()
+
+
+def load_data_spec(spec: str | Path, *, batch_size: int | None = None) -> list[torch.Tensor]:
+    """Load the batches a ``.npy``/``.npz`` data spec holds.
+
+    Args:
+        spec: a ``.npy`` file (one array) or a ``.npz`` file (its arrays in stored order).
+        batch_size: split every array along axis 0 into batches of at most this many samples
+            (default: one batch per array).
+
+    Returns:
+        A list of tensors, the model's single input batch by batch.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: another suffix, an unreadable or empty file, a 0-d array, or a bad
+            ``batch_size``.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+        >>> np.save(path, np.zeros((5, 3), dtype=np.float64))
+        >>> [tuple(b.shape) for b in load_data_spec(path, batch_size=2)]
+        [(2, 3), (2, 3), (1, 3)]
+    """
+    path = Path(spec)
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if path.suffix not in (".npy", ".npz"):
+        raise ValueError(f"data spec {str(spec)!r} must be a .npy or .npz file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file at {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read data file {path}: {err}") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            arrays = [(f"{path}[{k}]", loaded[k]) for k in loaded.files]
+    else:
+        arrays = [(str(path), loaded)]
+    if not arrays:
+        raise ValueError(f"data file {path} holds no arrays")
+    batches: list[torch.Tensor] = []
+    for name, array in arrays:
+        if array.ndim == 0 or array.shape[0] == 0:
+            raise ValueError(f"{name} has shape {array.shape}: expected samples along axis 0")
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        if t.is_floating_point():
+            t = t.to(torch.float32)
+        step = batch_size or t.shape[0]
+        batches.extend(t[i : i + step] for i in range(0, t.shape[0], step))
+    return batches
+
+
+def _is_path(source: str) -> bool:
+    return source.endswith(".py") or "/" in source or "\\" in source
+
+
+def _import(name: str, spec: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        raise ValueError(f"model spec {spec!r}: cannot import {name!r} ({err})") from None
+
+
+def _module_from_file(source: str) -> ModuleType:
+    path = Path(source).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file at {source}")
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    name = f"qdq_user_model_{digest}"
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ValueError(f"cannot load {source} as a Python module")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        loader_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

@@ -1,0 +1,185 @@
+"""torch fake quant vs exported ONNX on EfficientNet-Lite0's edge cases, in a few layers.
+
+The structure of an MBConv network with TF "SAME" padding: a Conv2d subclass that pads
+asymmetrically with ``F.pad`` before the convolution, BatchNorm, ReLU6, a depthwise convolution
+with dead (all-zero) channels whose weight scale is floored at export, a residual Add and a
+linear head. Random weights, no download.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qdq
+from qdq.backends.onnxruntime import parity, run, session
+from qdq.quant import MIN_SCALE
+
+
+class SamePadConv(nn.Conv2d):
+    """TF 'SAME' padding computed for a static input size (like ``Conv2dStaticSamePadding``)."""
+
+    def __init__(
+        self, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, size: int = 16
+    ) -> None:
+        super().__init__(cin, cout, k, stride, groups=groups, bias=False)
+        total = max((math.ceil(size / stride) - 1) * stride + k - size, 0)
+        self.pad = (total // 2, total - total // 2, total // 2, total - total // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, self.pad)
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+class Block(nn.Module):
+    def __init__(self, c: int, expand: int = 4) -> None:
+        super().__init__()
+        mid = c * expand
+        self.expand = SamePadConv(c, mid, 1)
+        self.bn0 = nn.BatchNorm2d(mid, eps=1e-3)
+        self.depthwise = SamePadConv(mid, mid, 3, groups=mid, size=8)
+        self.bn1 = nn.BatchNorm2d(mid, eps=1e-3)
+        self.project = SamePadConv(mid, c, 1)
+        self.bn2 = nn.BatchNorm2d(c, eps=1e-3)
+        self.act = nn.ReLU6()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn0(self.expand(x)))
+        y = self.act(self.bn1(self.depthwise(y)))
+        return self.bn2(self.project(y)) + x
+
+
+class TinyEfficientNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = SamePadConv(3, 16, 3, stride=2)  # pads (0, 1, 0, 1): asymmetric
+        assert self.stem.pad == (0, 1, 0, 1)
+        self.bn = nn.BatchNorm2d(16, eps=1e-3)
+        self.act = nn.ReLU6()
+        self.block = Block(16)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block(self.act(self.bn(self.stem(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def _model() -> TinyEfficientNet:
+    torch.manual_seed(0)
+    model = TinyEfficientNet()
+    with torch.no_grad():
+        for bn in (model.bn, model.block.bn0, model.block.bn1, model.block.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.2, 2.0)
+            bn.weight.uniform_(0.5, 2.0)
+            bn.bias.uniform_(-0.5, 0.5)
+        dw = model.block.depthwise.weight
+        dw[:4] = 0.0  # dead channels: amax 0, scale floored
+        dw[4:6] = 1e-9  # below 2**-24: floored too, but not zero
+        model.block.bn1.running_var[:4] = 1e-6  # a dead channel's running statistics
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> tuple[nn.Module, torch.Tensor]:
+    model = _model()
+    gen = torch.Generator().manual_seed(1)
+    calib = [torch.randn(8, 3, 16, 16, generator=gen) for _ in range(4)]
+    prepared = qdq.prepare(model, (calib[0],))
+    quantizers = set(qdq.quantizers_of(prepared))
+    for layer in ("stem", "block.expand", "block.depthwise", "block.project", "fc"):
+        assert {f"{layer}.weight_quantizer", f"{layer}.input_quantizer"} <= quantizers, layer
+    qdq.calibrate(prepared, calib, method="max", show_progress=False)
+    x = torch.randn(32, 3, 16, 16, generator=gen)
+    return prepared, x
+
+
+def _weight_dq(path: Path) -> dict[str, np.ndarray]:
+    """ORT's DequantizeLinear outputs of every weight quantizer, by quantizer path."""
+    model = onnx.load(str(path))
+    names = {}
+    for node in model.graph.node:
+        head, _, tail = node.name.rpartition("/")
+        if head.endswith("weight_quantizer") and tail == "DequantizeLinear":
+            names[head] = node.output[0]
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(node.output[0]))
+    sess = session(model)
+    outs = dict(
+        zip(
+            [o.name for o in sess.get_outputs()],
+            run(sess, [torch.zeros(1, 3, 16, 16)]),
+            strict=True,
+        )
+    )
+    return {path: outs[name] for path, name in names.items()}
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_edge_cases_agree(calibrated, tmp_path: Path, exporter: str) -> None:
+    prepared, x = calibrated
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", exporter=exporter)
+    assert out.floored == {"block.depthwise.weight_quantizer": [0, 1, 2, 3, 4, 5]}
+    assert any("floored" in str(w.message) for w in caught)
+    nodes = onnx.load(str(out.path)).graph.node
+    assert sum(n.op_type == "Conv" for n in nodes) == 4
+    # every weight dequantizes bit for bit as in torch, the floored channels included
+    for path, theirs in _weight_dq(out.path).items():
+        q = prepared.get_submodule(path)
+        owner = prepared.get_submodule(path.removesuffix(".weight_quantizer"))
+        ours = q(owner.weight.detach()).numpy()
+        assert ours.view(np.int32).tolist() == theirs.view(np.int32).tolist(), path
+    dw_scale = qdq.scale_from_amax(prepared.get_submodule("block.depthwise.weight_quantizer").amax)
+    assert float(dw_scale[0]) == float(np.float32(MIN_SCALE))  # the float32 floor
+    report = parity(prepared, out.path, [x[:16], x[16:]], per_layer=True)
+    assert list(report.layers) == [
+        "stem.input_quantizer",
+        "block.expand.input_quantizer",  # also the residual's skip input
+        "block.depthwise.input_quantizer",
+        "block.project.input_quantizer",
+        "pool.input_quantizer",
+        "fc.input_quantizer",
+    ]
+    for path, lp in report.layers.items():
+        assert lp.qdq_mismatches == 0, path
+        assert lp.unexplained_codes == 0, path  # in isolation: float rounding at most
+        assert lp.isolated_mismatch_rate < 1e-3, path
+    assert report.layers["stem.input_quantizer"].differing_codes == 0
+    assert report.top1_agreement == 1.0
+    assert report.first_unexplained is None
+    assert report.max_rel_diff < 1e-2
+
+
+def test_isolated_comparison_finds_a_real_mismatch(calibrated, tmp_path: Path) -> None:
+    """A weight changed in the ONNX only: the layer after it differs beyond float rounding,
+    and the isolated view names it even though the free-running view sees the cascade."""
+    prepared, x = calibrated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx")
+    model = onnx.load(str(out.path))
+    for init in model.graph.initializer:
+        if init.name.endswith("block.expand.weight") or init.name == "block.expand.weight":
+            w = onnx.numpy_helper.to_array(init).copy()
+            w[:, :] = -w[:, :]
+            init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+            break
+    else:
+        pytest.fail("no block.expand.weight initializer")
+    report = parity(prepared, model, [x], per_layer=True)
+    assert report.first_unexplained == "block.depthwise.input_quantizer"
+    assert report.first_diverging == "block.depthwise.input_quantizer"
+    assert report.layers["block.expand.input_quantizer"].unexplained_codes == 0
+    doc = report.to_dict()
+    assert doc["first_unexplained"] == "block.depthwise.input_quantizer"
+    assert doc["layers"]["block.depthwise.input_quantizer"]["isolated_mismatch_rate"] > 0.01
