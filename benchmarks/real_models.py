@@ -1,8 +1,9 @@
 """Real-model benchmark (issue 10): capture, placement, export, ORT parity and lint per architecture.
 
 Run: ``YOLO_OFFLINE=1 .venv/bin/python benchmarks/real_models.py [--only NAME ...] [--json PATH]``;
-``--merge A.json B.json`` prints one table from the JSON of earlier (grouped) runs. Prints tables,
-asserts nothing. The architectures are ``tests/models/real.py`` (random weights, batch 1, small inputs).
+``--merge A.json B.json`` prints one table from the JSON of earlier (grouped) runs. With more than one
+model, each runs in a child process (a crash is one row). Prints tables, asserts nothing. The
+architectures are ``tests/models/real.py`` (random weights, batch 1, small inputs).
 
 Per model: whether ``torch.fx.symbolic_trace`` and ``torch.export.export(strict=False)`` each succeed
 on their own; which capture path ``qdq.prepare`` took (``plan.capture`` when the plan has it, else read
@@ -20,6 +21,7 @@ import contextlib
 import copy
 import io
 import json
+import re
 import sys
 import tempfile
 import time
@@ -41,11 +43,25 @@ CALIB_BATCHES = 2
 
 
 def short(err: BaseException, limit: int = 160) -> str:
-    """``Type: first line of the message`` (two when the first ends with ":"), cut to ``limit``."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [""]
-    first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "...:" heads a list
-    text = f"{type(err).__name__}: {first}"
+    """``Type: first line`` (two when the first ends with ":"), then the root cause, cut to ``limit``.
+
+    Exporters wrap the real error (``TorchExportError`` around a constraint violation): the innermost
+    ``__cause__`` is appended after ``<-``.
+    """
+    text = _line(err)
+    root = err
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    if root is not err:
+        text += f" <- {_line(root)}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _line(err: BaseException) -> str:
+    message = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()] or [""]
+    first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "...:" heads a list
+    return f"{type(err).__name__}: {first}"
 
 
 def timed(cell: dict[str, Any], fn: Callable[[], Any]) -> Any:
@@ -264,7 +280,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         steps += [("prepare", r.get("prepare")), ("calibrate", r.get("calibrate"))]
         steps += [(f"export[{e}]", c) for e, c in r.get("export", {}).items()]
         secs = ", ".join(f"{n} {c['seconds']:.1f}" for n, c in steps if c and "seconds" in c)
-        out.append(f"{r['name']}  ({r['total_seconds']:.1f} s: {secs})")
+        rss = f", peak RSS {r['peak_rss_mb']} MB" if "peak_rss_mb" in r else ""
+        out.append(f"{r['name']}  ({r['total_seconds']:.1f} s{rss}: {secs})")
         if r.get("note"):
             out.append(f"    note: {r['note']}")
         for n, c in steps:
@@ -281,6 +298,32 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _peak_rss_mb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def _bench_in_child(name: str, threads: int, folder: Path) -> dict[str, Any]:
+    """One model in a child process, so that a crash (killed for memory) is one row, not the run."""
+    import subprocess
+
+    out = folder / f"{name}.json"
+    cmd = [sys.executable, __file__, "--only", name, "--threads", str(threads), "--json", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
+    if proc.returncode == 0 and out.is_file():
+        return dict(json.loads(out.read_text())[0])
+    arch = ARCHS[name]
+    return {
+        "name": name,
+        "family": arch.family,
+        "note": arch.note,
+        "status": f"crashed (exit code {proc.returncode}; killed for memory?)",
+        "total_seconds": round(time.perf_counter() - start, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -288,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--merge", type=Path, nargs="+", help="print one table from these JSON files")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument(
+        "--inline", action="store_true", help="no child process per model (a crash stops the run)"
+    )
     args = ap.parse_args(argv)
     if args.merge:
         rows = [r for p in args.merge for r in json.loads(p.read_text())]
@@ -297,12 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(ARCHS)}")
     torch.set_num_threads(args.threads)
+    names = args.only or list(ARCHS)
     rows = []
     with tempfile.TemporaryDirectory(prefix="qdq-real-") as tmp:
-        for name in args.only or list(ARCHS):
-            print(f"[real_models] {name} ...", file=sys.stderr, flush=True)
-            rows.append(bench(name, Path(tmp)))
-            print(f"[real_models] {name} {rows[-1].get('total_seconds', 0)} s", file=sys.stderr)
+        for name in names:
+            if len(names) == 1 or args.inline:
+                print(f"[real_models] {name} ...", file=sys.stderr, flush=True)
+                rows.append(bench(name, Path(tmp)))
+                rows[-1]["peak_rss_mb"] = _peak_rss_mb()
+                print(f"[real_models] {name} {rows[-1].get('total_seconds', 0)} s", file=sys.stderr)
+            else:  # the child prints the progress lines
+                rows.append(_bench_in_child(name, args.threads, Path(tmp)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     print(f"qdq {qdq.__version__}, torch {torch.__version__}, {args.threads} threads")
