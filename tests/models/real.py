@@ -232,13 +232,18 @@ def _rcnn(name: str) -> Builder:
 
         ctor = getattr(detection, name)
         size = DETECTOR_SIZE  # the transform resizes to min_size (800 by default): keep it small
-        model = ctor(weights=None, weights_backbone=None, min_size=size, max_size=size)
+        # random weights score every box low: keep them all (box_score_thresh=0), so that the
+        # RoI heads (keypoint head included) see non-empty tensors during calibration
+        model = ctor(
+            weights=None, weights_backbone=None, min_size=size, max_size=size, box_score_thresh=0.0
+        )
         return model, _image(size)
 
     return build
 
 
 # -------------------------------------------------------------------------------------- registry
+_RCNN_NOTE = "whole model (transform, RPN, NMS, RoI heads); min/max_size 160, box_score_thresh 0"
 _DEPLOY_NOTE = "ultralytics ONNX-export form: fuse(), Detect.export=True, C2f.forward_split"
 _ROWS: tuple[Arch, ...] = (
     Arch("yolov8n", "yolo", ("ultralytics",), _ultralytics("yolov8n.yaml", False)),
@@ -280,12 +285,12 @@ _ROWS: tuple[Arch, ...] = (
     Arch("deeplabv3_resnet50", "torchvision", ("torchvision",), _deeplabv3, slow=True),
     Arch(
         "fasterrcnn_resnet50_fpn", "torchvision", ("torchvision",), _rcnn("fasterrcnn_resnet50_fpn"),
-        slow=True, note="whole model (transform, RPN, NMS, RoI heads); min_size=max_size=160",
+        slow=True, note=_RCNN_NOTE,
     ),
     Arch(
         "keypointrcnn_resnet50_fpn", "torchvision", ("torchvision",),
         _rcnn("keypointrcnn_resnet50_fpn"), slow=True,
-        note="whole model (transform, RPN, NMS, RoI heads); min_size=max_size=160",
+        note=_RCNN_NOTE,
     ),
 )  # fmt: skip
 
