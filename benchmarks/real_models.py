@@ -40,6 +40,7 @@ from models.real import ARCHS, RealModel
 
 EXPORTERS = ("dynamo", "torchscript")
 CALIB_BATCHES = 2
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours in torch.onnx messages
 
 
 def short(err: BaseException, limit: int = 160) -> str:
@@ -58,7 +59,7 @@ def short(err: BaseException, limit: int = 160) -> str:
 
 
 def _line(err: BaseException) -> str:
-    message = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    message = _ANSI.sub("", str(err))
     lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()] or [""]
     first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "...:" heads a list
     return f"{type(err).__name__}: {first}"
@@ -286,7 +287,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             out.append(f"    note: {r['note']}")
         for n, c in steps:
             if c and not c.get("ok", True):
-                out.append(f"    {n}: {c.get('error')}")
+                out.append(f"    {n}: {_ANSI.sub('', str(c.get('error')))}")
         for w in r.get("prepare", {}).get("warnings", []):
             out.append(f"    prepare warned: {w}")
         for e, c in r.get("export", {}).items():
