@@ -19,7 +19,7 @@ them into assertions when the rewrite lands:
 1. Capture path: every row takes the graph path (``torch.fx`` or ``torch.export`` non-strict),
    reported by the plan (``plan.capture``), except ``fasterrcnn_resnet50_fpn`` and
    ``keypointrcnn_resnet50_fpn`` (module replacement, with a note of what was not covered). Today
-   every ultralytics row, ConvNeXt-T, ViT-Ti, RetinaNet-head and both R-CNNs fall back.
+   the 8 ultralytics rows and both R-CNNs fall back (benchmarks/real_models_before.txt).
 2. P03 on residual Adds: every residual Add of ResNet-50, EfficientNet-B0, MobileNetV3-L,
    RegNetY-008, CSPDarkNet-53, ConvNeXt-T, ViT-Ti (both Adds per block), U-Net-ResNet34's encoder,
    RetinaNet's FPN (top-down Adds, through ``interpolate(size=...)``), DeepLabV3's backbone and the
