@@ -1,0 +1,305 @@
+"""Real architectures of issue 10, built from their packages with random weights (no downloads).
+
+Each architecture is an :class:`Arch`: a name, a family (``"yolo"``, ``"timm"``, ``"torchvision"``,
+``"smp"``), the packages it needs and a builder. ``Arch.available`` checks the packages with
+:mod:`importlib` without importing them, so a missing package skips cleanly; ``Arch.build()`` returns
+a :class:`RealModel` with the model in eval mode and its example inputs (batch 1, the smallest input
+the model takes sensibly, to keep CPU time low).
+
+The ``*_deploy`` YOLO rows reproduce the preparation steps of ultralytics' own ONNX export
+(``ultralytics/engine/exporter.py`` in 8.4): ``requires_grad=False``, ``eval()``, ``float()``,
+``fuse()`` (Conv+BN folding, ``forward = forward_fuse`` on the fused blocks), and on the head
+``export=True``, ``format="onnx"``, ``dynamic=False``, ``max_det`` clamped to the anchor count,
+``xyxy=False``, ``shape=None``; every ``C2f`` (and subclass) gets ``forward = forward_split``;
+``end2end`` is switched off (the default ``nms=None`` of the exporter).
+
+Example:
+    >>> from models.real import ARCHS
+    >>> arch = ARCHS["resnet50"]
+    >>> rm = arch.build() if arch.available else None
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ARCHS", "Arch", "RealModel", "build"]
+
+# Nothing here may reach the network: ultralytics and the Hugging Face hub stay offline.
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DETECTOR_SIZE = 160  # YOLO / U-Net / torchvision detectors (multiples of 32)
+CLASSIFIER_SIZE = 224
+
+Inputs = tuple[torch.Tensor, ...]
+Builder = Callable[[], tuple[nn.Module, Inputs]]
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A built architecture: the model (eval mode, random weights) and its example inputs."""
+
+    name: str
+    family: str
+    model: nn.Module
+    example_inputs: Inputs
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One row of the real-model matrix.
+
+    Attributes:
+        name: row name (``"yolov8n_deploy"``).
+        family: ``"yolo"``, ``"timm"``, ``"torchvision"`` or ``"smp"``.
+        requires: top-level packages the builder imports.
+        builder: returns ``(model, example_inputs)``.
+        slow: prepare/export take long enough to mark the test ``slow``.
+        note: what the row is (wrappers, preparation steps).
+    """
+
+    name: str
+    family: str
+    requires: tuple[str, ...]
+    builder: Builder
+    slow: bool = False
+    note: str = ""
+
+    @property
+    def available(self) -> bool:
+        """Whether every required package can be imported (checked without importing it)."""
+        return all(importlib.util.find_spec(p) is not None for p in self.requires)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The required packages that are not installed."""
+        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+
+    def build(self) -> RealModel:
+        """Build the model (seeded) in eval mode with its example inputs.
+
+        Raises:
+            ImportError: a required package is missing.
+        """
+        if not self.available:
+            raise ImportError(f"{self.name} needs {', '.join(self.missing)} (not installed)")
+        torch.manual_seed(0)
+        model, inputs = self.builder()
+        model.eval()
+        return RealModel(self.name, self.family, model, inputs, self.note)
+
+
+def _image(size: int) -> Inputs:
+    return (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)),)
+
+
+# ----------------------------------------------------------------------------------- ultralytics
+def _ultralytics(cfg: str, deploy: bool) -> Builder:
+    def build() -> tuple[nn.Module, Inputs]:
+        from ultralytics.nn.tasks import guess_model_task, yaml_model_load
+
+        task = guess_model_task(yaml_model_load(cfg))
+        model = _ultralytics_class(task)(cfg, verbose=False)
+        if deploy:
+            _ultralytics_export_form(model, DETECTOR_SIZE)
+        return model.eval(), _image(DETECTOR_SIZE)
+
+    return build
+
+
+def _ultralytics_class(task: str) -> type[nn.Module]:
+    from ultralytics.nn import tasks
+
+    return {
+        "detect": tasks.DetectionModel,
+        "segment": tasks.SegmentationModel,
+        "pose": tasks.PoseModel,
+    }[task]
+
+
+def _ultralytics_export_form(model: Any, imgsz: int) -> None:
+    """The preparation steps of ultralytics 8.4's exporter for ``format="onnx"`` (in place)."""
+    from ultralytics.nn.modules import C2f, Detect
+
+    for p in model.parameters():
+        p.requires_grad = False
+    model.eval()
+    model.float()
+    if hasattr(model, "end2end"):
+        model.end2end = False
+    model.fuse(verbose=False, imgsz=imgsz)
+    strides = [int(s) for s in model.stride.tolist()]
+    for m in model.modules():
+        if isinstance(m, Detect):
+            m.dynamic = False
+            m.export = True
+            m.format = "onnx"
+            m.max_det = min(300, sum((imgsz // s) ** 2 for s in strides))
+            m.agnostic_nms = False
+            m.xyxy = False
+            m.shape = None
+        elif isinstance(m, C2f):
+            m.forward = m.forward_split
+
+
+def _yolov5(deploy: bool) -> Builder:
+    """Packaged yolov5 7.0 (``pip install yolov5``); untested here (the package is not installed)."""
+
+    def build() -> tuple[nn.Module, Inputs]:
+        import yolov5
+        from yolov5.models.yolo import Detect, Model
+
+        model = Model(str(Path(yolov5.__file__).parent / "models" / "yolov5s.yaml"))
+        if deploy:  # export.py: attempt_load(fuse=True), eval, Detect.inplace/dynamic/export
+            model = model.fuse().eval()
+            for m in model.modules():
+                if isinstance(m, Detect):
+                    m.inplace = False
+                    m.dynamic = False
+                    m.export = True
+        return model.eval(), _image(DETECTOR_SIZE)
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------ timm
+def _timm(name: str, deploy: bool = False) -> Builder:
+    def build() -> tuple[nn.Module, Inputs]:
+        import timm
+
+        model = timm.create_model(name, pretrained=False)
+        if deploy:
+            from timm.utils import reparameterize_model
+
+            model = reparameterize_model(model.eval())
+        return model.eval(), _image(CLASSIFIER_SIZE)
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------- smp
+def _unet() -> tuple[nn.Module, Inputs]:
+    import segmentation_models_pytorch as smp
+
+    return smp.Unet("resnet34", encoder_weights=None, classes=1), _image(DETECTOR_SIZE)
+
+
+# ----------------------------------------------------------------------------------- torchvision
+class RetinaNetHead(nn.Module):
+    """RetinaNet without its anchor decoding and NMS: ``backbone`` (ResNet-50 + FPN) then ``head``.
+
+    Returns the head's raw ``cls_logits`` and ``bbox_regression`` (concatenated over the five pyramid
+    levels). The postprocessing is data-dependent and not part of a TensorRT Q/DQ network.
+    """
+
+    def __init__(self, retinanet: nn.Module) -> None:
+        super().__init__()
+        self.backbone = retinanet.backbone
+        self.head = retinanet.head
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = list(self.backbone(x).values())
+        out = self.head(features)
+        return out["cls_logits"], out["bbox_regression"]
+
+
+def _retinanet() -> tuple[nn.Module, Inputs]:
+    from torchvision.models.detection import retinanet_resnet50_fpn
+
+    model = retinanet_resnet50_fpn(weights=None, weights_backbone=None)
+    return RetinaNetHead(model.eval()), _image(DETECTOR_SIZE)
+
+
+def _deeplabv3() -> tuple[nn.Module, Inputs]:
+    from torchvision.models.segmentation import deeplabv3_resnet50
+
+    return deeplabv3_resnet50(weights=None, weights_backbone=None), _image(DETECTOR_SIZE)
+
+
+def _rcnn(name: str) -> Builder:
+    def build() -> tuple[nn.Module, Inputs]:
+        from torchvision.models import detection
+
+        ctor = getattr(detection, name)
+        size = DETECTOR_SIZE  # the transform resizes to min_size (800 by default): keep it small
+        # random weights score every box low: keep them all (box_score_thresh=0), so that the
+        # RoI heads (keypoint head included) see non-empty tensors during calibration
+        model = ctor(
+            weights=None, weights_backbone=None, min_size=size, max_size=size, box_score_thresh=0.0
+        )
+        return model, _image(size)
+
+    return build
+
+
+# -------------------------------------------------------------------------------------- registry
+_RCNN_NOTE = "whole model (transform, RPN, NMS, RoI heads); min/max_size 160, box_score_thresh 0"
+_DEPLOY_NOTE = "ultralytics ONNX-export form: fuse(), Detect.export=True, C2f.forward_split"
+_ROWS: tuple[Arch, ...] = (
+    Arch("yolov8n", "yolo", ("ultralytics",), _ultralytics("yolov8n.yaml", False)),
+    Arch("yolov8n_deploy", "yolo", ("ultralytics",), _ultralytics("yolov8n.yaml", True), note=_DEPLOY_NOTE),
+    Arch("yolo11n", "yolo", ("ultralytics",), _ultralytics("yolo11n.yaml", False)),
+    Arch("yolo11n_deploy", "yolo", ("ultralytics",), _ultralytics("yolo11n.yaml", True), note=_DEPLOY_NOTE),
+    Arch("yolov8n_seg", "yolo", ("ultralytics",), _ultralytics("yolov8n-seg.yaml", False)),
+    Arch(
+        "yolov8n_seg_deploy", "yolo", ("ultralytics",), _ultralytics("yolov8n-seg.yaml", True),
+        note=_DEPLOY_NOTE,
+    ),
+    Arch("yolov8n_pose", "yolo", ("ultralytics",), _ultralytics("yolov8n-pose.yaml", False)),
+    Arch(
+        "yolov8n_pose_deploy", "yolo", ("ultralytics",), _ultralytics("yolov8n-pose.yaml", True),
+        note=_DEPLOY_NOTE,
+    ),
+    Arch("yolov5s", "yolo", ("yolov5",), _yolov5(False), note="packaged yolov5 7.0"),
+    Arch(
+        "yolov5s_deploy", "yolo", ("yolov5",), _yolov5(True),
+        note="yolov5 export.py form: fuse(), Detect.export=True, inplace=False",
+    ),
+    Arch("resnet50", "timm", ("timm",), _timm("resnet50")),
+    Arch("efficientnet_b0", "timm", ("timm",), _timm("efficientnet_b0")),
+    Arch("mobilenetv3_large_100", "timm", ("timm",), _timm("mobilenetv3_large_100")),
+    Arch("regnety_008", "timm", ("timm",), _timm("regnety_008")),
+    Arch("convnext_tiny", "timm", ("timm",), _timm("convnext_tiny"), slow=True),
+    Arch("repvgg_a0", "timm", ("timm",), _timm("repvgg_a0")),
+    Arch(
+        "repvgg_a0_deploy", "timm", ("timm",), _timm("repvgg_a0", deploy=True),
+        note="timm reparameterize_model (branches merged into one 3x3 conv)",
+    ),
+    Arch("vit_tiny_patch16_224", "timm", ("timm",), _timm("vit_tiny_patch16_224")),
+    Arch("cspdarknet53", "timm", ("timm",), _timm("cspdarknet53"), slow=True),
+    Arch("unet_resnet34", "smp", ("segmentation_models_pytorch",), _unet),
+    Arch(
+        "retinanet_resnet50_fpn", "torchvision", ("torchvision",), _retinanet, slow=True,
+        note="backbone+FPN+head only (RetinaNetHead wrapper): no anchor decoding / NMS",
+    ),
+    Arch("deeplabv3_resnet50", "torchvision", ("torchvision",), _deeplabv3, slow=True),
+    Arch(
+        "fasterrcnn_resnet50_fpn", "torchvision", ("torchvision",), _rcnn("fasterrcnn_resnet50_fpn"),
+        slow=True, note=_RCNN_NOTE,
+    ),
+    Arch(
+        "keypointrcnn_resnet50_fpn", "torchvision", ("torchvision",),
+        _rcnn("keypointrcnn_resnet50_fpn"), slow=True,
+        note=_RCNN_NOTE,
+    ),
+)  # fmt: skip
+
+#: every row by name, in table order
+ARCHS: dict[str, Arch] = {a.name: a for a in _ROWS}
+
+
+def build(name: str) -> RealModel:
+    """Build the architecture called ``name`` (see :data:`ARCHS`)."""
+    if name not in ARCHS:
+        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
+    return ARCHS[name].build()
