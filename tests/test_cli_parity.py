@@ -14,6 +14,7 @@ import torch
 
 import qdq
 from qdq.cli.main import main
+from qdq.export.manifest import manifest_path_for
 from qdq.specs import load_data_spec, load_model_spec
 
 MODEL_PY = textwrap.dedent(
@@ -64,7 +65,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = qdq.export_onnx(prepared, (data[:1],), root / "tiny.qdq.onnx")
-    assert out.manifest_path == root / "tiny.qdq.manifest.json"
+    assert out.manifest_path == root / "tiny.qdq.onnx.manifest.json"
     return {"onnx": str(out.path), "model": f"{py}:build", "data": str(root / "data.npy")}
 
 
@@ -87,7 +88,7 @@ def test_parity_json(exported, capsys: pytest.CaptureFixture[str]) -> None:
     first = next(iter(doc["layers"]))
     assert first == "conv1.input_quantizer"  # execution order
     assert doc["layers"][first]["code_mismatch_rate"] == 0.0
-    assert doc["manifest"].endswith("tiny.qdq.manifest.json")
+    assert doc["manifest"].endswith("tiny.qdq.onnx.manifest.json")
 
 
 def test_parity_fails_past_threshold(exported, tmp_path: Path, capsys) -> None:
@@ -98,11 +99,13 @@ def test_parity_fails_past_threshold(exported, tmp_path: Path, capsys) -> None:
             init.CopyFrom(onnx.numpy_helper.from_array(-w, init.name))
     bad = tmp_path / "bad.onnx"
     onnx.save(model, str(bad))
-    manifest = Path(exported["onnx"]).with_suffix(".manifest.json")
-    bad.with_suffix(".manifest.json").write_text(manifest.read_text())
+    manifest = manifest_path_for(exported["onnx"])
+    manifest_path_for(bad).write_text(manifest.read_text())
     args = ["parity", str(bad), "--model", exported["model"], "--data", exported["data"]]
     assert main([*args, "--json"]) == 1
-    doc = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert "bad.onnx is not the file bad.onnx.manifest.json was written with" in captured.err
+    doc = json.loads(captured.out)
     assert not doc["passed"]
     # conv2's own input already differs by rounding-boundary flips of conv1 (explained); the
     # negated conv2 weights first show in what conv2 feeds: the residual sum's quantizer

@@ -1,7 +1,7 @@
 """``qdq parity``: does an exported Q/DQ ONNX compute what the torch fake-quant model computes?
 
 The torch side is rebuilt from the user's model spec, prepared with the default config and given
-the calibration stored in the manifest beside the ONNX (``X.manifest.json`` for ``X.onnx``), so it
+the calibration stored in the manifest beside the ONNX (``X.onnx.manifest.json`` for ``X.onnx``), so it
 is the same calibrated model that was exported. Both run on the data spec's batches.
 """
 
@@ -68,18 +68,26 @@ def failures(report: Any, threshold: float) -> list[str]:
 def _compare(onnx_path: str, model_spec: str, data_spec: str, batch_size: int | None) -> Any:
     import qdq
     from qdq.backends.parity import parity
+    from qdq.export.manifest import manifest_path_for, sha256_of
     from qdq.specs import load_data_spec, load_model_spec
 
     path = Path(onnx_path)
     if not path.is_file():
         raise FileNotFoundError(f"no ONNX file at {path}")
-    manifest = path.with_suffix(".manifest.json")
+    manifest = manifest_path_for(path)
     if not manifest.is_file():
         raise FileNotFoundError(f"no manifest at {manifest} (qdq.export_onnx writes it)")
     batches = load_data_spec(data_spec, batch_size=batch_size)
     float_model = load_model_spec(model_spec)
     prepared = qdq.prepare(float_model, (batches[0],))
     qdq.load_calibration(prepared, manifest)
+    recorded = json.loads(manifest.read_text(encoding="utf-8")).get("onnx") or {}
+    if recorded.get("sha256") != sha256_of(path.read_bytes()):
+        print(
+            f"qdq parity: note: {path} is not the file {manifest.name} was written with (SHA-256 "
+            "differs: edited or re-exported since); comparing it with that calibration anyway",
+            file=sys.stderr,
+        )
     return parity(prepared, path, batches, per_layer=True), manifest
 
 
