@@ -33,8 +33,14 @@ def run_exporter(
     opset: int,
     dynamic_batch: bool,
     allow_specialization: bool,
+    *,
+    recorded: bool = False,
 ) -> tuple[Any, list[str] | None]:
-    """Run one exporter; return the ONNX model and (TorchScript) the quantizer call order."""
+    """Run one exporter; return the ONNX model and (TorchScript) the quantizer call order.
+
+    ``recorded``: the plan comes from a recording of the eager forward, which already refused
+    tensor-valued control flow; the tracer's remaining conversions are of traced shapes.
+    """
     import onnx
 
     tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
@@ -46,6 +52,7 @@ def run_exporter(
             if dynamic_batch:
                 batch = torch.export.Dim("batch")
                 dyn = tuple({0: batch} if isinstance(a, torch.Tensor) else None for a in args)
+                args = _batch_of_two(args)
             program = torch.onnx.export(
                 model, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dyn,
                 input_names=input_names, verbose=False,
@@ -69,7 +76,7 @@ def run_exporter(
         try:
             with (
                 tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp,
-                _tracer_warnings(allow_specialization),
+                _tracer_warnings(allow_specialization, recorded),
             ):
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
@@ -83,9 +90,14 @@ def run_exporter(
 
 
 @contextlib.contextmanager
-def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
+def _tracer_warnings(allow_specialization: bool, recorded: bool) -> Iterator[None]:
     """Refuse (``ExportRefusedError``) when the TorchScript tracer warns that the model's own code turned
     a tensor into a Python value; other warnings pass through unchanged.
+
+    When the plan was ``recorded``, the eager recording saw every tensor the model turned into a
+    Python value and export already refused data-dependent control flow, so what the tracer still
+    reports are the tensors *it* makes of sizes (``x.shape`` is traced) and of default arguments
+    (``is_causal=False``): specializations on input shapes, written with a warning that names them.
 
     A conversion made by torch itself (``torch._assert`` on a traced shape, ``Tensor.__format__``) is
     not the model's control flow. The call-site runtime forwards every torch call of the model, so a
@@ -123,7 +135,16 @@ def _tracer_warnings(allow_specialization: bool) -> Iterator[None]:
         warnings.warn(
             f"the TorchScript export is specialized on the example input ({where}); written "
             "because allow_specialization=True",
-            stacklevel=4,
+            stacklevel=5,
+        )
+        return
+    if recorded:
+        warnings.warn(
+            f"the TorchScript trace turned traced sizes or default arguments into Python values "
+            f"({where}). The recording of the eager forward read no computed tensor as a Python "
+            "value, so the ONNX is specialized on input shapes there: exact for the example's "
+            "shape; with a dynamic batch, pass check_inputs of another batch size to verify it",
+            stacklevel=5,
         )
         return
     raise ExportRefusedError(
@@ -152,3 +173,13 @@ def _origin(filename: str, lineno: int) -> tuple[str, int]:
     if frame is None:
         return filename, lineno
     return frame.f_code.co_filename, frame.f_lineno
+
+
+def _batch_of_two(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The example inputs with a batch-1 tensor repeated to batch 2: torch.export specializes a
+    size-1 dimension to the constant 1, so a dynamic batch needs an example batch of at least 2.
+    The exported graph is the same computation; nothing batch-dependent runs in eval mode."""
+    return tuple(
+        torch.cat([a, a]) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == 1 else a
+        for a in args
+    )

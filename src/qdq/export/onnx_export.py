@@ -168,7 +168,7 @@ def export_onnx(
             with _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype):
                 model_proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
-                    allow_specialization,
+                    allow_specialization, recorded=plan.capture == "recorded",
                 )  # fmt: skip
             used = candidate
             break

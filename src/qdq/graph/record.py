@@ -61,6 +61,7 @@ class _Recorder(CallTracker):
         self._leaf: fx.Node | None = None
         #: module paths where a tensor value decided Python control flow (``if x.sum() > 0``)
         self.data_dependent: list[str] = []
+        self._input_dependent: dict[fx.Node, bool] = {}
 
     # ------------------------------------------------------------ dataflow
     def bind(self, node: fx.Node, value: Any) -> None:
@@ -118,6 +119,24 @@ class _Recorder(CallTracker):
         self._values[id(t)] = (node, t)
         return node
 
+    def _from_input(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value is computed from the model's inputs (not only from parameters,
+        constants and sizes, which are the same for every input of this shape)."""
+        memo = self._input_dependent
+        stack = [node]
+        while stack:  # post-order without recursion: recorded graphs run to thousands of nodes
+            n = stack[-1]
+            if n in memo:
+                stack.pop()
+                continue
+            todo = [i for i in n.all_input_nodes if i not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[n] = n.op == "placeholder" or any(memo[i] for i in n.all_input_nodes)
+        return memo[node]
+
     def _node(self, op: str, target: Any, args: Any, kwargs: dict[str, Any], key: SiteKey) -> Any:
         node = self.graph.create_node(op, target, tuple(self.arg(args)), self.arg(kwargs))
         node.meta["nn_module_stack"] = OrderedDict((p, (p, t)) for p, t in self.stack_paths())
@@ -138,8 +157,8 @@ class _Recorder(CallTracker):
             known = self._values.get(id(args[0]))
             if (
                 known is not None
-                and known[0].op not in ("get_attr",)
-                and key[0] not in (self.data_dependent)
+                and self._from_input(known[0])
+                and key[0] not in self.data_dependent
             ):
                 self.data_dependent.append(key[0])
         node_args: tuple[Any, ...] = args
