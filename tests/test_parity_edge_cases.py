@@ -183,3 +183,31 @@ def test_isolated_comparison_finds_a_real_mismatch(calibrated, tmp_path: Path) -
     doc = report.to_dict()
     assert doc["first_unexplained"] == "block.depthwise.input_quantizer"
     assert doc["layers"]["block.depthwise.input_quantizer"]["isolated_mismatch_rate"] > 0.01
+
+
+class _Taps(nn.Module):
+    """Returns the tensor a quantizer reads as well as the result (YOLO heads return features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.relu(self.conv1(x))
+        return h, self.conv2(h)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_parity_when_a_tapped_tensor_is_also_a_model_output(exporter: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(_Taps().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter=exporter)
+    report = parity(prepared, out.path, [x], per_layer=True)
+    assert report.min_cosine > 0.9999  # both outputs compared, the tap not mistaken for one
+    assert "conv2.input_quantizer" in report.layers
+    assert report.layers["conv2.input_quantizer"].qdq_mismatches == 0

@@ -151,6 +151,7 @@ def parity(
 
     model = onnx_model if hasattr(onnx_model, "graph") else onnx.load(str(onnx_model))
     taps: dict[str, list[tuple[str, str]]] = {}
+    n_out = len(model.graph.output)  # a tapped tensor may already be a model output
     if per_layer:
         model = _with_quantizer_outputs(model, taps)
     sess = session(model)
@@ -158,7 +159,6 @@ def parity(
         p: m for p, m in prepared.named_modules() if p in taps and isinstance(m, Quantizer)
     }
     out_names = [o.name for o in sess.get_outputs()]
-    n_out = len(out_names) - 2 * sum(len(v) for v in taps.values())
     ends = _EndToEnd()
     stats: dict[str, LayerParity] = {}
     order: dict[str, None] = {}
