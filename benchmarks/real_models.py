@@ -127,7 +127,7 @@ def export_cells(prepared: Any, rm: RealModel, exporter: str, folder: Path) -> d
             exporter=exporter,
             overwrite=True,
             verify=not ARCHS[rm.name].ranked_outputs,
-        ),  # fmt: skip
+        ),
     )
     if res is None:
         return cell
