@@ -65,7 +65,8 @@ def _add_parity(sub: Any) -> None:
         "parity",
         help="compare an exported Q/DQ ONNX with its torch fake-quant model, layer by layer",
         description="Run the torch fake-quant model (rebuilt from --model, prepared with the "
-        "default config, calibration loaded from X.manifest.json beside X.onnx) and the ONNX in "
+        "default config, calibration loaded from X.onnx.manifest.json beside X.onnx, or from a "
+        "manifest.json there that names X.onnx) and the ONNX in "
         "ONNX Runtime on the same data; report end-to-end agreement, per quantizer the fraction "
         "of differing INT8 codes (free-running and isolated) and the first diverging layer. "
         "Exit code: 0 within the threshold, 1 past it, 2 when an input cannot be used.",
