@@ -130,8 +130,8 @@ def resolve_data(
     if "/" in spec or "\\" in spec or path.suffix:
         raise FileNotFoundError(f"no data at {spec}")
     raise ValueError(
-        f"unknown dataset {spec!r}: not a built-in dataset ({', '.join(sorted(DATASETS))}), an "
-        "image folder, nor a .npy/.npz file"
+        f"unknown dataset {spec!r}; built-in datasets: {', '.join(sorted(DATASETS))}; or give an "
+        "image folder, a .npy or a .npz file"
     )
 
 

@@ -6,7 +6,8 @@
 * ``model.pt2``: a saved ``torch.export.ExportedProgram``, run as ``torch.export.load(p).module()``.
   Its ATen calls that qdq places Q/DQ around (``aten.conv2d``, ``aten.linear``, ``aten.add`` ...) are
   mapped back to the ``torch`` functions with the same signature, so the planner sees them; a batch
-  dimension the export made static stays static (every batch then has that size);
+  dimension the export made static stays static (every batch then has that size); the graph runs
+  in the mode it was exported in (export in eval mode);
 * ``model.onnx``: an FP32 ONNX model converted with ``onnx2torch`` (optional: ``pip install onnx2torch``);
 * TorchScript archives are refused with the reason: ScriptModules allow no Python hooks, which qdq's
   capture needs; export the model with ``torch.export`` and pass the ``.pt2``, or pass its factory.
@@ -94,8 +95,8 @@ def resolve_model(spec: str | nn.Module) -> ModelSource:
     if "/" in spec or "\\" in spec or suffix == ".py":
         raise FileNotFoundError(f"no model file at {spec}")
     raise ValueError(
-        f"unknown model {spec!r}: not a built-in zoo model ({', '.join(sorted(MODELS))}), nor "
-        "pkg.module:factory, path/to/file.py:factory, a .pt2, TorchScript or .onnx file"
+        f"unknown model {spec!r}; built-in zoo models: {', '.join(sorted(MODELS))}; or give "
+        "pkg.module:factory, path/to/file.py:factory, a .pt2 or an .onnx file"
     )
 
 
@@ -155,6 +156,10 @@ def _load_pt2(path: Path) -> ModelSource:
             shape = tuple(node.meta["val"].shape)
     static = shape[0] if shape and isinstance(shape[0], int) else None
     module = ep.module()
+    # ep.module() forbids .train()/.eval() (instance attributes that raise): its graph keeps the
+    # mode it was exported in whatever the flag says, so the plain nn.Module methods are harmless
+    for name in ("train", "eval"):
+        module.__dict__.pop(name, None)
     _aten_to_torch(module)
     dims = tuple(d if isinstance(d, int) else -1 for d in shape)
     return ModelSource(module.eval(), "pt2", str(path), static_batch=static, input_shape=dims)

@@ -162,6 +162,8 @@ def quantize(
         with stages("check") as st:
             example = next(batches(qdata.calibration[:size], size, static))[0][: size if static else 1]
             sample_out = _check_sample(source, example, qdata)
+            if qdata.labels is not None:
+                check_labels(sample_out, qdata.labels, qdata.source)
             st.detail = f"input {tuple(example.shape[1:])} → output {tuple(sample_out.shape[1:])}"
         with stages("capture_plan") as st:
             import qdq
@@ -222,8 +224,6 @@ def _export_and_measure(
         with stages("fp32_eval") as st:
             ref = torch_outputs(source.module, qdata.evaluation, size, static=s.static,
                                 desc="FP32 (torch)", show=show)  # fmt: skip
-            if qdata.labels is not None:
-                check_labels(ref, qdata.labels, qdata.source)
             fp32 = score(ref, ref, qdata.labels)
             st.detail = f"{fp32['metric']:.4f} on {len(ref)} samples"
         with stages("int8_eval") as st:
