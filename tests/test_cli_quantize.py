@@ -58,8 +58,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     x = torch.randn(48, 3, 8, 8, generator=torch.Generator().manual_seed(0)).numpy()
     np.savez(root / "labelled.npz", x=x, y=np.arange(48) % 10)
     np.save(root / "plain.npy", x)
-    return {"root": root, "py": root / "tiny_model.py", "npz": root / "labelled.npz",
-            "npy": root / "plain.npy"}  # fmt: skip
+    return {
+        "root": root,
+        "py": root / "tiny_model.py",
+        "npz": root / "labelled.npz",
+        "npy": root / "plain.npy",
+    }
 
 
 def _cli(i: dict[str, Path], out: Path, *extra: str, model: str | None = None) -> list[str]:
@@ -81,20 +85,32 @@ def test_happy_path_and_api_agree(inputs, tmp_path: Path, capsys) -> None:
     report = json.loads((out / "report.json").read_text())
     assert set(STABLE_KEYS) <= set(report)
     assert report["metric_name"] == "top1_accuracy" and report["data"]["labelled"]
-    assert report["data"]["calibration_samples"] == 24 and report["data"]["evaluation_samples"] == 24
+    assert (
+        report["data"]["calibration_samples"] == 24 and report["data"]["evaluation_samples"] == 24
+    )
     assert 0.0 <= report["int8_metric"] <= 1.0
     assert report["lint"]["weighted_layers"] == 3 and report["lint_verdict"] == "PASS"
     assert report["skipped_layers"] == [
-        {"name": "fc", "type": "Linear", "status": "float", "rule": "P14",
-         "reason": report["skipped_layers"][0]["reason"]}
-    ]  # fmt: skip
+        {
+            "name": "fc",
+            "type": "Linear",
+            "status": "float",
+            "rule": "P14",
+            "reason": report["skipped_layers"][0]["reason"],
+        }
+    ]
     assert set(report["timings_s"]) >= {"capture_plan", "calibrate", "export", "int8_eval", "lint"}
     assert set(report["calibration_methods"]) == {"max", "entropy", "mse", "percentile"}
     assert report["int8_torch"]["vs_onnxruntime"]["cosine_min"] > 0.9999  # ORT computes torch's
     assert report["plan"]["coverage"][0]["module"] == "conv1"
 
-    api = quantize(f"{inputs['py']}:build", str(inputs["npz"]), out=tmp_path / "api",
-                   exporter="torchscript", show_progress=False)  # fmt: skip
+    api = quantize(
+        f"{inputs['py']}:build",
+        str(inputs["npz"]),
+        out=tmp_path / "api",
+        exporter="torchscript",
+        show_progress=False,
+    )
     for key in ("metric_name", "fp32_metric", "int8_metric", "fp32", "int8", "lint"):
         assert api.report[key] == report[key], key
     assert api.onnx_path.is_file() and api.manifest_path.name == "manifest.json"
@@ -106,16 +122,27 @@ def test_parity_finds_manifest_json(inputs, tmp_path: Path, capsys) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["onnx"]["file"] == "model.qdq.onnx"
     assert qdq.export.find_manifest(out / "model.qdq.onnx") == out / "manifest.json"
-    args = ["parity", str(out / "model.qdq.onnx"), "--model", f"{inputs['py']}:build",
-            "--data", str(inputs["npy"])]  # fmt: skip
+    args = [
+        "parity",
+        str(out / "model.qdq.onnx"),
+        "--model",
+        f"{inputs['py']}:build",
+        "--data",
+        str(inputs["npy"]),
+    ]
     assert main(args) == 0
     assert "verdict: PASS" in capsys.readouterr().out
 
 
 def test_without_labels_the_metric_is_agreement(inputs, tmp_path: Path) -> None:
-    res = quantize(f"{inputs['py']}:build", str(inputs["npy"]), out=tmp_path / "o",
-                   exporter="torchscript", show_progress=False,
-                   data_options=DataOptions(calib_samples=8, eval_samples=10))  # fmt: skip
+    res = quantize(
+        f"{inputs['py']}:build",
+        str(inputs["npy"]),
+        out=tmp_path / "o",
+        exporter="torchscript",
+        show_progress=False,
+        data_options=DataOptions(calib_samples=8, eval_samples=10),
+    )
     assert res.metric_name == "top1_agreement" and res.fp32_metric == 1.0
     assert res.report["data"]["evaluation_samples"] == 10 and not res.report["data"]["labelled"]
     assert res.int8_metric == res.report["int8"]["top1_agreement"]
@@ -127,8 +154,9 @@ def test_model_is_not_mutated(inputs, tmp_path: Path) -> None:
 
     model = load_model_spec(f"{inputs['py']}:build").train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    quantize(model, str(inputs["npy"]), out=tmp_path / "o", exporter="torchscript",
-             show_progress=False)  # fmt: skip
+    quantize(
+        model, str(inputs["npy"]), out=tmp_path / "o", exporter="torchscript", show_progress=False
+    )
     assert model.training and not any(isinstance(m, qdq.Quantizer) for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -167,12 +195,18 @@ def _bad_cases(i: dict[str, Path]) -> list[tuple[list[str], str]]:
     (root / "imgs").mkdir(exist_ok=True)
     _png(root / "imgs" / "a.png", np.zeros((8, 8, 3), np.uint8))
     return [
-        (["--model", "resnet9000", "--data", npy], "built-in zoo models: efficientnet-lite0, fashion-mnist-resnet"),
+        (
+            ["--model", "resnet9000", "--data", npy],
+            "built-in zoo models: efficientnet-lite0, fashion-mnist-resnet",
+        ),
         (["--model", f"{root}/nope.py:build", "--data", npy], "no model file at"),
         (["--model", f"{py}:nothing", "--data", npy], "has no attribute 'nothing'"),
         (["--model", f"{py}:broken", "--data", npy], "RuntimeError: factory exploded"),
         (["--model", f"{py}:build", "--data", f"{root}/missing.npy"], "no data file at"),
-        (["--model", f"{py}:build", "--data", "imagenet"], "built-in datasets: fashion-mnist, skimage-photos"),
+        (
+            ["--model", f"{py}:build", "--data", "imagenet"],
+            "built-in datasets: fashion-mnist, skimage-photos",
+        ),
         (["--model", f"{py}:build"], "--data is required"),
         (["--model", f"{py}:build", "--data", f"{root}/gray.npy"], "shape (1, 1, 8, 8)"),
         (["--model", f"{py}:build", "--data", f"{root}/garbage.npy"], "cannot read data file"),
@@ -184,7 +218,7 @@ def _bad_cases(i: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["--model", f"{root}/scripted.pt", "--data", npy], "TorchScript archive: qdq cannot"),
         (["--model", f"{py}:build", "--data", npy, "--target", "trt7"], "trt7"),
         (["--model", f"{py}:build", "--data", npy, "--calib-samples", "0"], "calib_samples"),
-    ]  # fmt: skip
+    ]
 
 
 def _png(path: Path, pixels: np.ndarray) -> None:
@@ -234,8 +268,13 @@ def test_pt2(inputs, tmp_path: Path, dynamic: bool) -> None:
     shapes = ({0: torch.export.Dim("batch", min=2)},) if dynamic else None
     ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
     torch.export.save(ep, tmp_path / "m.pt2")
-    res = quantize(str(tmp_path / "m.pt2"), str(inputs["npy"]), out=tmp_path / "o",
-                   exporter="torchscript", show_progress=False)  # fmt: skip
+    res = quantize(
+        str(tmp_path / "m.pt2"),
+        str(inputs["npy"]),
+        out=tmp_path / "o",
+        exporter="torchscript",
+        show_progress=False,
+    )
     assert res.report["model"]["static_batch"] == (None if dynamic else 4)
     assert res.report["model"]["kind"] == "pt2"
     # the ATen convolutions were seen and quantized like the module's
@@ -250,8 +289,14 @@ def test_image_folder(inputs, tmp_path: Path) -> None:
         for k in range(5):
             _png(tmp_path / "imgs" / cls / f"{k}.png", rng.integers(0, 255, (12, 10, 3), np.uint8))
     opts = DataOptions(image_size=(8, 8), mean=(0.5,), std=(0.25,))
-    res = quantize(f"{inputs['py']}:build", str(tmp_path / "imgs"), out=tmp_path / "o",
-                   exporter="torchscript", data_options=opts, show_progress=False)  # fmt: skip
+    res = quantize(
+        f"{inputs['py']}:build",
+        str(tmp_path / "imgs"),
+        out=tmp_path / "o",
+        exporter="torchscript",
+        data_options=opts,
+        show_progress=False,
+    )
     data = res.report["data"]
     assert data["labelled"] and data["input_shape"] == [3, 8, 8]
     assert data["calibration_samples"] == 5 and data["evaluation_samples"] == 5
@@ -261,8 +306,14 @@ def test_image_folder(inputs, tmp_path: Path) -> None:
     flat.mkdir()
     for k in range(4):
         _png(flat / f"{k}.png", rng.integers(0, 255, (8, 8, 3), np.uint8))
-    res = quantize(f"{inputs['py']}:build", str(flat), out=tmp_path / "o2",
-                   exporter="torchscript", data_options=opts, show_progress=False)  # fmt: skip
+    res = quantize(
+        f"{inputs['py']}:build",
+        str(flat),
+        out=tmp_path / "o2",
+        exporter="torchscript",
+        data_options=opts,
+        show_progress=False,
+    )
     assert res.metric_name == "top1_agreement" and not res.report["data"]["labelled"]
 
 

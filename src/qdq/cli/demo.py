@@ -30,11 +30,25 @@ def run_demo(
     """Run the demo, print the summary, write ``<out_dir>/report.json``; return an exit code."""
     out = Path(out_dir)
     args = argparse.Namespace(
-        model=DEMO_MODEL, data=None, out=str(out),
+        model=DEMO_MODEL,
+        data=None,
+        out=str(out),
         overwrite=overwrite or (out / "report.json").is_file(),
-        calib="mse", percentile=None, compare_methods=True, exporter="auto", opset=17,
-        target="trt10", calib_samples=calib_samples, eval_samples=limit, batch_size=500,
-        seed=0, image_size=None, mean=None, std=None, channels=None, json=as_json,
+        calib="mse",
+        percentile=None,
+        compare_methods=True,
+        exporter="auto",
+        opset=17,
+        target="trt10",
+        calib_samples=calib_samples,
+        eval_samples=limit,
+        batch_size=500,
+        seed=0,
+        image_size=None,
+        mean=None,
+        std=None,
+        channels=None,
+        json=as_json,
         no_progress=not show_progress,
-    )  # fmt: skip
+    )
     return run_quantize(args, prog="qdq demo")

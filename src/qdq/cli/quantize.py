@@ -43,20 +43,42 @@ def add_quantize_parser(sub: Any) -> None:
     p.add_argument("--data", metavar="SPEC", help="the data (default: a zoo model's own)")
     p.add_argument("--out", default="qdq-out", metavar="DIR", help="output directory (qdq-out)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
-    p.add_argument("--calib", default="mse", choices=("mse", "entropy", "percentile", "max"),
-                   help="calibration method (default mse; one histogram pass)")  # fmt: skip
+    p.add_argument(
+        "--calib",
+        default="mse",
+        choices=("mse", "entropy", "percentile", "max"),
+        help="calibration method (default mse; one histogram pass)",
+    )
     p.add_argument("--percentile", type=float, help="for --calib percentile (default 99.99)")
-    p.add_argument("--compare-methods", action="store_true",
-                   help="also measure every calibration method (torch fake-quant)")  # fmt: skip
-    p.add_argument("--exporter", default="auto", choices=("auto", "dynamo", "torchscript"),
-                   help="ONNX exporter (auto: dynamo, else TorchScript)")  # fmt: skip
+    p.add_argument(
+        "--compare-methods",
+        action="store_true",
+        help="also measure every calibration method (torch fake-quant)",
+    )
+    p.add_argument(
+        "--exporter",
+        default="auto",
+        choices=("auto", "dynamo", "torchscript"),
+        help="ONNX exporter (auto: dynamo, else TorchScript)",
+    )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, 13..21 (17)")
-    p.add_argument("--target", default="trt10",
-                   help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11")  # fmt: skip
-    p.add_argument("--calib-samples", type=int, metavar="N",
-                   help="calibration samples (default: the dataset's, else 256)")  # fmt: skip
-    p.add_argument("--eval-samples", type=int, metavar="N",
-                   help="evaluation samples (default: the dataset's, else all the others)")  # fmt: skip
+    p.add_argument(
+        "--target",
+        default="trt10",
+        help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11",
+    )
+    p.add_argument(
+        "--calib-samples",
+        type=int,
+        metavar="N",
+        help="calibration samples (default: the dataset's, else 256)",
+    )
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        metavar="N",
+        help="evaluation samples (default: the dataset's, else all the others)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split")
     p.add_argument("--image-size", metavar="H,W", help="image folders: resize to H,W (or N)")
@@ -122,11 +144,21 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
         if not args.json:
             print(f"{prog}: {args.model} on {args.data or 'its own data'} → {args.out}", flush=True)
         result = quantize(
-            args.model, args.data, out=args.out, calib=args.calib, percentile=args.percentile,
-            exporter=args.exporter, opset=args.opset, target=args.target, data_options=options,
-            batch_size=args.batch_size, compare_methods=args.compare_methods,
-            overwrite=args.overwrite, show_progress=not args.no_progress, on_stage=stage,
-        )  # fmt: skip
+            args.model,
+            args.data,
+            out=args.out,
+            calib=args.calib,
+            percentile=args.percentile,
+            exporter=args.exporter,
+            opset=args.opset,
+            target=args.target,
+            data_options=options,
+            batch_size=args.batch_size,
+            compare_methods=args.compare_methods,
+            overwrite=args.overwrite,
+            show_progress=not args.no_progress,
+            on_stage=stage,
+        )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)
         return 130
@@ -150,16 +182,20 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     )
     i8 = r["int8"]
     agree = "-" if i8["top1_agreement"] is None else f"{i8['top1_agreement']:.4f}"
-    print(f"  INT8 vs FP32: top-1 agreement {agree}, cosine mean {i8['cosine_mean']:.6f} "
-          f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}")  # fmt: skip
+    print(
+        f"  INT8 vs FP32: top-1 agreement {agree}, cosine mean {i8['cosine_mean']:.6f} "
+        f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}"
+    )
     methods = r.get("calibration_methods")
     if methods:
         print(f"  {'method':<11}{'INT8 (torch)':>13}{'drop':>8}{'agree':>8}{'cosine':>10}")
         for m, s in methods.items():
             ag = "-" if s["top1_agreement"] is None else f"{s['top1_agreement']:.4f}"
             mark = "  <- exported" if m == r["settings"]["method"] else ""
-            print(f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
-                  f"{s['cosine_mean']:>10.5f}{mark}")  # fmt: skip
+            print(
+                f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
+                f"{s['cosine_mean']:>10.5f}{mark}"
+            )
     lint = r["lint"]
     print(
         f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
@@ -187,6 +223,8 @@ def run_zoo(action: str) -> int:
     for entry in MODELS.values():
         missing = entry.missing()
         status = "available" if not missing else "missing: " + "; ".join(missing)
-        print(f"{entry.name}\n  {entry.description}\n  task: {entry.task}\n"
-              f"  data: {entry.dataset}; metric: {entry.metric}\n  {status}")  # fmt: skip
+        print(
+            f"{entry.name}\n  {entry.description}\n  task: {entry.task}\n"
+            f"  data: {entry.dataset}; metric: {entry.metric}\n  {status}"
+        )
     return 0

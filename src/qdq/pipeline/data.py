@@ -20,7 +20,6 @@ User data (folders and arrays) is split deterministically: a seeded permutation 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +62,10 @@ class DataOptions:
     def __post_init__(self) -> None:
         for name in ("calib_samples", "eval_samples"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")  # fmt: skip
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -196,24 +197,20 @@ def _split(
 
 
 def _preprocess(zoo: ZooEntry | None, opts: DataOptions) -> ImagePreprocess:
-    given = {
-        k: v
-        for k, v in (
-            ("size", opts.image_size),
-            ("mean", opts.mean),
-            ("std", opts.std),
-            ("channels", opts.channels),
-        )
-        if v is not None
-    }
-    if zoo is not None:
-        return dataclasses.replace(zoo.preprocess, **given)
-    if opts.image_size is None:
+    """The zoo model's preprocessing with the options given on top, else the options alone."""
+    if zoo is None and opts.image_size is None:
         raise ValueError(
             "an image folder needs --image-size H,W (and usually --mean/--std) for a model that "
             "is not a zoo entry"
         )
-    return ImagePreprocess(**given)
+    base = zoo.preprocess if zoo is not None else ImagePreprocess(size=(1, 1))
+    return ImagePreprocess(
+        size=opts.image_size or base.size,
+        channels=opts.channels or base.channels,
+        mean=opts.mean or base.mean,
+        std=opts.std or base.std,
+        resize=base.resize,
+    )
 
 
 def _image_files(folder: Path) -> tuple[list[Path], list[int] | None, list[str]]:

@@ -108,7 +108,9 @@ def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> 
         )
 
 
-def score(out: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:
+def score(
+    out: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor | None
+) -> dict[str, Any]:
     """The metric of ``out`` (INT8 or FP32) and its agreement and cosine with ``reference``."""
     if out.shape != reference.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")

@@ -45,6 +45,7 @@ def build_report(
 ) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (see the module docstring for the keys)."""
     from qdq.api import plan_of, quantizers_of
+
     plan = plan_of(prepared)
     model = source.module
     zoo = source.zoo
@@ -57,11 +58,16 @@ def build_report(
         "int8_metric": int8["metric"],
         "lint": lint.summary,
         "skipped_layers": [
-            {"name": c.module, "type": c.type, "status": c.status, "rule": c.rule,
-             "reason": c.reason}
+            {
+                "name": c.module,
+                "type": c.type,
+                "status": c.status,
+                "rule": c.rule,
+                "reason": c.reason,
+            }
             for c in plan.coverage
             if c.status != "int8"
-        ],  # fmt: skip
+        ],
         "timings_s": dict(timings),
         "total_s": round(sum(timings.values()), 3),
         "model": {
@@ -69,10 +75,16 @@ def build_report(
             "kind": source.kind,
             "class": type(model).__name__,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "zoo": None if zoo is None else {"name": zoo.name, "description": zoo.description,
-                                              "task": zoo.task, "metric": zoo.metric},
+            "zoo": None
+            if zoo is None
+            else {
+                "name": zoo.name,
+                "description": zoo.description,
+                "task": zoo.task,
+                "metric": zoo.metric,
+            },
             "static_batch": source.static_batch,
-        },  # fmt: skip
+        },
         "data": {
             "source": data.source,
             "split": data.split,
@@ -96,10 +108,15 @@ def build_report(
         "int8_torch": int8_torch,
         "calibration_methods": methods,
         "layers": [
-            {"name": c.module, "type": c.type, "status": c.status, "rule": c.rule,
-             "reason": c.reason}
+            {
+                "name": c.module,
+                "type": c.type,
+                "status": c.status,
+                "rule": c.rule,
+                "reason": c.reason,
+            }
             for c in plan.coverage
-        ],  # fmt: skip
+        ],
         "quantizers": [_quantizer(path, q, plan) for path, q in quantizers_of(prepared).items()],
         "lint_target": lint_dict["target"],
         "lint_verdict": lint.verdict,
@@ -129,6 +146,9 @@ def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
     elif q.spec.axis is None:
         entry["amax"] = float(amax[0])
     else:
-        entry["amax"] = {"channels": int(amax.numel()), "min": float(amax.min()),
-                         "max": float(amax.max())}  # fmt: skip
+        entry["amax"] = {
+            "channels": int(amax.numel()),
+            "min": float(amax.min()),
+            "max": float(amax.max()),
+        }
     return entry

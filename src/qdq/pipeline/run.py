@@ -140,8 +140,9 @@ def quantize(
     from qdq.config import CALIBRATION_METHODS
 
     if calib not in CALIBRATION_METHODS:
-        raise ValueError(f"unknown calibration method {calib!r}; choose one of "
-                         f"{', '.join(CALIBRATION_METHODS)}")  # fmt: skip
+        raise ValueError(
+            f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
     from qdq.lint import parse_target
 
     parse_target(target)  # a bad target fails now, not after the export
@@ -154,13 +155,18 @@ def quantize(
             source = resolve_model(model)
             st.detail = f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params)"
         with stages("load_data") as st:
-            qdata = data if isinstance(data, QuantData) else resolve_data(data, source.zoo,
-                                                                            data_options)  # fmt: skip
+            qdata = (
+                data
+                if isinstance(data, QuantData)
+                else resolve_data(data, source.zoo, data_options)
+            )
             st.detail = qdata.split
         static = source.static_batch is not None
         size = source.static_batch or batch_size
         with stages("check") as st:
-            example = next(batches(qdata.calibration[:size], size, static))[0][: size if static else 1]
+            example = next(batches(qdata.calibration[:size], size, static))[0][
+                : size if static else 1
+            ]
             sample_out = _check_sample(source, example, qdata)
             if qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
@@ -173,15 +179,35 @@ def quantize(
             st.detail = plan.summary().splitlines()[0]
         with stages("calibrate") as st:
             calib_batches = [b for b, _ in batches(qdata.calibration, size, static)]
-            qdq.calibrate(prepared, calib_batches, method=calib, percentile=percentile,
-                          show_progress=show_progress)  # fmt: skip
+            qdq.calibrate(
+                prepared,
+                calib_batches,
+                method=calib,
+                percentile=percentile,
+                show_progress=show_progress,
+            )
             st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
         result = _export_and_measure(
-            prepared, source, qdata, example, stages, out_dir, overwrite,
-            _Settings(calib, percentile, exporter, opset, target, size, compare_methods,
-                      show_progress, static),
+            prepared,
+            source,
+            qdata,
+            example,
+            stages,
+            out_dir,
+            overwrite,
+            _Settings(
+                calib,
+                percentile,
+                exporter,
+                opset,
+                target,
+                size,
+                compare_methods,
+                show_progress,
+                static,
+            ),
             caught,
-        )  # fmt: skip
+        )
     return result
 
 
@@ -216,22 +242,47 @@ def _export_and_measure(
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
             exported = qdq.export_onnx(
-                prepared, (example,), tmp / ONNX_FILE, opset=s.opset, exporter=s.exporter,
-                dynamic_batch=not s.static, manifest_path=tmp / MANIFEST_FILE,
-            )  # fmt: skip
-            st.detail = (f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
-                         f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime")  # fmt: skip
+                prepared,
+                (example,),
+                tmp / ONNX_FILE,
+                opset=s.opset,
+                exporter=s.exporter,
+                dynamic_batch=not s.static,
+                manifest_path=tmp / MANIFEST_FILE,
+            )
+            st.detail = (
+                f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
+                f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
+            )
         with stages("fp32_eval") as st:
-            ref = torch_outputs(source.module, qdata.evaluation, size, static=s.static,
-                                desc="FP32 (torch)", show=show)  # fmt: skip
+            ref = torch_outputs(
+                source.module,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="FP32 (torch)",
+                show=show,
+            )
             fp32 = score(ref, ref, qdata.labels)
             st.detail = f"{fp32['metric']:.4f} on {len(ref)} samples"
         with stages("int8_eval") as st:
-            ort = ort_outputs(exported.path, qdata.evaluation, size, static=s.static,
-                              desc="INT8 (ONNX Runtime)", show=show)  # fmt: skip
+            ort = ort_outputs(
+                exported.path,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="INT8 (ONNX Runtime)",
+                show=show,
+            )
             int8 = score(ort, ref, qdata.labels)
-            fq = torch_outputs(prepared, qdata.evaluation, size, static=s.static,
-                               desc="INT8 (torch fake-quant)", show=show)  # fmt: skip
+            fq = torch_outputs(
+                prepared,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="INT8 (torch fake-quant)",
+                show=show,
+            )
             int8_torch = score(fq, ref, qdata.labels)
             int8_torch["vs_onnxruntime"] = score(fq, ort, None)
             st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
@@ -245,17 +296,38 @@ def _export_and_measure(
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
         timings = stages.timings
         report = build_report(
-            metric=metric_name(ref, qdata.labels), source=source, data=qdata, prepared=prepared, exported=exported, lint=report_lint,
-            fp32=fp32, int8=int8, int8_torch=int8_torch, methods=methods,
-            settings={"method": s.calib, "percentile": s.percentile, "batch_size": size,
-                      "target": s.target, "exporter": s.exporter, "opset": s.opset},
-            timings=timings, warnings=[str(w.message) for w in caught],
+            metric=metric_name(ref, qdata.labels),
+            source=source,
+            data=qdata,
+            prepared=prepared,
+            exported=exported,
+            lint=report_lint,
+            fp32=fp32,
+            int8=int8,
+            int8_torch=int8_torch,
+            methods=methods,
+            settings={
+                "method": s.calib,
+                "percentile": s.percentile,
+                "batch_size": size,
+                "target": s.target,
+                "exporter": s.exporter,
+                "opset": s.opset,
+            },
+            timings=timings,
+            warnings=[str(w.message) for w in caught],
             files={"onnx": ONNX_FILE, "manifest": MANIFEST_FILE, "report": REPORT_FILE},
-        )  # fmt: skip
+        )
         text = json.dumps(report, indent=2, default=str) + "\n"
         (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
-    return QuantizeResult(out_dir, out_dir / ONNX_FILE, out_dir / MANIFEST_FILE,
-                          out_dir / REPORT_FILE, json.loads(text), prepared)  # fmt: skip
+    return QuantizeResult(
+        out_dir,
+        out_dir / ONNX_FILE,
+        out_dir / MANIFEST_FILE,
+        out_dir / REPORT_FILE,
+        json.loads(text),
+        prepared,
+    )
 
 
 def _compare_methods(
@@ -268,8 +340,14 @@ def _compare_methods(
     try:
         for method in CALIBRATION_METHODS:
             qdq.recompute_amax(prepared, method)
-            fq = torch_outputs(prepared, qdata.evaluation, s.batch_size, static=s.static,
-                               desc=f"INT8 {method} (torch)", show=s.show_progress)  # fmt: skip
+            fq = torch_outputs(
+                prepared,
+                qdata.evaluation,
+                s.batch_size,
+                static=s.static,
+                desc=f"INT8 {method} (torch)",
+                show=s.show_progress,
+            )
             out[method] = score(fq, ref, qdata.labels)
     finally:
         qdq.recompute_amax(prepared, s.calib, percentile=s.percentile)  # the exported amax again
@@ -299,13 +377,21 @@ def _shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: 
     if source.input_shape is not None:
         expects = f"; {source.spec} was exported for input shape {source.input_shape}"
     else:
-        first = next((m for m in source.module.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d,
-                      nn.Conv3d, nn.Linear))), None)  # fmt: skip
+        first = next(
+            (
+                m
+                for m in source.module.modules()
+                if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear))
+            ),
+            None,
+        )
         if isinstance(first, nn.Linear):
             expects = f"; its first weighted layer is {first} (input features {first.in_features})"
         elif first is not None:
-            expects = f"; its first weighted layer is {type(first).__name__} with " \
-                      f"{first.in_channels} input channels"  # fmt: skip
+            expects = (
+                f"; its first weighted layer is {type(first).__name__} with "
+                f"{first.in_channels} input channels"
+            )
     return (
         f"the model {source.spec} fails on a data sample of shape {tuple(x.shape)} "
         f"({x.dtype}) from {qdata.source}: {type(err).__name__}: {why}{expects}"

@@ -89,7 +89,9 @@ class ZooDataset:
 
     def missing(self) -> list[str]:
         """What must be installed before the data can be read (empty when available)."""
-        return _missing(self.requires) + (_fashion_missing() if self.name == "fashion-mnist" else [])
+        return _missing(self.requires) + (
+            _fashion_missing() if self.name == "fashion-mnist" else []
+        )
 
 
 @dataclass(frozen=True)
@@ -235,9 +237,14 @@ MODELS: dict[str, ZooEntry] = {
             dataset="skimage-photos",
             requires=(*_EFFNET, *_SKIMAGE),
             build=_efficientnet,
-            preprocess=ImagePreprocess(size=(224, 224), channels=3, mean=(0.485, 0.456, 0.406),
-                                       std=(0.229, 0.224, 0.225), resize="center-crop"),
-        ),  # fmt: skip
+            preprocess=ImagePreprocess(
+                size=(224, 224),
+                channels=3,
+                mean=(0.485, 0.456, 0.406),
+                std=(0.229, 0.224, 0.225),
+                resize="center-crop",
+            ),
+        ),
     )
 }
 
@@ -249,7 +256,9 @@ def get_model(name: str) -> ZooEntry:
         ValueError: no such entry (the message lists the valid names).
     """
     if name not in MODELS:
-        raise ValueError(f"unknown zoo model {name!r}; built-in models: {', '.join(sorted(MODELS))}")
+        raise ValueError(
+            f"unknown zoo model {name!r}; built-in models: {', '.join(sorted(MODELS))}"
+        )
     return MODELS[name]
 
 
