@@ -116,6 +116,14 @@ def test_happy_path_and_api_agree(inputs, tmp_path: Path, capsys) -> None:
     assert api.onnx_path.is_file() and api.manifest_path.name == "manifest.json"
 
 
+def test_json_output_is_the_report(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "j"
+    assert main(_cli(inputs, out, "--data", str(inputs["npy"]), "--json")) == 0
+    printed = json.loads(capsys.readouterr().out)  # nothing else on stdout
+    assert printed == json.loads((out / "report.json").read_text())
+    assert printed["metric_name"] == "top1_agreement" and printed["fp32_metric"] == 1.0
+
+
 def test_parity_finds_manifest_json(inputs, tmp_path: Path, capsys) -> None:
     out = tmp_path / "q"
     assert main(_cli(inputs, out, "--data", str(inputs["npy"]))) == 0

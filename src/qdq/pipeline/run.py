@@ -164,9 +164,9 @@ def quantize(
         static = source.static_batch is not None
         size = source.static_batch or batch_size
         with stages("check") as st:
-            example = next(batches(qdata.calibration[:size], size, static))[0][
-                : size if static else 1
-            ]
+            # one sample; a static-batch model gets one (padded) batch of its size
+            example = next(batches(qdata.calibration, size, static))[0] if static else None
+            example = qdata.calibration[:1] if example is None else example
             sample_out = _check_sample(source, example, qdata)
             if qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
