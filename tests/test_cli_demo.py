@@ -15,33 +15,62 @@ from qdq.cli.main import main
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("qdq.zoo.fashion_mnist")
-    out = tmp_path / "rep"
+    out = tmp_path / "demo-out"
     proc = subprocess.run(
-        [sys.executable, "-m", "qdq", "demo", "--out", str(out), "--limit", "2000"],
+        [
+            sys.executable,
+            "-m",
+            "qdq",
+            "demo",
+            "--out",
+            str(out),
+            "--limit",
+            "1000",
+            "--calib-samples",
+            "128",
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "FP32 accuracy" in proc.stdout and "lint verdict: PASS" in proc.stdout
-    assert "ONNX Runtime INT8 accuracy" in proc.stdout and "bit-exact: True" in proc.stdout
-    report = json.loads((out / "demo.json").read_text())
-    assert report["test_images"] == 2000
-    assert report["lint"]["verdict"] == "PASS"
+    assert "top1_accuracy: FP32" in proc.stdout and "lint PASS" in proc.stdout
+    assert "exported ONNX in ONNX Runtime" in proc.stdout and "<- exported" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "model.qdq.onnx",
+        "report.json",
+    ]
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["evaluation_samples"] == 1000
+    assert report["data"]["calibration_samples"] == 128
+    assert report["lint_verdict"] == "PASS"
     assert report["plan"]["coverage"][0]["status"] == "int8"
-    assert Path(report["onnx"]["path"]).is_file() and report["onnx"]["qdq_bit_exact"]
-    best = report["int8"][report["best_method"]]["accuracy"]
-    assert abs(report["onnx"]["accuracy"] - best) <= 0.002  # ORT accuracy == torch accuracy
-    assert set(report["int8"]) == {"max", "entropy", "mse", "percentile"}
-    fp32 = report["fp32"]["accuracy"]
+    assert [s["name"] for s in report["skipped_layers"]] == ["fc"]  # P14: 10 outputs
+    # what ONNX Runtime measures on the export is what torch fake-quant measures
+    assert abs(report["int8_metric"] - report["int8_torch"]["metric"]) <= 0.002
+    assert report["int8_torch"]["vs_onnxruntime"]["top1_agreement"] >= 0.998
+    methods = report["calibration_methods"]
+    assert set(methods) == {"max", "entropy", "mse", "percentile"}
+    assert methods["mse"]["metric"] == report["int8_torch"]["metric"]  # mse is the one exported
+    fp32 = report["fp32_metric"]
     assert fp32 > 0.9
-    for method, res in report["int8"].items():
-        assert len(res["amax"]) == 9, method  # one per scale group (fc stays float, P14)
-        assert all(a <= report["int8"]["max"]["amax"][k] for k, a in res["amax"].items())
+    acts = [q for q in report["quantizers"] if q["kind"] == "input"]
+    assert len(acts) == 9  # one per activation scale group (fc stays float, P14)
     for method in ("max", "mse", "percentile"):  # entropy clips this model hard (see docs)
-        res = report["int8"][method]
-        assert abs(res["accuracy"] - fp32) < 0.01, method
-        assert res["mean_cosine"] > 0.999, method
+        res = methods[method]
+        assert abs(res["metric"] - fp32) < 0.01, method
+        assert res["cosine_mean"] > 0.999, method
+
+
+def test_demo_replaces_only_its_own_output(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("not a demo")
+    assert main(["demo", "--out", str(out), "--limit", "10", "--no-progress"]) == 2
+    assert "not empty; pass --overwrite" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
 def test_demo_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

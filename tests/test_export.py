@@ -14,7 +14,7 @@ from torch import nn
 
 import qdq
 from qdq.backends.onnxruntime import parity, run, session
-from qdq.export import ExportError, graph_summary
+from qdq.export import ExportError, find_manifest, graph_summary
 
 pytest.importorskip("onnxruntime")
 fm = pytest.importorskip("qdq.zoo.fashion_mnist")
@@ -115,6 +115,27 @@ def test_manifest_round_trip(fashion, tmp_path: Path) -> None:
     fresh = qdq.prepare(model, (images[:2],))
     qdq.load_calibration(fresh, out.manifest_path)
     assert torch.equal(fresh(images[:50]), prepared(images[:50]))
+
+
+def test_manifest_path_and_find_manifest(fashion, tmp_path: Path) -> None:
+    model, prepared, images = fashion
+    out = qdq.export_onnx(
+        prepared, (images[:2],), tmp_path / "a.onnx", manifest_path=tmp_path / "manifest.json"
+    )
+    assert out.manifest_path == tmp_path / "manifest.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "manifest.json"]
+    assert find_manifest(out.path) == tmp_path / "manifest.json"
+    fresh = qdq.load_calibration(qdq.prepare(model, (images[:2],)), out.manifest_path)
+    assert torch.equal(fresh(images[:20]), prepared(images[:20]))
+    # a manifest.json naming another file is not taken; X.onnx.manifest.json comes first
+    (tmp_path / "b.onnx").write_bytes(out.path.read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"b\.onnx\.manifest\.json nor .*manifest\.json"):
+        find_manifest(tmp_path / "b.onnx")
+    own = qdq.export_onnx(prepared, (images[:2],), tmp_path / "b.onnx", overwrite=True)
+    assert find_manifest(tmp_path / "b.onnx") == own.manifest_path
+    with pytest.raises(ValueError, match="must lie in the directory"):
+        qdq.export_onnx(prepared, (images[:2],), tmp_path / "c.onnx",
+                        manifest_path=tmp_path / "sub" / "manifest.json")  # fmt: skip
 
 
 def test_manifest_errors(fashion, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from qdq.calib import (
 )
 from qdq.config import CalibSpec, Override, QuantConfig, QuantSpec
 from qdq.export import ExportError, ExportResult, export_onnx, load_calibration
+from qdq.pipeline import QuantizeResult, quantize
 from qdq.quant import Quantizer, QuantMode, fake_quant, quantizer_mode, scale_from_amax
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "QuantConfig",
     "QuantMode",
     "QuantSpec",
+    "QuantizeResult",
     "Quantizer",
     "__version__",
     "calibrate",
@@ -48,6 +50,7 @@ __all__ = [
     "nn",
     "plan_of",
     "prepare",
+    "quantize",
     "quantizer_mode",
     "quantizers_of",
     "recompute_amax",

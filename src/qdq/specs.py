@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["load_data_spec", "load_model_spec"]
+__all__ = ["load_arrays", "load_data_spec", "load_model_spec"]
 
 
 def load_model_spec(spec: str) -> nn.Module:
@@ -91,24 +91,13 @@ def load_data_spec(spec: str | Path, *, batch_size: int | None = None) -> list[t
         >>> [tuple(b.shape) for b in load_data_spec(path, batch_size=2)]
         [(2, 3), (2, 3), (1, 3)]
     """
-    path = Path(spec)
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if path.suffix not in (".npy", ".npz"):
-        raise ValueError(f"data spec {str(spec)!r} must be a .npy or .npz file")
-    if not path.is_file():
-        raise FileNotFoundError(f"no data file at {path}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read data file {path}: {err}") from None
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            arrays = [(f"{path}[{k}]", loaded[k]) for k in loaded.files]
-    else:
-        arrays = [(str(path), loaded)]
-    if not arrays:
-        raise ValueError(f"data file {path} holds no arrays")
+    path = Path(spec)
+    arrays = [
+        (str(path) if key is None else f"{path}[{key}]", array)
+        for key, array in load_arrays(spec).items()
+    ]
     batches: list[torch.Tensor] = []
     for name, array in arrays:
         if array.ndim == 0 or array.shape[0] == 0:
@@ -119,6 +108,39 @@ def load_data_spec(spec: str | Path, *, batch_size: int | None = None) -> list[t
         step = batch_size or t.shape[0]
         batches.extend(t[i : i + step] for i in range(0, t.shape[0], step))
     return batches
+
+
+def load_arrays(spec: str | Path) -> dict[str | None, np.ndarray]:
+    """The arrays of a ``.npy`` (key ``None``) or ``.npz`` file (its keys, in stored order).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: another suffix, an unreadable file (pickled objects are refused), or no arrays.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "d.npz")
+        >>> np.savez(path, x=np.zeros((4, 2)), y=np.arange(4))
+        >>> {k: v.shape for k, v in load_arrays(path).items()}
+        {'x': (4, 2), 'y': (4,)}
+    """
+    path = Path(spec)
+    if path.suffix not in (".npy", ".npz"):
+        raise ValueError(f"data spec {str(spec)!r} must be a .npy or .npz file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file at {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays: dict[str | None, np.ndarray] = {k: loaded[k] for k in loaded.files}
+        else:
+            arrays = {None: loaded}
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"cannot read data file {path}: {' '.join(str(err).split())}") from None
+    if not arrays:
+        raise ValueError(f"data file {path} holds no arrays")
+    return arrays
 
 
 def _is_path(source: str) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qdq._version import __version__
+from qdq.cli.quantize import add_quantize_parser, add_zoo_parser, run_quantize, run_zoo
 
 __all__ = ["main"]
 
@@ -22,14 +23,20 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
-        help="run the pipeline on the built-in Fashion-MNIST model and data",
-        description="FP32 vs INT8 accuracy of the built-in Fashion-MNIST ResNet for every "
-        "calibration method, from one calibration pass; writes a JSON report.",
+        help="qdq quantize on the built-in Fashion-MNIST ResNet, into demo-out/",
+        description="qdq quantize --model fashion-mnist-resnet --compare-methods --out demo-out: "
+        "FP32 vs INT8 (every calibration method from one histogram pass; the mse model exported "
+        "and measured in ONNX Runtime), lint, demo-out/report.json. A previous demo's output is "
+        "replaced.",
     )
-    demo.add_argument("--out", default="reports", help="report directory (default: reports)")
-    demo.add_argument("--calib-batches", type=int, default=8, help="calibration batches (8)")
-    demo.add_argument("--calib-batch-size", type=int, default=32, help="images per batch (32)")
+    demo.add_argument("--out", default="demo-out", help="output directory (default: demo-out)")
+    demo.add_argument("--calib-samples", type=int, default=256, help="calibration images (256)")
     demo.add_argument("--limit", type=int, default=None, help="evaluate only N test images")
+    demo.add_argument("--overwrite", action="store_true", help="replace any non-empty OUT")
+    demo.add_argument("--json", action="store_true", help="print report.json instead")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_quantize_parser(sub)
+    add_zoo_parser(sub)
     lint = sub.add_parser(
         "lint",
         help="predict what TensorRT does with a Q/DQ ONNX (no GPU needed)",
@@ -65,7 +72,8 @@ def _add_parity(sub: Any) -> None:
         "parity",
         help="compare an exported Q/DQ ONNX with its torch fake-quant model, layer by layer",
         description="Run the torch fake-quant model (rebuilt from --model, prepared with the "
-        "default config, calibration loaded from X.manifest.json beside X.onnx) and the ONNX in "
+        "default config, calibration loaded from X.onnx.manifest.json beside X.onnx, or from a "
+        "manifest.json there that names X.onnx) and the ONNX in "
         "ONNX Runtime on the same data; report end-to-end agreement, per quantizer the fraction "
         "of differing INT8 codes (free-running and isolated) and the first diverging layer. "
         "Exit code: 0 within the threshold, 1 past it, 2 when an input cannot be used.",
@@ -102,16 +110,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from qdq.cli.demo import run_demo
 
-        try:
-            return run_demo(
-                out_dir=args.out,
-                calib_batches=args.calib_batches,
-                calib_batch_size=args.calib_batch_size,
-                limit=args.limit,
-            )
-        except (FileNotFoundError, ValueError) as err:
-            print(f"qdq demo: error: {err}", file=sys.stderr)
-            return 2
+        for flag, value in (("--limit", args.limit), ("--calib-samples", args.calib_samples)):
+            if value is not None and value < 1:
+                print(f"qdq demo: error: {flag} must be >= 1, got {value}", file=sys.stderr)
+                return 2
+        return run_demo(
+            out_dir=args.out,
+            calib_samples=args.calib_samples,
+            limit=args.limit,
+            overwrite=args.overwrite,
+            as_json=args.json,
+            show_progress=not args.no_progress,
+        )
+    if args.command == "quantize":
+        return run_quantize(args)
+    if args.command == "zoo":
+        return run_zoo(args.action)
     if args.command == "lint":
         from qdq.cli.lint import run_lint
 

@@ -1,8 +1,9 @@
 """``qdq parity``: does an exported Q/DQ ONNX compute what the torch fake-quant model computes?
 
 The torch side is rebuilt from the user's model spec, prepared with the default config and given
-the calibration stored in the manifest beside the ONNX (``X.onnx.manifest.json`` for ``X.onnx``), so it
-is the same calibrated model that was exported. Both run on the data spec's batches.
+the calibration stored in the manifest beside the ONNX (``X.onnx.manifest.json`` for ``X.onnx``, or a
+``manifest.json`` that names ``X.onnx``, as ``qdq quantize`` writes), so it is the same calibrated
+model that was exported. Both run on the data spec's batches.
 """
 
 from __future__ import annotations
@@ -68,15 +69,13 @@ def failures(report: Any, threshold: float) -> list[str]:
 def _compare(onnx_path: str, model_spec: str, data_spec: str, batch_size: int | None) -> Any:
     import qdq
     from qdq.backends.parity import parity
-    from qdq.export.manifest import manifest_path_for, sha256_of
+    from qdq.export.manifest import find_manifest, sha256_of
     from qdq.specs import load_data_spec, load_model_spec
 
     path = Path(onnx_path)
     if not path.is_file():
         raise FileNotFoundError(f"no ONNX file at {path}")
-    manifest = manifest_path_for(path)
-    if not manifest.is_file():
-        raise FileNotFoundError(f"no manifest at {manifest} (qdq.export_onnx writes it)")
+    manifest = find_manifest(path)  # X.onnx.manifest.json, or manifest.json naming X.onnx
     batches = load_data_spec(data_spec, batch_size=batch_size)
     float_model = load_model_spec(model_spec)
     prepared = qdq.prepare(float_model, (batches[0],))

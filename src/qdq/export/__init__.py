@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qdq.export.manifest import SCHEMA, load_calibration, manifest_path_for
+from qdq.export.manifest import SCHEMA, find_manifest, load_calibration, manifest_path_for
 from qdq.export.onnx_export import (
     EXPORTERS,
     ExportError,
@@ -19,6 +19,7 @@ __all__ = [
     "ExportRefusedError",
     "ExportResult",
     "export_onnx",
+    "find_manifest",
     "graph_summary",
     "load_calibration",
     "manifest_path_for",

@@ -24,11 +24,21 @@ from qdq.api import plan_of, quantizers_of
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
 
-__all__ = ["MANIFEST_SUFFIX", "SCHEMA", "build_manifest", "load_calibration", "manifest_path_for"]
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_SUFFIX",
+    "SCHEMA",
+    "build_manifest",
+    "find_manifest",
+    "load_calibration",
+    "manifest_path_for",
+]
 
 SCHEMA = "qdq.manifest/1"
 #: Appended to the full ONNX file name: ``m.onnx`` → ``m.onnx.manifest.json``.
 MANIFEST_SUFFIX = ".manifest.json"
+#: The directory-level manifest ``qdq quantize`` writes beside ``model.qdq.onnx``.
+MANIFEST_NAME = "manifest.json"
 
 _log = logging.getLogger("qdq.export")
 
@@ -42,6 +52,37 @@ def manifest_path_for(onnx_path: str | Path) -> Path:
     """
     p = Path(onnx_path)
     return p.with_name(p.name + MANIFEST_SUFFIX)
+
+
+def find_manifest(onnx_path: str | Path) -> Path:
+    """The manifest of an ONNX file: ``X.onnx.manifest.json``, else a ``manifest.json`` beside it
+    that names ``X.onnx`` in its ``"onnx": {"file": ...}`` entry (the layout ``qdq quantize``
+    writes: ``OUT/model.qdq.onnx`` + ``OUT/manifest.json``).
+
+    Raises:
+        FileNotFoundError: neither exists (or ``manifest.json`` describes another file); the
+            message names both candidates.
+
+    Example:
+        >>> find_manifest("out/model.qdq.onnx")  # doctest: +SKIP
+        PosixPath('out/manifest.json')
+    """
+    p = Path(onnx_path)
+    own = manifest_path_for(p)
+    if own.is_file():
+        return own
+    shared = p.with_name(MANIFEST_NAME)
+    if shared.is_file():
+        try:
+            doc = json.loads(shared.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{shared} is not valid JSON: {err}") from None
+        info = doc.get("onnx") if isinstance(doc, dict) else None
+        if isinstance(info, dict) and info.get("file") == p.name:
+            return shared
+    raise FileNotFoundError(
+        f"no manifest for {onnx_path}: neither {own} nor {shared} naming {p.name}"
+    )
 
 
 def sha256_of(data: bytes) -> str:

@@ -66,6 +66,7 @@ def export_onnx(
     verify: bool | None = None,
     check_inputs: Iterable[Any] | None = None,
     allow_specialization: bool = False,
+    manifest_path: str | Path | None = None,
 ) -> ExportResult:
     """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX and its manifest.
 
@@ -98,6 +99,10 @@ def export_onnx(
         allow_specialization: write the file even though the TorchScript tracer warned that it
             turned tensor values into Python constants (``if x.mean() > 0:`` in ``forward``):
             the graph then always takes the branch the example input took.
+        manifest_path: where to write the manifest (default ``path`` + ``.manifest.json``). It
+            must lie in the same directory as ``path``; the manifest records the ONNX file's name,
+            and :func:`~qdq.export.manifest.find_manifest` finds a ``manifest.json`` beside an
+            ONNX file it names (``qdq quantize`` writes ``model.qdq.onnx`` + ``manifest.json``).
 
     Raises:
         ValueError: unsupported opset or exporter, uncalibrated or non-finite amax, an amax whose
@@ -143,9 +148,16 @@ def export_onnx(
     do_verify = _resolve_verify(verify)
     checks = [tuple(example_inputs), *_check_batches(check_inputs)]
     target = Path(path)
-    manifest_path = manifest_path_for(target)
+    manifest_file = manifest_path_for(target) if manifest_path is None else Path(manifest_path)
+    if manifest_file.resolve().parent != target.resolve().parent:
+        raise ValueError(
+            f"manifest_path {manifest_file} must lie in the directory of {target} (the manifest "
+            "names the ONNX file beside it)"
+        )
+    if manifest_file.resolve() == target.resolve():
+        raise ValueError(f"manifest_path and path are the same file: {target}")
     if not overwrite:
-        for existing in (target, manifest_path):
+        for existing in (target, manifest_file):
             if existing.exists():
                 raise FileExistsError(f"{existing} exists; pass overwrite=True to replace it")
     quantizers = quantizers_of(prepared)
@@ -204,9 +216,9 @@ def export_onnx(
         plan, quantizers, model_proto, exporter=used, opset=opset,
         onnx_file=target.name, onnx_sha256=sha256_of(data),
     )  # fmt: skip
-    atomic_write_files({target: data, manifest_path: manifest.encode("utf-8")}, overwrite=overwrite)
+    atomic_write_files({target: data, manifest_file: manifest.encode("utf-8")}, overwrite=overwrite)
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
-    return ExportResult(target, manifest_path, used, opset, seconds, counts[0], counts[1], floored)
+    return ExportResult(target, manifest_file, used, opset, seconds, counts[0], counts[1], floored)
 
 
 def _resolve_verify(verify: bool | None) -> bool:

@@ -2,8 +2,12 @@
 
 Submodules are imported on demand so that ``import qdq.zoo`` stays cheap:
 
+* :mod:`qdq.zoo.registry` — the entries ``qdq zoo list`` shows and ``qdq quantize --model NAME``
+  runs: each model with its builder, dataset, preprocessing and metric;
 * :mod:`qdq.zoo.fashion_mnist` — Fashion-MNIST (from the ``dataset-fashion-mnist`` Debian package)
-  and a small pretrained ResNet (``ResNetish``, ~78k parameters, ~92% test accuracy).
+  and a small pretrained ResNet (``ResNetish``, ~78k parameters, ~92% test accuracy);
+* :mod:`qdq.zoo.efficientnet_lite0` — EfficientNet-Lite0 with its packaged ImageNet weights
+  (extra ``qdq[zoo]``) and pixel-disjoint crops of scikit-image's bundled photos.
 
 Example:
     >>> from qdq.zoo import fashion_mnist

@@ -1,0 +1,230 @@
+"""``qdq quantize``: a thin command around :func:`qdq.pipeline.quantize`; also ``qdq zoo list``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_quantize_parser", "add_zoo_parser", "print_summary", "run_quantize", "run_zoo"]
+
+_STAGE_LABELS = {
+    "load_model": "load model",
+    "load_data": "load data",
+    "check": "check one sample",
+    "capture_plan": "capture + plan",
+    "calibrate": "calibrate",
+    "export": "export",
+    "fp32_eval": "FP32 (torch)",
+    "int8_eval": "INT8 (ONNX Runtime)",
+    "compare_methods": "every method",
+    "lint": "lint",
+}
+
+
+def add_quantize_parser(sub: Any) -> None:
+    """The ``quantize`` sub-command's arguments."""
+    p = sub.add_parser(
+        "quantize",
+        help="quantize a model on its data: INT8 Q/DQ ONNX verified in ONNX Runtime, lint, report",
+        description="capture + plan → calibrate → export → ONNX Runtime verification → lint. "
+        "Writes OUT/model.qdq.onnx, OUT/manifest.json (its manifest) and OUT/report.json, all "
+        "or nothing. The INT8 metric is measured on the exported ONNX in ONNX Runtime.",
+        epilog="Model SPEC: a zoo name (qdq zoo list), pkg.module:factory or "
+        "path/to/file.py:factory (this IMPORTS/EXECUTES that Python code), a .pt2 "
+        "(torch.export.save), or an FP32 .onnx (needs onnx2torch); TorchScript cannot be "
+        "quantized (export it with torch.export). Data SPEC: a built-in dataset (fashion-mnist, "
+        "skimage-photos), an image folder (one sub-folder per class gives labels), a .npy, or a "
+        ".npz with x/images (+ y/labels). User data is split by a seeded permutation: "
+        "calibration min(--calib-samples, N/2) samples, evaluation the others.",
+    )
+    p.add_argument("--model", required=True, metavar="SPEC", help="the float model (see below)")
+    p.add_argument("--data", metavar="SPEC", help="the data (default: a zoo model's own)")
+    p.add_argument("--out", default="qdq-out", metavar="DIR", help="output directory (qdq-out)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    p.add_argument(
+        "--calib",
+        default="mse",
+        choices=("mse", "entropy", "percentile", "max"),
+        help="calibration method (default mse; one histogram pass)",
+    )
+    p.add_argument("--percentile", type=float, help="for --calib percentile (default 99.99)")
+    p.add_argument(
+        "--compare-methods",
+        action="store_true",
+        help="also measure every calibration method (torch fake-quant)",
+    )
+    p.add_argument(
+        "--exporter",
+        default="auto",
+        choices=("auto", "dynamo", "torchscript"),
+        help="ONNX exporter (auto: dynamo, else TorchScript)",
+    )
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset, 13..21 (17)")
+    p.add_argument(
+        "--target",
+        default="trt10",
+        help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11",
+    )
+    p.add_argument(
+        "--calib-samples",
+        type=int,
+        metavar="N",
+        help="calibration samples (default: the dataset's, else 256)",
+    )
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        metavar="N",
+        help="evaluation samples (default: the dataset's, else all the others)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split")
+    p.add_argument("--image-size", metavar="H,W", help="image folders: resize to H,W (or N)")
+    p.add_argument("--mean", metavar="M[,M,M]", help="image folders: per-channel mean (0)")
+    p.add_argument("--std", metavar="S[,S,S]", help="image folders: per-channel std (1)")
+    p.add_argument("--channels", type=int, choices=(1, 3), help="image folders: 1 gray, 3 RGB")
+    p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_zoo_parser(sub: Any) -> None:
+    """The ``zoo`` sub-command."""
+    p = sub.add_parser("zoo", help="the built-in pretrained models", description="qdq zoo list")
+    p.add_argument("action", choices=("list",), help="list: name, task, metric, availability")
+
+
+def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def _size(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        parts = [int(v) for v in text.lower().replace("x", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise ValueError(f"--image-size must be H,W or N (positive ints), got {text!r}")
+    return (parts[0], parts[-1])
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (the type is kept for errors that are not ours)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    ours = (ValueError, FileNotFoundError, FileExistsError, ImportError, NotADirectoryError)
+    return text if isinstance(err, ours) else f"{type(err).__name__}: {text}"
+
+
+def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
+    """Run the pipeline from parsed arguments, print, and return the exit code."""
+    from qdq.pipeline import DataOptions, quantize
+
+    def stage(name: str, seconds: float, detail: str) -> None:
+        if not args.json:
+            print(f"  {_STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
+
+    try:
+        options = DataOptions(
+            calib_samples=args.calib_samples,
+            eval_samples=args.eval_samples,
+            image_size=_size(args.image_size),
+            mean=_floats(args.mean, "--mean"),
+            std=_floats(args.std, "--std"),
+            channels=args.channels,
+            seed=args.seed,
+        )
+        if not args.json:
+            print(f"{prog}: {args.model} on {args.data or 'its own data'} → {args.out}", flush=True)
+        result = quantize(
+            args.model,
+            args.data,
+            out=args.out,
+            calib=args.calib,
+            percentile=args.percentile,
+            exporter=args.exporter,
+            opset=args.opset,
+            target=args.target,
+            data_options=options,
+            batch_size=args.batch_size,
+            compare_methods=args.compare_methods,
+            overwrite=args.overwrite,
+            show_progress=not args.no_progress,
+            on_stage=stage,
+        )
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as err:  # user code and files: one line, never a traceback
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.report, indent=2))
+    else:
+        print_summary(result.report, str(result.out_dir))
+    return 0
+
+
+def print_summary(r: dict[str, Any], out_dir: str) -> None:
+    """The human summary of a report: metric, coverage, lint, timings, files."""
+    name = r["metric_name"]
+    fp32, int8 = r["fp32_metric"], r["int8_metric"]
+    print(
+        f"{name}: FP32 {fp32:.4f} (torch)  INT8 {int8:.4f} (exported ONNX in ONNX Runtime; "
+        f"{100 * (int8 - fp32):+.2f} points)"
+    )
+    i8 = r["int8"]
+    agree = "-" if i8["top1_agreement"] is None else f"{i8['top1_agreement']:.4f}"
+    print(
+        f"  INT8 vs FP32: top-1 agreement {agree}, cosine mean {i8['cosine_mean']:.6f} "
+        f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}"
+    )
+    methods = r.get("calibration_methods")
+    if methods:
+        print(f"  {'method':<11}{'INT8 (torch)':>13}{'drop':>8}{'agree':>8}{'cosine':>10}")
+        for m, s in methods.items():
+            ag = "-" if s["top1_agreement"] is None else f"{s['top1_agreement']:.4f}"
+            mark = "  <- exported" if m == r["settings"]["method"] else ""
+            print(
+                f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
+                f"{s['cosine_mean']:>10.5f}{mark}"
+            )
+    lint = r["lint"]
+    print(
+        f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
+        f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs); "
+        f"lint {r['lint_verdict']} ({r['lint_target']}, {len(r['lint_findings'])} findings)"
+    )
+    for s in r["skipped_layers"][:10]:
+        print(f"  float: {s['name']} ({s['type']}) {s['rule']}: {s['reason']}")
+    if len(r["skipped_layers"]) > 10:
+        print(f"  ... and {len(r['skipped_layers']) - 10} more (report.json: skipped_layers)")
+    for w in r["warnings"][:5]:
+        print(f"  warning: {' '.join(w.split())[:200]}")
+    times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
+    print(f"time: {r['total_s']:.1f} s ({times})")
+    files = r["files"]
+    print(f"wrote {out_dir}/: {files['onnx']}, {files['manifest']}, {files['report']}")
+
+
+def run_zoo(action: str) -> int:
+    """``qdq zoo list``."""
+    from qdq.zoo.registry import MODELS
+
+    if action != "list":
+        raise ValueError(f"unknown zoo action {action!r}; use: qdq zoo list")
+    for entry in MODELS.values():
+        missing = entry.missing()
+        status = "available" if not missing else "missing: " + "; ".join(missing)
+        print(
+            f"{entry.name}\n  {entry.description}\n  task: {entry.task}\n"
+            f"  data: {entry.dataset}; metric: {entry.metric}\n  {status}"
+        )
+    return 0

@@ -1,0 +1,267 @@
+"""Data specs for ``qdq quantize``: a built-in dataset, an image folder, a ``.npy``/``.npz`` file.
+
+Every spec becomes a :class:`QuantData`: calibration samples, evaluation samples (never the same
+ones) and, when the data has them, evaluation labels.
+
+* **Built-in datasets** (``fashion-mnist``, ``skimage-photos``): their own split (see
+  :mod:`qdq.zoo.registry`). Without ``--data``, a zoo model uses its own dataset.
+* **An image folder**: ``*.png``/``*.jpg``/... directly in it (no labels), or one sub-folder per class
+  (``DIR/cat/1.png``; labels are the sorted sub-folder index, torchvision's ``ImageFolder``
+  convention). Images are preprocessed as the zoo model does, or as the options say
+  (``image_size`` is then required).
+* **``.npy``**: the input samples stacked along axis 0 (no labels). **``.npz``**: one array, or an
+  input array named ``x``/``images``/``inputs``/``input``/``data`` plus optionally integer labels
+  named ``y``/``labels``/``label``/``targets``/``target``.
+
+User data (folders and arrays) is split deterministically: a seeded permutation (``seed``, default
+0); calibration takes its first ``min(calib_samples, N // 2)`` samples, evaluation the rest (at most
+``eval_samples``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qdq.specs import load_arrays
+from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, get_dataset
+
+__all__ = ["IMAGE_SUFFIXES", "DataOptions", "QuantData", "resolve_data"]
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
+_INPUT_KEYS = ("x", "images", "inputs", "input", "data")
+_LABEL_KEYS = ("y", "labels", "label", "targets", "target")
+DEFAULT_CALIB = 256
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How to read and split the data (``None``: the dataset's or zoo model's default).
+
+    Attributes:
+        calib_samples: calibration samples (default: the built-in dataset's, else 256).
+        eval_samples: evaluation samples (default: the built-in dataset's, else all the rest).
+        image_size: ``(H, W)`` for image folders (default: the zoo model's).
+        mean / std: per-channel normalization for image folders (default: the zoo model's, else
+            0 and 1: pixels in ``[0, 1]``).
+        channels: 1 (grayscale) or 3 (RGB) for image folders (default: the zoo model's, else 3).
+        seed: seed of the split and of built-in calibration samples.
+    """
+
+    calib_samples: int | None = None
+    eval_samples: int | None = None
+    image_size: tuple[int, int] | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    channels: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("calib_samples", "eval_samples"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class QuantData:
+    """Calibration and evaluation samples (one input tensor each) and optional labels."""
+
+    calibration: torch.Tensor
+    evaluation: torch.Tensor
+    labels: torch.Tensor | None
+    source: str
+    split: str
+
+    def __post_init__(self) -> None:
+        if len(self.calibration) == 0 or len(self.evaluation) == 0:
+            raise ValueError(f"{self.source}: calibration and evaluation need at least 1 sample")
+        if self.labels is not None and len(self.labels) != len(self.evaluation):
+            raise ValueError(
+                f"{self.source}: {len(self.labels)} labels for {len(self.evaluation)} samples"
+            )
+
+
+def resolve_data(
+    spec: str | None, zoo: ZooEntry | None = None, options: DataOptions | None = None
+) -> QuantData:
+    """Load and split the data a spec names.
+
+    Args:
+        spec: a built-in dataset name, an image folder, a ``.npy``/``.npz`` file, or ``None`` for
+            the zoo model's own dataset.
+        zoo: the zoo entry of the model, if it is one (its dataset and preprocessing).
+        options: counts, image preprocessing and the seed.
+
+    Raises:
+        ValueError: an unknown name (listing the built-in datasets), an unusable file or folder
+            (naming it), missing packages or data, too few samples.
+        FileNotFoundError: a path that does not exist.
+    """
+    opts = options or DataOptions()
+    if spec is None:
+        if zoo is None:
+            raise ValueError("--data is required for a model that is not a zoo entry")
+        spec = zoo.dataset
+    if spec in DATASETS:
+        ds = get_dataset(spec)
+        missing = ds.missing()
+        if missing:
+            raise ValueError(f"built-in dataset {spec!r} needs: {'; '.join(missing)}")
+        calib = opts.calib_samples or ds.default_calib
+        evaluate = opts.eval_samples or ds.default_eval
+        cal, ev, labels, split = ds.load(calib, evaluate, opts.seed)
+        return QuantData(cal, ev, labels, spec, split)
+    path = Path(spec)
+    if path.is_dir():
+        pre = _preprocess(zoo, opts)
+        x, y, classes = _image_folder(path, pre)
+        labelled = f"labels from {len(classes)} sub-folders (sorted)" if classes else "no labels"
+        return _split(x, y, str(path), opts, f"; images {pre.describe()}; {labelled}")
+    if path.suffix in (".npy", ".npz"):
+        x, y = _arrays(path)
+        return _split(x, y, str(path), opts)
+    if path.exists():
+        raise ValueError(f"data {spec!r}: expected an image folder, a .npy or a .npz file")
+    if "/" in spec or "\\" in spec or path.suffix:
+        raise FileNotFoundError(f"no data at {spec}")
+    raise ValueError(
+        f"unknown dataset {spec!r}; built-in datasets: {', '.join(sorted(DATASETS))}; or give an "
+        "image folder, a .npy or a .npz file"
+    )
+
+
+# ------------------------------------------------------------------------------------ arrays
+
+
+def _arrays(path: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    arrays = load_arrays(path)
+    keys = [k for k in arrays if k is not None]
+    if len(arrays) == 1:
+        x_key, y_key = next(iter(arrays)), None
+    else:
+        x_key = next((k for k in _INPUT_KEYS if k in arrays), None)
+        y_key = next((k for k in _LABEL_KEYS if k in arrays), None)
+        extra = sorted(set(keys) - {x_key, y_key})
+        if x_key is None or extra:
+            raise ValueError(
+                f"{path} holds arrays {keys}: expected one input array named one of "
+                f"{'/'.join(_INPUT_KEYS)} and optionally labels named one of {'/'.join(_LABEL_KEYS)}"
+            )
+    x = arrays[x_key]
+    where = str(path) if x_key is None else f"{path}[{x_key}]"
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise ValueError(f"{where} has shape {x.shape}: expected samples along axis 0")
+    inputs = torch.from_numpy(np.ascontiguousarray(x))
+    if inputs.is_floating_point():
+        inputs = inputs.to(torch.float32)
+    if y_key is None:
+        return inputs, None
+    y = arrays[y_key]
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(
+            f"{path}[{y_key}] must be 1-D integer class labels, got {y.dtype} of shape {y.shape}"
+        )
+    if len(y) != len(x):
+        raise ValueError(f"{path}: {len(x)} samples in {x_key!r} but {len(y)} labels in {y_key!r}")
+    if y.size and int(y.min()) < 0:
+        raise ValueError(f"{path}[{y_key}] holds negative labels")
+    return inputs, torch.from_numpy(y.astype(np.int64))
+
+
+def _split(
+    x: torch.Tensor, y: torch.Tensor | None, source: str, opts: DataOptions, note: str = ""
+) -> QuantData:
+    n = len(x)
+    if n < 2:
+        raise ValueError(f"{source} holds {n} sample(s); need at least 2 (calibration, evaluation)")
+    n_cal = min(opts.calib_samples or DEFAULT_CALIB, n // 2)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(opts.seed))
+    cal_idx, ev_idx = order[:n_cal], order[n_cal:]
+    if opts.eval_samples is not None:
+        ev_idx = ev_idx[: opts.eval_samples]
+    split = (
+        f"{n} samples split by a seeded permutation (seed {opts.seed}): {len(cal_idx)} for "
+        f"calibration, {len(ev_idx)} other ones for evaluation{note}"
+    )
+    labels = None if y is None else y[ev_idx]
+    return QuantData(x[cal_idx], x[ev_idx], labels, source, split)
+
+
+# ------------------------------------------------------------------------------- image folders
+
+
+def _preprocess(zoo: ZooEntry | None, opts: DataOptions) -> ImagePreprocess:
+    """The zoo model's preprocessing with the options given on top, else the options alone."""
+    if zoo is None and opts.image_size is None:
+        raise ValueError(
+            "an image folder needs --image-size H,W (and usually --mean/--std) for a model that "
+            "is not a zoo entry"
+        )
+    base = zoo.preprocess if zoo is not None else ImagePreprocess(size=(1, 1))
+    return ImagePreprocess(
+        size=opts.image_size or base.size,
+        channels=opts.channels or base.channels,
+        mean=opts.mean or base.mean,
+        std=opts.std or base.std,
+        resize=base.resize,
+    )
+
+
+def _image_files(folder: Path) -> tuple[list[Path], list[int] | None, list[str]]:
+    def images(d: Path) -> list[Path]:
+        return sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+    top = images(folder)
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and images(d))
+    if top or not classes:
+        if not top:
+            raise ValueError(
+                f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder} or its sub-folders"
+            )
+        return top, None, []
+    files, labels = [], []
+    for i, name in enumerate(classes):
+        for p in images(folder / name):
+            files.append(p)
+            labels.append(i)
+    return files, labels, classes
+
+
+def _image_folder(
+    folder: Path, pre: ImagePreprocess
+) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ValueError("reading an image folder needs Pillow: pip install pillow") from None
+    files, labels, classes = _image_files(folder)
+    h, w = pre.size
+    tensors = []
+    for p in files:
+        try:
+            with Image.open(p) as im:
+                img = im.convert("L" if pre.channels == 1 else "RGB")
+                if pre.resize == "stretch":
+                    img = img.resize((w, h), Image.Resampling.BILINEAR)
+                else:
+                    scale = max(h / img.height, w / img.width)
+                    size = (max(w, round(img.width * scale)), max(h, round(img.height * scale)))
+                    img = img.resize(size, Image.Resampling.BILINEAR)
+                    left, top = (img.width - w) // 2, (img.height - h) // 2
+                    img = img.crop((left, top, left + w, top + h))
+                arr = np.asarray(img, dtype=np.float32) / 255.0
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read image {p}: {err}") from None
+        t = torch.from_numpy(arr.reshape(h, w, pre.channels)).permute(2, 0, 1)
+        tensors.append(t)
+    x = torch.stack(tensors)
+    mean = torch.tensor(pre.mean, dtype=torch.float32).reshape(1, -1, 1, 1)
+    std = torch.tensor(pre.std, dtype=torch.float32).reshape(1, -1, 1, 1)
+    x = ((x - mean) / std).contiguous()
+    return x, None if labels is None else torch.tensor(labels, dtype=torch.int64), classes

@@ -1,0 +1,154 @@
+"""``report.json`` of ``qdq quantize``: everything an HTML report needs, as plain data.
+
+Stable keys (issue 11): ``metric_name``, ``fp32_metric``, ``int8_metric`` (the exported ONNX in
+ONNX Runtime), ``lint`` (the lint summary: ``weighted_layers``, ``int8_weighted_layers``, ...),
+``skipped_layers`` (every Conv/ConvTranspose/Linear left in float: ``name``, ``type``, ``rule``,
+``reason``), ``timings_s`` (seconds per stage). Also: ``schema``, ``qdq_version``, ``model``,
+``data``, ``settings``, ``export``, ``fp32``/``int8``/``int8_torch`` (metric, top-1 agreement and
+cosine vs FP32), ``calibration_methods`` (per method, torch fake-quant; ``null`` unless asked),
+``layers`` (every weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule,
+scale group, calibration method and amax; per-channel weights as min/max), ``lint_verdict``,
+``lint_findings``, ``predicted_layers`` (the linter's engine prediction), ``plan`` (every Q/DQ
+decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``warnings``, ``files`` (names inside OUT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from qdq._version import __version__
+
+__all__ = ["SCHEMA", "STABLE_KEYS", "build_report"]
+
+SCHEMA = "qdq.quantize-report/1"
+STABLE_KEYS = ("metric_name", "fp32_metric", "int8_metric", "lint", "skipped_layers", "timings_s")
+
+
+def build_report(
+    *,
+    metric: str,
+    source: Any,
+    data: Any,
+    prepared: nn.Module,
+    exported: Any,
+    lint: Any,
+    fp32: dict[str, Any],
+    int8: dict[str, Any],
+    int8_torch: dict[str, Any],
+    methods: dict[str, dict[str, Any]] | None,
+    settings: dict[str, Any],
+    timings: dict[str, float],
+    warnings: list[str],
+    files: dict[str, str],
+) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (see the module docstring for the keys)."""
+    from qdq.api import plan_of, quantizers_of
+
+    plan = plan_of(prepared)
+    model = source.module
+    zoo = source.zoo
+    lint_dict = lint.to_dict()
+    return {
+        "schema": SCHEMA,
+        "qdq_version": __version__,
+        "metric_name": metric,
+        "fp32_metric": fp32["metric"],
+        "int8_metric": int8["metric"],
+        "lint": lint.summary,
+        "skipped_layers": [
+            {
+                "name": c.module,
+                "type": c.type,
+                "status": c.status,
+                "rule": c.rule,
+                "reason": c.reason,
+            }
+            for c in plan.coverage
+            if c.status != "int8"
+        ],
+        "timings_s": dict(timings),
+        "total_s": round(sum(timings.values()), 3),
+        "model": {
+            "spec": source.spec,
+            "kind": source.kind,
+            "class": type(model).__name__,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "zoo": None
+            if zoo is None
+            else {
+                "name": zoo.name,
+                "description": zoo.description,
+                "task": zoo.task,
+                "metric": zoo.metric,
+            },
+            "static_batch": source.static_batch,
+        },
+        "data": {
+            "source": data.source,
+            "split": data.split,
+            "input_shape": list(data.evaluation.shape[1:]),
+            "input_dtype": str(data.evaluation.dtype).replace("torch.", ""),
+            "calibration_samples": len(data.calibration),
+            "evaluation_samples": len(data.evaluation),
+            "labelled": data.labels is not None,
+        },
+        "settings": settings,
+        "export": {
+            "exporter": exported.exporter,
+            "opset": exported.opset,
+            "num_quantize": exported.num_quantize,
+            "num_dequantize": exported.num_dequantize,
+            "floored_channels": exported.floored,
+            "verified_in_onnxruntime": True,
+        },
+        "fp32": fp32,
+        "int8": int8,
+        "int8_torch": int8_torch,
+        "calibration_methods": methods,
+        "layers": [
+            {
+                "name": c.module,
+                "type": c.type,
+                "status": c.status,
+                "rule": c.rule,
+                "reason": c.reason,
+            }
+            for c in plan.coverage
+        ],
+        "quantizers": [_quantizer(path, q, plan) for path, q in quantizers_of(prepared).items()],
+        "lint_target": lint_dict["target"],
+        "lint_verdict": lint.verdict,
+        "lint_findings": lint_dict["findings"],
+        "predicted_layers": lint_dict["layers"],
+        "plan": plan.to_dict(),
+        "warnings": sorted(set(warnings)),
+        "files": files,
+    }
+
+
+def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
+    group = next((g for g in plan.groups if g.quantizer == path), None)
+    amax = q.amax.detach().float().flatten() if q.is_calibrated else None
+    entry: dict[str, Any] = {
+        "path": path,
+        "name": q.name,
+        "kind": "weight" if q.name.endswith(":weight") else "input",
+        "group": None if group is None else group.id,
+        "members": [] if group is None else list(group.members),
+        "rule": None if group is None else plan.point(group.leader).rule,
+        "method": q.calib.method,
+        "per_channel": q.spec.axis is not None,
+    }
+    if amax is None:
+        entry["amax"] = None
+    elif q.spec.axis is None:
+        entry["amax"] = float(amax[0])
+    else:
+        entry["amax"] = {
+            "channels": int(amax.numel()),
+            "min": float(amax.min()),
+            "max": float(amax.max()),
+        }
+    return entry

@@ -1,0 +1,428 @@
+"""``qdq.quantize``: a float model and its data → a verified, linted INT8 Q/DQ ONNX and a report.
+
+Stages (each timed): load the model and the data → check one sample → capture + plan
+(:func:`qdq.prepare`) → calibrate (one histogram collection, then the chosen method) → export
+(:func:`qdq.export_onnx`) → FP32 metric in torch → INT8 metric in ONNX Runtime (every published
+figure is measured through the export) and in torch fake-quant → optionally the metric of every
+calibration method (torch fake-quant, amax recomputed from the same collection) → lint.
+
+Output: ``OUT/model.qdq.onnx``, ``OUT/manifest.json`` (the manifest of ``model.qdq.onnx``, which it
+names; :func:`qdq.export.find_manifest` finds it) and ``OUT/report.json`` (:mod:`qdq.pipeline.report`),
+written in a temporary directory beside ``OUT`` and renamed into place (:mod:`qdq.pipeline.outdir`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.pipeline.data import DataOptions, QuantData, resolve_data
+from qdq.pipeline.evaluate import (
+    batches,
+    check_labels,
+    first_tensor,
+    metric_name,
+    ort_outputs,
+    score,
+    torch_outputs,
+)
+from qdq.pipeline.models import ModelSource, resolve_model
+from qdq.pipeline.outdir import check_out_dir, staged_dir
+from qdq.pipeline.report import build_report
+
+__all__ = ["MANIFEST_FILE", "ONNX_FILE", "REPORT_FILE", "QuantizeResult", "quantize"]
+
+ONNX_FILE = "model.qdq.onnx"
+MANIFEST_FILE = "manifest.json"
+REPORT_FILE = "report.json"
+
+#: ``on_stage(name, seconds, detail)`` after every stage
+StageCallback = Callable[[str, float, str], None]
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """What :func:`quantize` wrote and measured.
+
+    ``report`` is the content of ``report.json``; ``prepared`` the calibrated torch model that was
+    exported (fake-quant, amax of the chosen method).
+    """
+
+    out_dir: Path
+    onnx_path: Path
+    manifest_path: Path
+    report_path: Path
+    report: dict[str, Any]
+    prepared: nn.Module
+
+    @property
+    def metric_name(self) -> str:
+        """``top1_accuracy``, ``top1_agreement`` or ``cosine``."""
+        return str(self.report["metric_name"])
+
+    @property
+    def fp32_metric(self) -> float:
+        """The metric of the float model (torch)."""
+        return float(self.report["fp32_metric"])
+
+    @property
+    def int8_metric(self) -> float:
+        """The metric of the exported INT8 ONNX in ONNX Runtime."""
+        return float(self.report["int8_metric"])
+
+
+def quantize(
+    model: str | nn.Module,
+    data: str | QuantData | None = None,
+    *,
+    out: str | Path,
+    calib: str = "mse",
+    percentile: float | None = None,
+    exporter: str = "auto",
+    opset: int = 17,
+    target: str = "trt10",
+    data_options: DataOptions | None = None,
+    batch_size: int = 32,
+    compare_methods: bool = False,
+    overwrite: bool = False,
+    show_progress: bool = True,
+    on_stage: StageCallback | None = None,
+) -> QuantizeResult:
+    """Quantize ``model`` on ``data`` and write ``out/{model.qdq.onnx, manifest.json, report.json}``.
+
+    The user's model is never modified (:func:`qdq.prepare` works on a copy; evaluation restores
+    its train/eval mode).
+
+    Args:
+        model: an ``nn.Module`` or a model spec (:mod:`qdq.pipeline.models`: a zoo name,
+            ``pkg.module:factory``, ``file.py:factory`` — this executes that code —, ``.pt2``,
+            ``.onnx``).
+        data: a :class:`QuantData`, a data spec (:mod:`qdq.pipeline.data`), or ``None`` for a zoo
+            model's own data.
+        out: the output directory (created; see ``overwrite``).
+        calib: ``"mse"`` (default), ``"entropy"``, ``"percentile"`` or ``"max"``.
+        percentile: for ``calib="percentile"`` (default 99.99).
+        exporter: ``"auto"`` (dynamo, else TorchScript), ``"dynamo"`` or ``"torchscript"``.
+        opset: ONNX opset, 13..21.
+        target: TensorRT version for the linter (``"trt8.6"``, ``"trt10"``, ``"trt11"`` ...).
+        data_options: sample counts, image preprocessing and the split seed (for spec data).
+        batch_size: samples per batch for calibration and evaluation (a ``.pt2`` with a static
+            batch dimension uses its own).
+        compare_methods: also measure every calibration method in torch fake-quant.
+        overwrite: replace an existing non-empty ``out``.
+        show_progress: progress bars.
+        on_stage: called after every stage with its name, seconds and a one-line detail.
+
+    Returns:
+        The :class:`QuantizeResult`.
+
+    Raises:
+        ValueError / FileNotFoundError / TypeError: bad specs, files, options or a model that
+            fails on the data (the message names the culprit and, for shapes, both shapes).
+        FileExistsError: ``out`` exists, is not empty, and ``overwrite`` is false.
+        qdq.export.ExportError: the export fails validation or verification.
+
+    Example:
+        >>> res = quantize("fashion-mnist-resnet", out="demo-out", overwrite=True)  # doctest: +SKIP
+        >>> res.metric_name, round(res.fp32_metric, 3), round(res.int8_metric, 3)  # doctest: +SKIP
+        ('top1_accuracy', 0.921, 0.92)
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    from qdq.config import CALIBRATION_METHODS
+
+    if calib not in CALIBRATION_METHODS:
+        raise ValueError(
+            f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    from qdq.lint import parse_target
+
+    parse_target(target)  # a bad target fails now, not after the export
+    out_dir = Path(out)
+    check_out_dir(out_dir, overwrite)
+    stages = _Stages(on_stage)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with stages("load_model") as st:
+            source = resolve_model(model)
+            st.detail = f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params)"
+        with stages("load_data") as st:
+            qdata = (
+                data
+                if isinstance(data, QuantData)
+                else resolve_data(data, source.zoo, data_options)
+            )
+            st.detail = qdata.split
+        static = source.static_batch is not None
+        size = source.static_batch or batch_size
+        with stages("check") as st:
+            # one sample; a static-batch model gets one (padded) batch of its size
+            example = next(batches(qdata.calibration, size, static))[0] if static else None
+            example = qdata.calibration[:1] if example is None else example
+            sample_out = _check_sample(source, example, qdata)
+            if qdata.labels is not None:
+                check_labels(sample_out, qdata.labels, qdata.source)
+            st.detail = f"input {tuple(example.shape[1:])} → output {tuple(sample_out.shape[1:])}"
+        with stages("capture_plan") as st:
+            import qdq
+
+            prepared = qdq.prepare(source.module, (example,))
+            plan = qdq.plan_of(prepared)
+            st.detail = plan.summary().splitlines()[0]
+        with stages("calibrate") as st:
+            calib_batches = [b for b, _ in batches(qdata.calibration, size, static)]
+            qdq.calibrate(
+                prepared,
+                calib_batches,
+                method=calib,
+                percentile=percentile,
+                show_progress=show_progress,
+            )
+            st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
+        result = _export_and_measure(
+            prepared,
+            source,
+            qdata,
+            example,
+            stages,
+            out_dir,
+            overwrite,
+            _Settings(
+                calib,
+                percentile,
+                exporter,
+                opset,
+                target,
+                size,
+                compare_methods,
+                show_progress,
+                static,
+            ),
+            caught,
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class _Settings:
+    calib: str
+    percentile: float | None
+    exporter: str
+    opset: int
+    target: str
+    batch_size: int
+    compare_methods: bool
+    show_progress: bool
+    static: bool
+
+
+def _export_and_measure(
+    prepared: nn.Module,
+    source: ModelSource,
+    qdata: QuantData,
+    example: torch.Tensor,
+    stages: _Stages,
+    out_dir: Path,
+    overwrite: bool,
+    s: _Settings,
+    caught: list[warnings.WarningMessage],
+) -> QuantizeResult:
+    import qdq
+    from qdq.lint import lint
+
+    show, size = s.show_progress, s.batch_size
+    with staged_dir(out_dir, overwrite=overwrite) as tmp:
+        with stages("export") as st:
+            exported = qdq.export_onnx(
+                prepared,
+                (example,),
+                tmp / ONNX_FILE,
+                opset=s.opset,
+                exporter=s.exporter,
+                dynamic_batch=not s.static,
+                manifest_path=tmp / MANIFEST_FILE,
+            )
+            st.detail = (
+                f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
+                f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
+            )
+        with stages("fp32_eval") as st:
+            ref = torch_outputs(
+                source.module,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="FP32 (torch)",
+                show=show,
+            )
+            fp32 = score(ref, ref, qdata.labels)
+            st.detail = f"{fp32['metric']:.4f} on {len(ref)} samples"
+        with stages("int8_eval") as st:
+            ort = ort_outputs(
+                exported.path,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="INT8 (ONNX Runtime)",
+                show=show,
+            )
+            int8 = score(ort, ref, qdata.labels)
+            fq = torch_outputs(
+                prepared,
+                qdata.evaluation,
+                size,
+                static=s.static,
+                desc="INT8 (torch fake-quant)",
+                show=show,
+            )
+            int8_torch = score(fq, ref, qdata.labels)
+            int8_torch["vs_onnxruntime"] = score(fq, ort, None)
+            st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+        methods = None
+        if s.compare_methods:
+            with stages("compare_methods") as st:
+                methods = _compare_methods(prepared, qdata, ref, s)
+                st.detail = ", ".join(f"{m} {r['metric']:.4f}" for m, r in methods.items())
+        with stages("lint") as st:
+            report_lint = lint(exported.path, target=s.target)
+            st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
+        timings = stages.timings
+        report = build_report(
+            metric=metric_name(ref, qdata.labels),
+            source=source,
+            data=qdata,
+            prepared=prepared,
+            exported=exported,
+            lint=report_lint,
+            fp32=fp32,
+            int8=int8,
+            int8_torch=int8_torch,
+            methods=methods,
+            settings={
+                "method": s.calib,
+                "percentile": s.percentile,
+                "batch_size": size,
+                "target": s.target,
+                "exporter": s.exporter,
+                "opset": s.opset,
+            },
+            timings=timings,
+            warnings=[str(w.message) for w in caught],
+            files={"onnx": ONNX_FILE, "manifest": MANIFEST_FILE, "report": REPORT_FILE},
+        )
+        text = json.dumps(report, indent=2, default=str) + "\n"
+        (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
+    return QuantizeResult(
+        out_dir,
+        out_dir / ONNX_FILE,
+        out_dir / MANIFEST_FILE,
+        out_dir / REPORT_FILE,
+        json.loads(text),
+        prepared,
+    )
+
+
+def _compare_methods(
+    prepared: nn.Module, qdata: QuantData, ref: torch.Tensor, s: _Settings
+) -> dict[str, dict[str, Any]]:
+    import qdq
+    from qdq.config import CALIBRATION_METHODS
+
+    out = {}
+    try:
+        for method in CALIBRATION_METHODS:
+            qdq.recompute_amax(prepared, method)
+            fq = torch_outputs(
+                prepared,
+                qdata.evaluation,
+                s.batch_size,
+                static=s.static,
+                desc=f"INT8 {method} (torch)",
+                show=s.show_progress,
+            )
+            out[method] = score(fq, ref, qdata.labels)
+    finally:
+        qdq.recompute_amax(prepared, s.calib, percentile=s.percentile)  # the exported amax again
+    return out
+
+
+def _check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> torch.Tensor:
+    """Run the float model on one sample; a failure names the data's and the model's shapes."""
+    was_training = source.module.training
+    try:
+        source.module.eval()
+        with torch.no_grad():
+            return first_tensor(source.module(x), f"the model {source.spec}")
+    except ValueError as err:
+        if "returned no tensor" in str(err):
+            raise
+        raise ValueError(_shape_message(source, x, qdata, err)) from None
+    except Exception as err:  # user code: any failure becomes one message
+        raise ValueError(_shape_message(source, x, qdata, err)) from None
+    finally:
+        source.module.train(was_training)
+
+
+def _shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: Exception) -> str:
+    why = " ".join(str(err).split())[:300]
+    expects = ""
+    if source.input_shape is not None:
+        expects = f"; {source.spec} was exported for input shape {source.input_shape}"
+    else:
+        first = next(
+            (
+                m
+                for m in source.module.modules()
+                if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear))
+            ),
+            None,
+        )
+        if isinstance(first, nn.Linear):
+            expects = f"; its first weighted layer is {first} (input features {first.in_features})"
+        elif first is not None:
+            expects = (
+                f"; its first weighted layer is {type(first).__name__} with "
+                f"{first.in_channels} input channels"
+            )
+    return (
+        f"the model {source.spec} fails on a data sample of shape {tuple(x.shape)} "
+        f"({x.dtype}) from {qdata.source}: {type(err).__name__}: {why}{expects}"
+    )
+
+
+def _params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+class _Stages:
+    """Times stages: ``with stages("name") as st: ...; st.detail = "..."``."""
+
+    def __init__(self, callback: StageCallback | None) -> None:
+        self.callback = callback
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, name: str) -> _Stage:
+        return _Stage(self, name)
+
+
+class _Stage:
+    def __init__(self, owner: _Stages, name: str) -> None:
+        self.owner, self.name, self.detail, self.start = owner, name, "", 0.0
+
+    def __enter__(self) -> _Stage:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        seconds = time.perf_counter() - self.start
+        self.owner.timings[self.name] = round(seconds, 3)
+        if exc_type is None and self.owner.callback is not None:
+            self.owner.callback(self.name, seconds, self.detail)
