@@ -97,3 +97,42 @@ def test_three_branch_sum_fuses_one_add_per_conv(quantize_identity: bool) -> Non
     assert [sum(n.startswith("add") for n in ly.nodes) for ly in weighted] == [0, 1, 0]
     second = next(ly for ly in report.layers if ly.kind == "pointwise")
     assert [n.split("_")[0].rstrip("0123456789") for n in second.nodes] == ["add", "relu"]
+
+
+class _LayerScale(nn.Module):
+    """A ConvNeXt block: depthwise conv, channels-last LayerNorm + Linear MLP, LayerScale, Add."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.conv_dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+        self.head = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+        return self.head(y.mul(self.gamma.reshape(1, -1, 1, 1)) + x)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_layerscale_add_fuses_into_the_linear_through_transpose_and_scale(
+    exporter: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(_LayerScale().eval(), (x,))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = qdq.export_onnx(prepared, (x,), tmp_path / "ls.onnx", exporter=exporter).path
+    report = lint(path)
+    assert report.rules("WARN") == set() and report.rules("ERROR") == set(), report.format()
+    _assert_each_node_in_one_layer(report)
+    (fused,) = [ly for ly in report.layers if ly.kind == "weighted" and "fc2" in ly.nodes[0]]
+    # fc2's MatMul, its bias, the Transpose back to NCHW, LayerScale's Mul and the residual Add
+    assert len(fused.nodes) == 5 and any("Transpose" in n for n in fused.nodes), fused
+    assert fused.output_precision == "int8", report.format(True)

@@ -482,6 +482,33 @@ def test_stochastic_depth_is_the_identity_for_the_residual_rule() -> None:
     assert sorted(pt.decision for pt in add) == ["share", "skip"]
 
 
+class LayerScaleBlock(nn.Module):
+    """ConvNeXt's block: depthwise conv, channels-last Linear MLP, LayerScale ``x * gamma``."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.conv_dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
+        y = self.fc2(F.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+        return y.mul(self.gamma.reshape(1, -1, 1, 1)) + x
+
+
+def test_p03_layerscale_is_part_of_the_linear_epilogue() -> None:
+    # gamma.reshape(...) is computed from a parameter only: a constant operand, not a second
+    # activation, so fc2 -> permute -> mul(gamma) is fc2's epilogue and the Add fuses into it
+    p = plan(Net(LayerScaleBlock()), 1, 16, 8, 8)
+    (add,) = {pt.owner for pt in p.points if pt.op == "add"}
+    got = decisions(p, add)
+    assert got["input0"] == ("skip", "P03")  # fc2 branch: fused
+    assert got["input1"][1] == "P03" and got["input1"][0] in ("quantize", "share")
+    assert not [pt for pt in p.points if pt.op == "mul" and pt.quantized]
+
+
 # ------------------------------------------------------------------- the rule table
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:

@@ -247,11 +247,12 @@ def tensor_inputs(node: fx.Node) -> list[tuple[int, fx.Node]]:
 
 
 def _is_activation(arg: Any) -> bool:
-    """A tensor computed at run time (not a parameter, buffer or shape arithmetic)."""
+    """A tensor computed at run time from the inputs (not a parameter, buffer, a value computed
+    only from those — ``self.gamma.reshape(1, -1, 1, 1)`` — or shape arithmetic)."""
     if not isinstance(arg, fx.Node) or arg.op == "get_attr":
         return False
     if "type" in arg.meta:  # shape-propagated graph: trust the recorded result type
-        return "tensor_meta" in arg.meta
+        return "tensor_meta" in arg.meta and not _constant(arg)
     if arg.op == "call_method" and arg.target in ("size", "dim", "numel"):
         return False
     if arg.op == "call_function" and arg.target is getattr:
@@ -279,3 +280,23 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     if isinstance(w, fx.Node) and w.op == "get_attr":
         return key, w
     return None
+
+
+def _constant(node: fx.Node) -> bool:
+    """Whether ``node`` is computed from no graph input (only parameters, buffers, constants);
+    memoized in ``node.meta["qdq_constant"]``, walked without recursion."""
+    stack = [node]
+    while stack:
+        n = stack[-1]
+        if "qdq_constant" in n.meta:
+            stack.pop()
+            continue
+        todo = [i for i in n.all_input_nodes if "qdq_constant" not in i.meta]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        n.meta["qdq_constant"] = n.op != "placeholder" and all(
+            i.meta["qdq_constant"] for i in n.all_input_nodes
+        )
+    return bool(node.meta["qdq_constant"])

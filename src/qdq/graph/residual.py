@@ -11,11 +11,16 @@ from qdq.graph.patterns import COPY_KINDS, EPILOGUE_KINDS, WEIGHTED_KINDS, tenso
 
 __all__ = ["plan_residual_add", "silu_operand"]
 
+#: pointwise ops whose other operand is a constant (ConvNeXt's LayerScale ``x * gamma``, a bias
+#: ``x + b``): one more pointwise op of the epilogue, with a single activation input
+_CONSTANT_OPERAND_KINDS = frozenset({"mul", "add"})
+
 
 def _backbone(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
     """The quantized weighted op whose epilogue can absorb an Add fed by ``x``.
 
-    Walks back through epilogue ops (BN, bias, activations, SiLU) and copy ops; every tensor on the
+    Walks back through epilogue ops (BN, bias, activations, SiLU, a scale by a constant) and copy
+    ops; every tensor on the
     way must be read only by the next op (SiLU's input also by its sigmoid), or TensorRT cannot fuse.
     """
     if len(x.users) != 1:
@@ -29,7 +34,7 @@ def _backbone(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
         ins = tensor_inputs(cur)
         if silu_x is not None:
             nxt, readers = silu_x, 2
-        elif kind in EPILOGUE_KINDS | COPY_KINDS and len(ins) == 1:
+        elif kind in EPILOGUE_KINDS | COPY_KINDS | _CONSTANT_OPERAND_KINDS and len(ins) == 1:
             nxt, readers = ins[0][1], 1
         else:
             return None

@@ -160,7 +160,7 @@ class LintGraph:
         op = node.op_type
         if op in ("BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish") or op in COPY_OPS:
             return str(node.input[0])
-        if op == "Add" and len(node.input) == 2:
+        if op in ("Add", "Mul") and len(node.input) == 2:  # a bias, or a scale (LayerScale)
             consts = [self.is_const(i) for i in node.input]
             if consts.count(True) == 1:
                 return str(node.input[consts.index(False)])

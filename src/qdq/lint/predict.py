@@ -27,6 +27,8 @@ INT8 = "int8"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
 _EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid"})
+#: layout ops inside an epilogue chain (ConvNeXt: Gemm on NHWC, Transpose back, LayerScale, Add)
+_LAYOUT = frozenset({"Transpose", "Reshape"})
 # ops a Quantize moves backward across (MaxPool commutes; Concat/Slice/Split are data movement)
 _COMMUTING = COPY_OPS | {"MaxPool", "Concat", "Slice", "Split", "Resize"}
 # non-weighted ops with an INT8 implementation when fed INT8 and read through Quantize
@@ -210,7 +212,7 @@ class _Predictor:
             if len(readers) != 1 or len(g.consumers.get(cur, [])) != 1:
                 return members, cur
             nxt = readers[0]
-            if not (nxt.op_type in _EPILOGUE or _bias(g, nxt)):
+            if not (nxt.op_type in _EPILOGUE or nxt.op_type in _LAYOUT or _bias(g, nxt)):
                 return members, cur
             members.append(nxt)
             cur = nxt.output[0]
