@@ -509,6 +509,28 @@ def test_p03_layerscale_is_part_of_the_linear_epilogue() -> None:
     assert not [pt for pt in p.points if pt.op == "mul" and pt.quantized]
 
 
+class PreNormBlock(nn.Module):
+    """A transformer block: x + proj(norm(x)), then the next LayerNorm reads the sum."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.fc, self.proj = nn.Linear(c, c), nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.proj(F.gelu(self.fc(self.norm1(x))))
+        return self.norm2(x)
+
+
+def test_p15_pre_norm_residual_stream_stays_float() -> None:
+    p = plan(PreNormBlock(), 1, 8, 32)
+    add = [pt for pt in p.points if pt.op == "add"]
+    assert add and {(pt.decision, pt.rule) for pt in add} == {("skip", "P15")}
+    assert "norm1" in add[0].reason or "norm2" in add[0].reason
+    assert decisions(p, "fc")["input"][0] == "quantize"  # the GEMMs themselves stay INT8
+    assert decisions(p, "proj")["input"][0] == "quantize"
+
+
 # ------------------------------------------------------------------- the rule table
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:

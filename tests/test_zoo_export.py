@@ -58,10 +58,6 @@ LINT_EXPLAINED: dict[str | tuple[str, str], tuple[set[str], str]] = {
         "TorchScript export (the dynamo export of the same plan lints without it); not yet "
         "diagnosed",
     ),
-    "vit_b_16": (
-        {"P04"},
-        "block inputs feed LayerNorm (float) and the quantized residual path",
-    ),
 }
 CASES = [
     (name, exporter, opset)

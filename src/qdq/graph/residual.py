@@ -106,6 +106,22 @@ def _fused_operand(ctx: PlanContext, a: fx.Node, b: fx.Node) -> tuple[int | None
     return None, "no quantized conv/linear branch to fuse the Add into"
 
 
+def _float_stream_reader(ctx: PlanContext, add: fx.Node, skip: fx.Node) -> fx.Node | None:
+    """A normalization (LayerNorm, GroupNorm) reading the Add's skip operand or its output, through
+    copy ops: the residual stream of a pre-norm transformer block, which TensorRT keeps float."""
+    for start in (skip, add):
+        stack, seen = [start], {start}
+        while stack:
+            n = stack.pop()
+            for u in n.users:
+                if ctx.kinds[u] == "norm":
+                    return u
+                if ctx.kinds[u] in COPY_KINDS and u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+    return None
+
+
 def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
     ins = tensor_inputs(node)
     if len(ins) != 2:
@@ -120,6 +136,21 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
             )
         return
     fused, why = _fused_operand(ctx, ins[0][1], ins[1][1])
+    stream = _float_stream_reader(ctx, node, ins[1 - fused][1]) if fused is not None else None
+    if stream is not None:
+        for pos, producer in ins:
+            skip_input(
+                ctx,
+                node,
+                pos,
+                producer,
+                "P15",
+                f"residual stream read in float by {ctx.owners[stream]} ({ctx.kinds[stream]}): "
+                f"the Add stays in {ctx.owners[_backbone(ctx, ins[fused][1]) or node]}'s float "
+                "epilogue",
+                label=f"input{pos}",
+            )
+        return
     if fused is None:
         for pos, producer in ins:
             skip_input(

@@ -240,6 +240,20 @@ def _residual_add(g: LintGraph, node: Any) -> list[Finding]:
                 _SRC,
             )
         ]
+    if n_quantized == 0 and _norm_reader(g, node) is not None:
+        reader = _norm_reader(g, node)
+        return [
+            Finding(
+                "P15",
+                INFO,
+                (name,),
+                f"{name}: residual stream read in float by {g.name(reader)} ({reader.op_type}): "
+                "the Add stays in the GEMM's float epilogue",
+                "GEMM INT8 in, Add fused in FP16; the normalization reads it without a Dequantize",
+                "none needed (pre-norm transformer block)",
+                "qdq rule P15",
+            )
+        ]
     if n_quantized == 0:
         return [
             Finding(
@@ -266,6 +280,25 @@ def _residual_add(g: LintGraph, node: Any) -> list[Finding]:
             )
         ]
     return []
+
+
+_NORMS = frozenset({"LayerNormalization", "GroupNormalization", "InstanceNormalization"})
+
+
+def _norm_reader(g: LintGraph, add: Any) -> Any:
+    """A normalization reading the Add's output or one of its operands (through copy ops)."""
+    stack, seen = [add.output[0], *add.input], set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for c in g.consumers.get(t, []):
+            if c.op_type in _NORMS:
+                return c
+            if c.op_type in COPY_OPS:
+                stack.append(c.output[0])
+    return None
 
 
 def _both_conv_branches(g: LintGraph, add: Any) -> bool:

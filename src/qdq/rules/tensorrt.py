@@ -77,6 +77,16 @@ RULES: tuple[Rule, ...] = (
         "conv epilogue gains nothing from Q/DQ and would add standalone layers.",
     ),
     Rule(
+        "P15",
+        "residual",
+        "Pre-norm residual stream: an Add whose skip operand or output is read by a LayerNorm/"
+        "GroupNorm stays float (transformer blocks)",
+        "The normalization runs in float, so a quantized skip would need a standalone Quantize "
+        "beside the float reader and the fused GEMM+Add would write INT8 only to be dequantized; "
+        "TensorRT keeps the residual stream in FP16 and fuses the Add into the GEMM's float "
+        "epilogue. qdq's rule (not in the reference table), from the P04 findings on ViT.",
+    ),
+    Rule(
         "S01",
         "core",
         "One quantizer per tensor: every quantized consumer of a tensor shares one scale",
