@@ -137,7 +137,8 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
         return
     fused, why = _fused_operand(ctx, ins[0][1], ins[1][1])
     stream = _float_stream_reader(ctx, node, ins[1 - fused][1]) if fused is not None else None
-    if stream is not None:
+    if stream is not None and fused is not None:
+        gemm = _backbone(ctx, ins[fused][1]) or node
         for pos, producer in ins:
             skip_input(
                 ctx,
@@ -146,7 +147,7 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
                 producer,
                 "P15",
                 f"residual stream read in float by {ctx.owners[stream]} ({ctx.kinds[stream]}): "
-                f"the Add stays in {ctx.owners[_backbone(ctx, ins[fused][1]) or node]}'s float "
+                f"the Add stays in {ctx.owners[gemm]}'s float "
                 "epilogue",
                 label=f"input{pos}",
             )
