@@ -247,3 +247,23 @@ def test_corrupt_constant_node_is_an_input_error() -> None:
     model.graph.output.append(helper.make_tensor_value_info("c_out", TensorProto.FLOAT, None))
     with pytest.raises(LintInputError, match="cannot be read"):
         lint(model)
+
+
+def test_a_traced_shape_read_through_cast_is_not_a_float_reader() -> None:
+    # the TorchScript tracer emits Cast -> Shape for `x.shape` of a quantized tensor (YOLO's head)
+    from lint_graphs import G, block_input
+
+    def model(with_shape_read: bool) -> onnx.ModelProto:
+        g = G()
+        y = block_input(g)
+        out = g.conv(g.qdq(y))
+        extra = []
+        if with_shape_read:
+            shape = g.op("Shape", [g.op("Cast", [y], to=1)])
+            extra = [g.op("Cast", [shape], to=1)]
+        return g.model([out, *extra])
+
+    plain, traced = lint(model(False)), lint(model(True))
+    assert "P04" not in traced.rules(), traced.format()
+    assert traced.summary["unfused_qdq"] == plain.summary["unfused_qdq"]
+    assert traced.rules("WARN") == plain.rules("WARN")

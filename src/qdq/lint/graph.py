@@ -105,12 +105,21 @@ class LintGraph:
         return out
 
     def float_uses(self, tensor: str) -> list[Any]:
-        """Consumers reading ``tensor`` directly in float (not Q, not Shape)."""
+        """Consumers reading ``tensor`` directly in float (not Q, not Shape, not a Cast or copy op
+        whose result only reaches Shape: the TorchScript tracer emits ``Cast -> Shape`` for a
+        traced ``x.shape``)."""
         return [
             c
             for c in self.consumers.get(tensor, [])
-            if c.op_type not in ("QuantizeLinear", "Shape")
+            if c.op_type not in ("QuantizeLinear", "Shape") and not self._shape_only(c)
         ]
+
+    def _shape_only(self, node: Any) -> bool:
+        """A Cast/copy op whose outputs are read only by Shape (through more such ops)."""
+        if node.op_type not in COPY_OPS:
+            return False
+        readers = [c for o in node.output for c in self.consumers.get(o, [])]
+        return bool(readers) and all(c.op_type == "Shape" or self._shape_only(c) for c in readers)
 
     def weighted(self, node: Any) -> bool:
         """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""

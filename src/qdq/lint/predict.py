@@ -309,6 +309,7 @@ class _Predictor:
         if tensor in g.outputs:
             return False
         readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
+        readers = [c for c in readers if c.op_type == "QuantizeLinear" or c in g.float_uses(tensor)]
         return bool(readers) and all(
             c.op_type == "QuantizeLinear"
             or (c.op_type in _COMMUTING and all(self._quantized_only(o) for o in c.output))
