@@ -131,16 +131,18 @@ def _max_diff(a: Any, b: Any) -> float:
 # every box's size with .item() (torchvision heatmaps_to_keypoints); its traced path differs.
 CONTROL_FLOW: dict[str, tuple[str, ...]] = {"keypointrcnn_resnet50_fpn": ("roi_heads",)}
 
-# Measured on the recorded capture: (residual Adds with a P03 input, all Adds, S02 groups, S03 groups)
+# (residual Adds with a P03 input, all Adds, S02 groups, S03 groups), measured on the recorded
+# capture of a model that has run once, as the fixture's has (ultralytics' head caches its anchors
+# then; computed inside the recorded forward they add float P05 Adds).
 PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
-    "yolov8n": (6, 8, 11, 8),
-    "yolov8n_deploy": (6, 8, 11, 8),
-    "yolo11n": (14, 16, 15, 9),
-    "yolo11n_deploy": (14, 16, 15, 9),
-    "yolov8n_seg": (6, 8, 11, 8),
-    "yolov8n_seg_deploy": (6, 8, 11, 8),
-    "yolov8n_pose": (6, 10, 11, 8),
-    "yolov8n_pose_deploy": (6, 9, 11, 8),
+    "yolov8n": (6, 7, 11, 8),
+    "yolov8n_deploy": (6, 7, 11, 8),
+    "yolo11n": (14, 15, 15, 9),
+    "yolo11n_deploy": (14, 15, 15, 9),
+    "yolov8n_seg": (6, 7, 11, 8),
+    "yolov8n_seg_deploy": (6, 7, 11, 8),
+    "yolov8n_pose": (6, 7, 11, 8),
+    "yolov8n_pose_deploy": (6, 7, 11, 8),
     "resnet50": (16, 16, 0, 0),
     "efficientnet_b0": (9, 9, 0, 0),
     "mobilenetv3_large_100": (10, 10, 0, 0),

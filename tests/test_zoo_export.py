@@ -43,20 +43,9 @@ LINT_EXPLAINED: dict[str | tuple[str, str], tuple[set[str], str]] = {
         {"H01"},
         "H01: the squeeze-excitation convs have 6 or 10 channels (model design)",
     ),
-    "convnext_tiny": (
-        {"P03a", "P04"},
-        "the residual Add's branch ends in LayerScale after a Permute, so TensorRT cannot fuse "
-        "the Add into the Linear (ModelOpt also treats it as non-residual); it stays float",
-    ),
     "deeplabv3_mobilenet_v3_large": (
         {"H01"},
         "H01: the 21-class segmentation head conv (256->21 channels)",
-    ),
-    ("deeplabv3_mobilenet_v3_large", "torchscript"): (
-        {"H01", "P04"},
-        "as above, plus P04 on the backbone output read by the ASPP branches: only in the "
-        "TorchScript export (the dynamo export of the same plan lints without it); not yet "
-        "diagnosed",
     ),
 }
 CASES = [

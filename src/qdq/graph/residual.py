@@ -107,9 +107,11 @@ def _fused_operand(ctx: PlanContext, a: fx.Node, b: fx.Node) -> tuple[int | None
 
 
 def _float_stream_reader(ctx: PlanContext, add: fx.Node, skip: fx.Node) -> fx.Node | None:
-    """A normalization (LayerNorm, GroupNorm) reading the Add's skip operand or its output, through
-    copy ops: the residual stream of a pre-norm transformer block, which TensorRT keeps float."""
-    for start in (skip, add):
+    """A normalization (LayerNorm, GroupNorm) reading the Add's skip operand, through copy ops: the
+    residual stream of a pre-norm transformer block (``x + f(norm(x))``), which TensorRT keeps
+    float. (An Add whose *output* feeds a norm, as at a ConvNeXt stage end, keeps P03: its skip is
+    quantized for a conv anyway, and a float Add would read it in float beside that conv.)"""
+    for start in (skip,):
         stack, seen = [start], {start}
         while stack:
             n = stack.pop()

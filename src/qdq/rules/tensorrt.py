@@ -79,7 +79,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "P15",
         "residual",
-        "Pre-norm residual stream: an Add whose skip operand or output is read by a LayerNorm/"
+        "Pre-norm residual stream: an Add whose skip operand is also read by a LayerNorm/"
         "GroupNorm stays float (transformer blocks)",
         "The normalization runs in float, so a quantized skip would need a standalone Quantize "
         "beside the float reader and the fused GEMM+Add would write INT8 only to be dequantized; "
