@@ -253,17 +253,24 @@ def test_a_traced_shape_read_through_cast_is_not_a_float_reader() -> None:
     # the TorchScript tracer emits Cast -> Shape for `x.shape` of a quantized tensor (YOLO's head)
     from lint_graphs import G, block_input
 
-    def model(with_shape_read: bool) -> onnx.ModelProto:
+    def model(extra_read: str) -> onnx.ModelProto:
         g = G()
         y = block_input(g)
         out = g.conv(g.qdq(y))
         extra = []
-        if with_shape_read:
+        if extra_read == "shape":
             shape = g.op("Shape", [g.op("Cast", [y], to=1)])
             extra = [g.op("Cast", [shape], to=1)]
+        elif extra_read == "output":  # the tracer's Cast in front of a returned tensor
+            extra = [g.op("Cast", [y], to=1)]
+        elif extra_read == "direct":  # the dynamo export returns the tensor itself
+            extra = [y]
         return g.model([out, *extra])
 
-    plain, traced = lint(model(False)), lint(model(True))
-    assert "P04" not in traced.rules(), traced.format()
-    assert traced.summary["unfused_qdq"] == plain.summary["unfused_qdq"]
-    assert traced.rules("WARN") == plain.rules("WARN")
+    plain = lint(model(""))
+    for variant in ("shape", "output", "direct"):
+        traced = lint(model(variant))
+        assert "P04" not in traced.rules(), (variant, traced.format())
+        assert traced.rules("WARN") == plain.rules("WARN"), variant
+    assert lint(model("shape")).summary["unfused_qdq"] == plain.summary["unfused_qdq"]
+    assert lint(model("output")).summary == lint(model("direct")).summary  # both exporters alike

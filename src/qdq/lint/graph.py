@@ -106,8 +106,8 @@ class LintGraph:
 
     def float_uses(self, tensor: str) -> list[Any]:
         """Consumers reading ``tensor`` directly in float (not Q, not Shape, not a Cast or copy op
-        whose result only reaches Shape: the TorchScript tracer emits ``Cast -> Shape`` for a
-        traced ``x.shape``)."""
+        whose result only reaches Shape or nothing: the TorchScript tracer emits ``Cast -> Shape``
+        for a traced ``x.shape`` and leaves unused Casts)."""
         return [
             c
             for c in self.consumers.get(tensor, [])
@@ -115,11 +115,13 @@ class LintGraph:
         ]
 
     def _shape_only(self, node: Any) -> bool:
-        """A Cast/copy op whose outputs are read only by Shape (through more such ops)."""
+        """A Cast/copy op whose outputs are read only by Shape (through more such ops) or by no node
+        (an unused Cast, or the TorchScript exporter's ``Cast`` in front of a graph output: a
+        graph output read directly is no float consumer either, as in the dynamo export)."""
         if node.op_type not in COPY_OPS:
             return False
         readers = [c for o in node.output for c in self.consumers.get(o, [])]
-        return bool(readers) and all(c.op_type == "Shape" or self._shape_only(c) for c in readers)
+        return all(c.op_type == "Shape" or self._shape_only(c) for c in readers)
 
     def weighted(self, node: Any) -> bool:
         """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""

@@ -306,7 +306,9 @@ class _Predictor:
     def _quantized_only(self, tensor: str) -> bool:
         """Every reader of ``tensor`` quantizes it (through ops a Quantize moves across)."""
         g = self.g
-        if tensor in g.outputs:
+        if tensor in g.outputs or any(  # returned, directly or through the tracer's Cast
+            c.op_type == "Cast" and c.output[0] in g.outputs for c in g.consumers.get(tensor, [])
+        ):
             return False
         readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
         readers = [c for c in readers if c.op_type == "QuantizeLinear" or c in g.float_uses(tensor)]
