@@ -106,22 +106,29 @@ def _fused_operand(ctx: PlanContext, a: fx.Node, b: fx.Node) -> tuple[int | None
     return None, "no quantized conv/linear branch to fuse the Add into"
 
 
-def _float_stream_reader(ctx: PlanContext, add: fx.Node, skip: fx.Node) -> fx.Node | None:
+def _float_stream_reader(ctx: PlanContext, skip: fx.Node) -> fx.Node | None:
     """A normalization (LayerNorm, GroupNorm) reading the Add's skip operand, through copy ops: the
     residual stream of a pre-norm transformer block (``x + f(norm(x))``), which TensorRT keeps
     float. (An Add whose *output* feeds a norm, as at a ConvNeXt stage end, keeps P03: its skip is
     quantized for a conv anyway, and a float Add would read it in float beside that conv.)"""
-    for start in (skip,):
-        stack, seen = [start], {start}
-        while stack:
-            n = stack.pop()
-            for u in n.users:
-                if ctx.kinds[u] == "norm":
-                    return u
-                if ctx.kinds[u] in COPY_KINDS and u not in seen:
-                    seen.add(u)
-                    stack.append(u)
+    stack, seen = [skip], {skip}
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if ctx.kinds[u] == "norm":
+                return u
+            if ctx.kinds[u] in COPY_KINDS and u not in seen:
+                seen.add(u)
+                stack.append(u)
     return None
+
+
+def _keep_float(
+    ctx: PlanContext, node: fx.Node, ins: list[tuple[int, fx.Node]], rule: str, reason: str
+) -> None:
+    """Leave both operands of the Add unquantized, with one rule and reason."""
+    for pos, producer in ins:
+        skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
 
 
 def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
@@ -132,39 +139,20 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "add")
     if excluded or not ctx.config.family_enabled("residual"):
         reason = "excluded by the QuantConfig" if excluded else "rule family 'residual' disabled"
-        for pos, producer in ins:
-            skip_input(
-                ctx, node, pos, producer, "USER" if excluded else "P03", reason, label=f"input{pos}"
-            )
+        _keep_float(ctx, node, ins, "USER" if excluded else "P03", reason)
         return
     fused, why = _fused_operand(ctx, ins[0][1], ins[1][1])
-    stream = _float_stream_reader(ctx, node, ins[1 - fused][1]) if fused is not None else None
-    if stream is not None and fused is not None:
-        gemm = _backbone(ctx, ins[fused][1]) or node
-        for pos, producer in ins:
-            skip_input(
-                ctx,
-                node,
-                pos,
-                producer,
-                "P15",
-                f"residual stream read in float by {ctx.owners[stream]} ({ctx.kinds[stream]}): "
-                f"the Add stays in {ctx.owners[gemm]}'s float "
-                "epilogue",
-                label=f"input{pos}",
-            )
-        return
     if fused is None:
-        for pos, producer in ins:
-            skip_input(
-                ctx,
-                node,
-                pos,
-                producer,
-                "P05",
-                f"{why}; the Add stays in its inputs' precision",
-                label=f"input{pos}",
-            )
+        _keep_float(ctx, node, ins, "P05", f"{why}; the Add stays in its inputs' precision")
+        return
+    stream = _float_stream_reader(ctx, ins[1 - fused][1])
+    if stream is not None:
+        gemm = _backbone(ctx, ins[fused][1]) or node
+        reason = (
+            f"residual stream read in float by {ctx.owners[stream]} ({ctx.kinds[stream]}): the "
+            f"Add stays in {ctx.owners[gemm]}'s float epilogue"
+        )
+        _keep_float(ctx, node, ins, "P15", reason)
         return
     for i, (pos, producer) in enumerate(ins):
         if i == fused:
