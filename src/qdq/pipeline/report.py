@@ -50,6 +50,10 @@ def build_report(
     model = source.module
     zoo = source.zoo
     lint_dict = lint.to_dict()
+    layers = [
+        {"name": c.module, "type": c.type, "status": c.status, "rule": c.rule, "reason": c.reason}
+        for c in plan.coverage
+    ]
     return {
         "schema": SCHEMA,
         "qdq_version": __version__,
@@ -57,17 +61,7 @@ def build_report(
         "fp32_metric": fp32["metric"],
         "int8_metric": int8["metric"],
         "lint": lint.summary,
-        "skipped_layers": [
-            {
-                "name": c.module,
-                "type": c.type,
-                "status": c.status,
-                "rule": c.rule,
-                "reason": c.reason,
-            }
-            for c in plan.coverage
-            if c.status != "int8"
-        ],
+        "skipped_layers": [layer for layer in layers if layer["status"] != "int8"],
         "timings_s": dict(timings),
         "total_s": round(sum(timings.values()), 3),
         "model": {
@@ -107,16 +101,7 @@ def build_report(
         "int8": int8,
         "int8_torch": int8_torch,
         "calibration_methods": methods,
-        "layers": [
-            {
-                "name": c.module,
-                "type": c.type,
-                "status": c.status,
-                "rule": c.rule,
-                "reason": c.reason,
-            }
-            for c in plan.coverage
-        ],
+        "layers": layers,
         "quantizers": [_quantizer(path, q, plan) for path, q in quantizers_of(prepared).items()],
         "lint_target": lint_dict["target"],
         "lint_verdict": lint.verdict,
