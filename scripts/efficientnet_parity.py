@@ -11,12 +11,14 @@ ReLU6). 32 calibration and 128 evaluation crops (224×224, ImageNet normalizatio
 
 The model is prepared with the default config and calibrated once on the 32 crops (one histogram
 pass); for every calibration method the amax values are recomputed from it, the model is exported
-with each exporter and compared with :func:`qdq.backends.onnxruntime.parity` (``per_layer=True``)
+with each exporter and compared with :func:`qdq.backends.onnxruntime.parity` (``reference=True``)
 on the 128 crops in batches of 16. Printed per run: top-1 agreement torch vs ONNX Runtime, max
-|logit diff|, the first diverging layer (execution order), and per quantized layer the fraction of
-differing INT8 codes free-running, the differing codes when the layer is fed ORT's own input
-(isolated; ``+N!`` marks codes not explained by float accumulation order) and the largest
-isolated pre-quantization difference.
+|logit diff|, and how often torch float32 and ORT each agree with the float64 fake-quant model
+(exact INT8 accumulation: the float rounding noise floor). Unless ``--no-layers``: the first
+diverging layer (execution order), and per quantized layer the fraction of differing INT8 codes
+free-running, the differing codes when the layer is fed ORT's own input (isolated; ``+N!`` marks
+codes not explained by float accumulation order) and the largest isolated pre-quantization
+difference.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def run_one(
         result = qdq.export_onnx(prepared, (example,), path, exporter=exporter, overwrite=True)
     floored = sum(len(c) for c in result.floored.values())
     batches = [torch.cat(evals[i : i + BATCH]) for i in range(0, len(evals), BATCH)]
-    report = parity(prepared, path, batches, per_layer=True)
+    report = parity(prepared, path, batches, per_layer=show_layers, reference=True)
     seconds = time.perf_counter() - start
     agree = report.top1_agreement if report.top1_agreement is not None else float("nan")
     layers = report.layers.values()
@@ -116,6 +118,18 @@ def run_one(
         f"floored weight channels {floored}; {len(caught)} warnings; {seconds:.0f} s",
         flush=True,
     )
+    ref = report.reference
+    if ref is not None and ref.error is None and ref.torch_top1 is not None:
+        n = len(evals)
+        print(
+            f"{'':>23} float64 reference (exact INT8 accumulation): torch float32 agrees "
+            f"{ref.torch_top1 * 100:6.2f}% ({round(ref.torch_top1 * n)}/{n}), ORT "
+            f"{ref.onnx_top1 * 100:6.2f}% ({round(ref.onnx_top1 * n)}/{n}); max|logit diff| "
+            f"torch {ref.torch_max_abs_diff:.3g}, ORT {ref.onnx_max_abs_diff:.3g}",
+            flush=True,
+        )
+    elif ref is not None:
+        print(f"{'':>23} float64 reference not run: {ref.error}", flush=True)
     if show_layers:
         print(f"    {'quantizer':<44} {'free-running':>22} {'isolated':>10} {'|pre diff|':>10}")
         for name, lp in report.layers.items():
@@ -133,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-layers", action="store_true", help="omit the per-layer tables")
+    parser.add_argument(
+        "--no-layers", action="store_true", help="end to end only (no per-layer comparison)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="keep the ONNX files here")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]

@@ -13,11 +13,20 @@ Two per-layer views (``per_layer=True``), both keyed by quantizer path in torch'
   boundary); anything else (a misplaced quantizer, a different scale, a different op) is
   *unexplained*, and the first layer with such codes is where the two models really differ.
 
+End to end, rounding-boundary flips cascade: in a deep INT8 network a flip near the input changes
+many codes downstream, and where two classes are nearly tied the top-1 class can differ although
+no layer computes anything different. ``reference=True`` measures that noise floor: a float64 copy
+of the fake-quant model (products and sums of INT8 codes are then exact, as in TensorRT's integer
+accumulation; only the float epilogues round) runs on the same batches, and both torch float32 and
+ORT are compared with it (:class:`ReferenceParity`). When ORT is as close to the exact reference
+as torch's own float32 forward is, a torch-vs-ORT top-1 difference is float accumulation order.
+
 onnxruntime and onnx are imported lazily.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -30,7 +39,7 @@ from torch import nn
 
 from qdq.quant import Quantizer, fake_quant, scale_from_amax
 
-__all__ = ["EXPLAINED_FRACTION", "LayerParity", "ParityReport", "parity"]
+__all__ = ["EXPLAINED_FRACTION", "LayerParity", "ParityReport", "ReferenceParity", "parity"]
 
 #: A code that differs while the pre-quantization values differ by less than this fraction of the
 #: quantization step is a rounding-boundary flip (float accumulation order), not a real mismatch.
@@ -75,6 +84,32 @@ class LayerParity:
 
 
 @dataclass(frozen=True)
+class ReferenceParity:
+    """torch float32 and ORT, each against the float64 fake-quant model (the exact reference).
+
+    Attributes:
+        torch_top1: top-1 agreement of torch's float32 forward with the reference (2-D outputs).
+        onnx_top1: top-1 agreement of ONNX Runtime with the reference (2-D outputs).
+        torch_max_abs_diff: largest |torch float32 - reference| over all outputs and batches.
+        onnx_max_abs_diff: largest |ORT - reference|.
+        error: why the reference could not run (then every figure is ``None``/``nan``).
+    """
+
+    torch_top1: float | None
+    onnx_top1: float | None
+    torch_max_abs_diff: float
+    onnx_max_abs_diff: float
+    error: str | None = None
+
+    def explains_top1(self, tolerance: float = 0.0) -> bool:
+        """ORT agrees with the exact reference (almost, ``tolerance``) as often as torch's own
+        float32 forward does: top-1 differences between the two are then float rounding."""
+        if self.error is not None or self.torch_top1 is None or self.onnx_top1 is None:
+            return False
+        return self.onnx_top1 >= self.torch_top1 - tolerance
+
+
+@dataclass(frozen=True)
 class ParityReport:
     """torch fake-quant vs ONNX Runtime on the same batches.
 
@@ -86,6 +121,7 @@ class ParityReport:
         batches: how many batches were compared.
         layers: per activation quantizer path, a :class:`LayerParity`, in torch's execution order
             (``per_layer=True`` only).
+        reference: torch and ORT against the float64 fake-quant model (``reference=True`` only).
     """
 
     max_abs_diff: float
@@ -94,6 +130,7 @@ class ParityReport:
     top1_agreement: float | None
     batches: int
     layers: dict[str, LayerParity] = field(default_factory=dict)
+    reference: ReferenceParity | None = None
 
     @property
     def first_diverging(self) -> str | None:
@@ -123,6 +160,7 @@ class ParityReport:
             "batches": self.batches,
             "first_diverging": self.first_diverging,
             "first_unexplained": self.first_unexplained,
+            "reference": None if self.reference is None else asdict(self.reference),
             "layers": layers,
         }
 
@@ -133,12 +171,15 @@ def parity(
     batches: Iterable[torch.Tensor | Sequence[torch.Tensor]],
     *,
     per_layer: bool = False,
+    reference: bool = False,
 ) -> ParityReport:
     """Compare ``prepared`` (fake quant in torch) with its exported ONNX in ORT, batch by batch.
 
     With ``per_layer=True`` every activation quantizer is also compared by name, free-running and
     isolated (see the module docstring); the ONNX graph is extended with the tensors entering
     each QuantizeLinear and leaving each DequantizeLinear as outputs (the file is not changed).
+    With ``reference=True`` a float64 copy of ``prepared`` also runs (see the module docstring);
+    ``prepared`` itself is not changed.
 
     Example:
         >>> report = parity(prepared, "model.onnx", [x], per_layer=True)  # doctest: +SKIP
@@ -160,6 +201,7 @@ def parity(
     }
     out_names = [o.name for o in sess.get_outputs()]
     ends = _EndToEnd()
+    exact, ref_error = _float64_copy(prepared) if reference else (None, None)
     stats: dict[str, LayerParity] = {}
     order: dict[str, None] = {}
     count = 0
@@ -174,6 +216,12 @@ def parity(
                 with _Recorder(quantizers) as free:
                     ours = _flatten_outputs(prepared(*inputs))
                 ends.add(ours, theirs[:n_out])
+                if exact is not None:
+                    try:
+                        ends.add_reference(_flatten_outputs(exact(*_float64(inputs))))
+                    except Exception as err:  # an op with no float64 kernel, dtype-pinned code
+                        exact, ref_error = None, f"float64 forward failed: {_one_line(err)}"
+                        ends.drop_reference()
                 if quantizers:
                     forced = {p: [by_name[v] for _, v in sites] for p, sites in taps.items()}
                     with _Recorder(quantizers, forced) as isolated:
@@ -191,7 +239,25 @@ def parity(
         raise ValueError("parity needs at least one batch")
     ordered = {p: stats[p] for p in order if p in stats}
     ordered.update(stats)
-    return ends.report(count, ordered)
+    return ends.report(count, ordered, ref_error if reference else None, reference)
+
+
+def _float64_copy(prepared: nn.Module) -> tuple[nn.Module | None, str | None]:
+    """A float64 deep copy of ``prepared`` in eval mode, or ``None`` and why not."""
+    try:
+        return copy.deepcopy(prepared).double().eval(), None
+    except Exception as err:  # a module that cannot be copied
+        return None, f"cannot copy the model to float64: {_one_line(err)}"
+
+
+def _float64(inputs: list[Any]) -> list[Any]:
+    return [
+        t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs
+    ]
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 class _EndToEnd:
@@ -201,10 +267,17 @@ class _EndToEnd:
         self.max_abs = self.max_ref = 0.0
         self.min_cos = 1.0
         self.agree = self.rows = 0
+        self._last: list[tuple[np.ndarray, np.ndarray]] = []
+        self.ref_max = [0.0, 0.0]  # torch, ORT
+        self.ref_agree = [0, 0]
+        self.ref_rows = 0
+        self.ref_ok = True
 
     def add(self, ours: list[torch.Tensor], theirs: list[np.ndarray]) -> None:
+        self._last = []
         for a, b in zip(ours, theirs, strict=True):
             a_np = a.detach().cpu().numpy()
+            self._last.append((a_np, b))
             self.max_abs = max(self.max_abs, float(np.abs(a_np - b).max(initial=0.0)))
             self.max_ref = max(self.max_ref, float(np.abs(a_np).max(initial=0.0)))
             self.min_cos = min(self.min_cos, _cosine(a_np, b))
@@ -212,10 +285,43 @@ class _EndToEnd:
                 self.agree += int((a_np.argmax(1) == b.argmax(1)).sum())
                 self.rows += a_np.shape[0]
 
-    def report(self, count: int, layers: dict[str, LayerParity]) -> ParityReport:
+    def add_reference(self, exact: list[torch.Tensor]) -> None:
+        """Compare the last :meth:`add`'s torch and ORT outputs with the float64 ones."""
+        if len(exact) != len(self._last):
+            raise ValueError(
+                f"the float64 copy returned {len(exact)} outputs, not {len(self._last)}"
+            )
+        for r, (a, b) in zip(exact, self._last, strict=True):
+            r_np = r.detach().cpu().numpy()
+            for i, other in enumerate((a, b)):
+                diff = np.abs(other.astype(np.float64) - r_np).max(initial=0.0)
+                self.ref_max[i] = max(self.ref_max[i], float(diff))
+                if r_np.ndim == 2:
+                    self.ref_agree[i] += int((other.argmax(1) == r_np.argmax(1)).sum())
+            if r_np.ndim == 2:
+                self.ref_rows += r_np.shape[0]
+
+    def drop_reference(self) -> None:
+        self.ref_ok = False
+
+    def report(
+        self, count: int, layers: dict[str, LayerParity], error: str | None, wanted: bool
+    ) -> ParityReport:
         rel = self.max_abs / self.max_ref if self.max_ref > 0 else self.max_abs
         top1 = self.agree / self.rows if self.rows else None
-        return ParityReport(self.max_abs, rel, self.min_cos, top1, count, layers)
+        ref = None
+        if wanted:
+            if error is not None or not self.ref_ok:
+                ref = ReferenceParity(None, None, float("nan"), float("nan"), error)
+            else:
+                rows = self.ref_rows
+                ref = ReferenceParity(
+                    self.ref_agree[0] / rows if rows else None,
+                    self.ref_agree[1] / rows if rows else None,
+                    self.ref_max[0],
+                    self.ref_max[1],
+                )
+        return ParityReport(self.max_abs, rel, self.min_cos, top1, count, layers, ref)
 
 
 class _Recorder:
