@@ -300,3 +300,31 @@ def test_top1_flips_within_the_noise_floor_pass() -> None:
     assert failures(report(120 / 128, 119 / 128), 0.01) == []  # within the threshold
     assert len(failures(report(120 / 128, 110 / 128), 0.01)) == 1
     assert len(failures(replace(report(1.0, 1.0), reference=None), 0.01)) == 1
+
+
+def test_export_check_consults_the_float64_reference_and_still_fails_a_wrong_graph(
+    calibrated, tmp_path: Path
+) -> None:
+    """verify_numerics: a correct export passes; a weight changed in the ONNX fails even after
+    the float64 second opinion, which the message reports."""
+    from qdq.export import ExportError
+    from qdq.export.verify import verify_numerics
+
+    prepared, x = calibrated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx")
+    batches = [(x[:16],), (x[16:],)]
+    ok = verify_numerics(
+        out.path.read_bytes(), prepared, batches, to_model=tuple, fp16=False, error=ExportError
+    )
+    assert ok and all(c.ort_vs_torch <= c.tolerance(1e-4) for c in ok)
+    model = onnx.load(str(out.path))
+    init = next(i for i in model.graph.initializer if i.name.endswith("fc.weight"))
+    w = onnx.numpy_helper.to_array(init)
+    init.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(w[::-1]), init.name))
+    with pytest.raises(ExportError, match="from the float64 fake-quant model, torch float32"):
+        verify_numerics(
+            model.SerializeToString(), prepared, batches, to_model=tuple, fp16=False,
+            error=ExportError,
+        )  # fmt: skip

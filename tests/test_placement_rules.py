@@ -338,7 +338,7 @@ def test_v12_conv_transpose_weights_per_tensor_unless_asked() -> None:
     assert w1.spec is not None and w1.spec.axis == 1
 
 
-def test_p14_attention_matmul_and_tiny_gemm_stay_float_but_weight_matmul_is_quantized() -> None:
+def test_p16_attention_products_int8_tiny_gemm_float_weight_matmul_quantized() -> None:
     class Attn(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -352,10 +352,57 @@ def test_p14_attention_matmul_and_tiny_gemm_stay_float_but_weight_matmul_is_quan
             return self.tiny(torch.matmul(att @ x, self.proj))
 
     p = plan(Attn(), 2, 8, 32)
-    assert {d for d, r in decisions(p, "matmul").values()} == {"skip"}
+    assert decisions(p, "matmul") == {"input0": ("quantize", "P16"), "input1": ("quantize", "P16")}
+    assert decisions(p, "matmul_1") == {
+        "input0": ("quantize", "P16"),  # the softmax probabilities
+        "input1": ("share", "P16"),  # x: the same tensor q and k were computed from (S01)
+    }
     proj = p.point("matmul_2:weight")
     assert proj.decision == "quantize" and proj.spec is not None and proj.spec.axis == 1
     assert decisions(p, "tiny")["weight"] == ("skip", "P14")
+    off = plan(Attn(), 2, 8, 32, config=QuantConfig.tensorrt(disable=("attention",)))
+    assert {d for d, _ in decisions(off, "matmul").values()} == {"skip"}
+
+
+class SDPA(nn.Module):
+    """timm-style attention: qkv Linear, F.scaled_dot_product_attention, output projection."""
+
+    def __init__(self, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+def test_p16_sdpa_is_planned_as_its_two_products() -> None:
+    p = plan(SDPA(), 2, 8, 32)
+    points = {pt.name: (pt.decision, pt.rule) for pt in p.points if pt.rule in ("P16", "P14")}
+    assert points == {
+        "matmul:input0": ("quantize", "P16"),  # q * scale: the scale multiplies Q before BMM1
+        "matmul:input1": ("quantize", "P16"),  # kᵀ
+        "matmul_1:input0": ("quantize", "P16"),  # softmax probabilities
+        "matmul_1:input1": ("share", "P16"),  # v: a slice of qkv, like k (S03)
+    }
+    assert "softmax" not in {pt.op for pt in p.points}
+
+
+def test_p14_activation_matmuls_outside_attention_and_long_sequences_stay_float() -> None:
+    class Gram(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x @ x.transpose(-2, -1))
+
+    p = plan(Gram(), 1, 8, 16)
+    assert {r for _, r in decisions(p, "matmul").values()} == {"P14"}
+    long = plan(SDPA(dim=16), 1, 520, 16)
+    assert {pt.rule for pt in long.points if pt.op == "matmul"} == {"P14"}
+    assert "520 keys" in long.point("matmul:input0").reason
 
 
 def test_h02_odd_small_conv_skipped_unless_performance_rules_are_off() -> None:

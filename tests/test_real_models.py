@@ -25,8 +25,7 @@ Since the capture rewrite (recording + call-site runtime) these also hold and ar
 4. a few exports per family (``EXPORTS``) with the exporter that used to fail, verified in ORT, and
    their lint verdicts (no P03a/P04/S02b placement warning on the convolutional rows).
 
-Known gaps (issue 10, still open): RepVGG's train-form three-branch sum (P04 in lint); ViT's
-attention MatMuls (float by P14, the issue asks for INT8 Q·Kᵀ and attention·V).
+Known gap (issue 10, still open): RepVGG's train-form three-branch sum (P04 in lint).
 """
 
 from __future__ import annotations
@@ -150,7 +149,8 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "convnext_tiny": (18, 18, 0, 18),
     "repvgg_a0": (22, 39, 0, 0),
     "repvgg_a0_deploy": (0, 0, 0, 0),
-    "vit_tiny_patch16_224": (0, 24, 0, 0),  # P15: pre-norm residual stream stays float
+    # P15: the pre-norm residual stream stays float; S03: k and v, slices of one qkv, share a scale
+    "vit_tiny_patch16_224": (0, 24, 0, 12),
     "cspdarknet53": (23, 23, 5, 5),
     "unet_resnet34": (16, 16, 4, 1),
     "retinanet_resnet50_fpn": (18, 18, 0, 2),
@@ -158,6 +158,10 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "fasterrcnn_resnet50_fpn": (19, 27, 0, 4),
     "keypointrcnn_resnet50_fpn": (19, 95, 0, 4),
 }
+
+
+# Attention MatMuls (Q·Kᵀ and softmax·V) whose two operands are INT8 by rule P16.
+ATTENTION_MATMULS: dict[str, int] = {"vit_tiny_patch16_224": 24}
 
 
 # ---------------------------------------------------------------------------------------- tests
@@ -175,6 +179,8 @@ def test_plan_structure_as_measured(case: RealCase) -> None:
     s02 = sum(1 for g in plan.groups if "S02" in g.rules)
     s03 = sum(1 for g in plan.groups if "S03" in g.rules)
     assert (p03, adds, s02, s03) == PLAN_SHAPE[case.rm.name]
+    p16 = {p.consumer for p in plan.points if p.rule == "P16" and p.quantized}
+    assert len(p16) == ATTENTION_MATMULS.get(case.rm.name, 0)
 
 
 def test_user_attributes_and_modes_survive(case: RealCase) -> None:

@@ -16,10 +16,19 @@ over all check batches together, where ``torch_float`` is the same model with ev
 bypassed and ``floor`` absorbs float accumulation differences when quantization changes almost
 nothing (1e-4, or 1e-2 for ``fp16`` exports, whose float remainder runs in half precision).
 Integer and bool outputs may differ in no more elements than quantization itself changes.
+
+In a deep network a single flipped code changes the input of every later layer, and the flips can
+cascade until the two float orders differ by as much as quantization itself (measured on a
+random-weight ViT-Ti with INT8 attention: 0.333 against 0.315). When an output fails the bound, a
+float64 copy of the fake-quant model (exact INT8 accumulation: the arithmetic TensorRT does) is
+the arbiter: the export passes when ONNX Runtime is no further from it than torch's own float32
+forward is (``REFERENCE_SLACK`` times, plus the floor). A wrong graph is far from it while torch is
+close, so the check keeps its teeth.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,12 +41,14 @@ from torch import nn
 
 from qdq.quant import quantizer_mode
 
-__all__ = ["FLOOR_FP16", "FLOOR_FP32", "OutputCheck", "verify_numerics"]
+__all__ = ["FLOOR_FP16", "FLOOR_FP32", "REFERENCE_SLACK", "OutputCheck", "verify_numerics"]
 
 _log = logging.getLogger("qdq.export")
 
 #: Relative float floor of the comparison (see the module docstring).
 FLOOR_FP32, FLOOR_FP16 = 1e-4, 1e-2
+#: ORT may be this many times further than torch float32 from the float64 reference
+REFERENCE_SLACK = 1.5
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ def verify_numerics(
     floor = FLOOR_FP16 if fp16 else FLOOR_FP32
     sums: dict[int, list[float]] = {}
     first_bad: dict[int, int] = {}
+    seen: list[tuple[Any, list[torch.Tensor], list[np.ndarray]]] = []  # (args, torch, ORT)
     was_training = model.training
     model.eval()
     try:
@@ -121,6 +133,7 @@ def verify_numerics(
                         stacklevel=3,
                     )
                     return []
+                seen.append((args, quant, theirs))
                 for i, (q, f, o) in enumerate(zip(quant, flt, theirs, strict=True)):
                     acc = sums.setdefault(i, [0.0, 0.0, 0.0])
                     d, n, r = _distances(q, f, o)
@@ -135,24 +148,70 @@ def verify_numerics(
         OutputCheck(out_names[i], d**0.5, n**0.5, r**0.5, first_bad.get(i, -1))
         for i, (d, n, r) in sorted(sums.items())
     ]
-    for c in checks:
-        if c.ort_vs_torch > c.tolerance(floor):
-            batch_note = (
-                f" (first seen on check batch {c.first_batch})" if c.first_batch >= 0 else ""
+    failed = [i for i, c in enumerate(checks) if c.ort_vs_torch > c.tolerance(floor)]
+    exact = _against_float64(model, seen, failed) if failed and not fp16 else {}
+    for i in failed:
+        c = checks[i]
+        ort_ref, torch_ref = exact.get(i, (float("inf"), 0.0))
+        if ort_ref <= REFERENCE_SLACK * torch_ref + floor * c.reference:
+            _log.info(
+                "numeric check: %s differs from torch by %.4g but is %.4g from the float64 "
+                "reference, torch float32 %.4g: float accumulation order",
+                c.name,
+                c.ort_vs_torch,
+                ort_ref,
+                torch_ref,
             )
-            raise error(
-                f"the exported ONNX does not compute what the torch model computes: output "
-                f"{c.name!r} differs from torch by {c.ort_vs_torch:.4g} (L2){batch_note}, beyond "
-                f"float noise (the quantization error itself, {c.quant_noise:.4g}, plus "
-                f"{floor:g} x {c.reference:.4g}). Usually the model's forward depends on tensor "
-                "values (Python control flow) or on inputs the exporter fixed; pass verify=False "
-                "only if you have checked the file another way"
-            )
+            continue
+        batch_note = f" (first seen on check batch {c.first_batch})" if c.first_batch >= 0 else ""
+        ref_note = (
+            f"; it is {ort_ref:.4g} from the float64 fake-quant model, torch float32 {torch_ref:.4g}"
+            if i in exact
+            else ""
+        )
+        raise error(
+            f"the exported ONNX does not compute what the torch model computes: output "
+            f"{c.name!r} differs from torch by {c.ort_vs_torch:.4g} (L2){batch_note}, beyond "
+            f"float noise (the quantization error itself, {c.quant_noise:.4g}, plus "
+            f"{floor:g} x {c.reference:.4g}){ref_note}. Usually the model's forward depends on "
+            "tensor values (Python control flow) or on inputs the exporter fixed; pass "
+            "verify=False only if you have checked the file another way"
+        )
     _log.info(
         "numeric check: %s",
         ", ".join(f"{c.name} {c.ort_vs_torch:.3g} <= {c.tolerance(floor):.3g}" for c in checks),
     )
     return checks
+
+
+def _against_float64(
+    model: nn.Module,
+    seen: list[tuple[Any, list[torch.Tensor], list[np.ndarray]]],
+    outputs: list[int],
+) -> dict[int, tuple[float, float]]:
+    """For each output index: L2 distances of ORT and of torch float32 to a float64 copy of
+    ``model`` over the same batches (empty when the copy cannot run)."""
+    try:
+        exact = copy.deepcopy(model).double().eval()
+        sums = {i: [0.0, 0.0] for i in outputs}
+        with torch.no_grad():
+            for args, quant, theirs in seen:
+                wide = tuple(
+                    a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in args
+                )
+                ref = _flatten(exact(*wide))
+                for i in outputs:
+                    r = ref[i].detach().cpu().numpy()
+                    if not np.issubdtype(r.dtype, np.floating) or r.shape != theirs[i].shape:
+                        return {}
+                    q = quant[i].detach().cpu().numpy().astype(np.float64)
+                    sums[i][0] += float(((theirs[i].astype(np.float64) - r) ** 2).sum())
+                    sums[i][1] += float(((q - r) ** 2).sum())
+    except Exception as err:  # no float64 kernel, float32-pinned model code
+        _log.info("numeric check: no float64 reference (%s)", err)
+        return {}
+    return {i: (o**0.5, t**0.5) for i, (o, t) in sums.items()}
 
 
 def _input_names(n: int) -> list[str]:

@@ -16,6 +16,7 @@ innermost module's path, the call's name (``"conv2d"``, ``"add"``, ``"cat"`` ...
 calls of that name the module made before it since the outermost module was entered. A built-in
 ``torch.nn`` module that is not a Conv/Linear (ReLU, BatchNorm, MaxPool, AvgPool ...) is one call
 ``(path, "module", invocation)``; what it does inside is not looked at (as torch.fx treats leaves).
+``F.scaled_dot_product_attention`` is seen as its parts (:mod:`qdq.graph.attention`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from qdq.graph.attention import attention_math, is_sdpa
 from qdq.graph.capture import TRACE_THROUGH
 
 __all__ = ["MODULE", "CallTracker", "SiteKey", "is_leaf", "normalize_call"]
@@ -110,6 +112,9 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         if tracker.leaf_depth:
             return func(*args, **kwargs)
+        if is_sdpa(func):  # seen as its parts, so Q·Kᵀ and P·V can be planned (P16)
+            with self:
+                return attention_math(*args, **kwargs)
         op, target, family = normalize_call(func)
         key = tracker.next_key(family)
         return tracker.on_call(func, key, op, target, args, kwargs)

@@ -1,4 +1,4 @@
-"""Rule step 1: weighted ops (P01, V12, P08, H02, P14)."""
+"""Rule step 1: weighted ops (P01, V12, P08, H02, P14) and attention MatMuls (P16)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch.fx as fx
 
 from qdq.config import QuantSpec
+from qdq.graph.attention import MAX_INT8_SEQUENCE, attention_role, key_length
 from qdq.graph.capture import fetch_attr
 from qdq.graph.context import PlanContext, input_label, make_point, quantize_input, skip_input
 from qdq.graph.patterns import COPY_KINDS, tensor_inputs, weight_arg
@@ -76,6 +77,30 @@ def performance_skip(
     )
 
 
+def _activation_product(ctx: PlanContext, node: fx.Node, excluded: bool) -> tuple[str, str, bool]:
+    """``(rule, reason, quantize)`` for a MatMul of two activations: P16 inside attention (up to
+    :data:`MAX_INT8_SEQUENCE` keys), P14 otherwise; with the performance rules off, P01."""
+    if excluded:
+        return "USER", "excluded by the QuantConfig", False
+    kind = ctx.kinds[node]
+    role = attention_role(node, ctx.kinds)
+    if role is not None and ctx.config.family_enabled("attention"):
+        what = "Q·Kᵀ" if role == "scores" else "softmax·V"
+        keys = key_length(node, role)
+        if (
+            keys is None
+            or keys <= MAX_INT8_SEQUENCE
+            or not ctx.config.family_enabled("performance")
+        ):
+            return "P16", f"attention {what}: both operands INT8 in TensorRT's fused MHA", True
+        return "P14", f"attention {what} over {keys} keys (> {MAX_INT8_SEQUENCE}): FP16 MHA", False
+    if not ctx.config.family_enabled("performance"):
+        return "P01", f"activation input of {kind}", True
+    if role is not None:
+        return "P14", "attention MatMul with rule family 'attention' disabled; kept in FP16", False
+    return "P14", "both operands are activations outside an attention pattern; kept in FP16", False
+
+
 def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     kind = ctx.kinds[node]
     owner = ctx.owners[node]
@@ -83,19 +108,12 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     wa = weight_arg(node)
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
     if wa is None:  # activation x activation MatMul (attention) or a conv with a computed weight
-        perf = ctx.config.family_enabled("performance")
+        rule, reason, quantize = _activation_product(ctx, node, excluded)
         for pos, producer in acts:
-            if not excluded and not perf:
-                quantize_input(
-                    ctx, node, pos, producer, "P01", f"activation input of {kind}", calib_o, bits_o
-                )
-                continue
-            rule, reason = (
-                ("USER", "excluded by the QuantConfig")
-                if excluded
-                else ("P14", "both operands are activations (attention-style MatMul); kept in FP16")
-            )
-            skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
+            if quantize:
+                quantize_input(ctx, node, pos, producer, rule, reason, calib_o, bits_o)
+            else:
+                skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
         return
     wkey, wnode = wa
     wshape = _weight_shape(ctx, wnode)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from qdq.lint.attention import Attention
 
 __all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput"]
 
@@ -103,6 +107,13 @@ class LintGraph:
                 )
                 out.extend((q, c, scale) for c in self.consumers.get(dq.output[0], []))
         return out
+
+    @cached_property
+    def attention(self) -> list[Attention]:
+        """The fully quantized attention cores (:func:`qdq.lint.attention.find_attention`)."""
+        from qdq.lint.attention import find_attention
+
+        return find_attention(self)
 
     def float_uses(self, tensor: str) -> list[Any]:
         """Consumers reading ``tensor`` directly in float (not Q, not Shape, not a Cast or copy op

@@ -36,6 +36,10 @@ def check_placement(g: LintGraph, guard: Guard | None = None) -> list[Finding]:
     return out
 
 
+def _in_attention(g: LintGraph, node: Any) -> bool:
+    return any(node is core.scores or node is core.context for core in g.attention)
+
+
 def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
     """The rules keyed on one node."""
     op = node.op_type
@@ -50,16 +54,17 @@ def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
         out.extend(_maxpool(g, node))
     elif op in _POOLS:
         out.extend(_avg_pool(g, node))
-    elif op == "MatMul" and len(node.input) == 2:
+    elif op == "MatMul" and len(node.input) == 2 and not _in_attention(g, node):
         out.append(
             Finding(
                 "P14",
                 INFO,
                 (g.name(node),),
-                f"{g.name(node)}: MatMul of two activations (attention-style) is not "
-                "quantized by default",
+                f"{g.name(node)}: MatMul of two activations outside a fully quantized attention "
+                "core (Q/DQ on both operands of Q·Kᵀ and of softmax·V)",
                 "runs FP16",
-                "",
+                "quantize both operands of both attention products for TensorRT's INT8 MHA "
+                "(rule P16) if the accuracy allows",
                 _SRC,
             )
         )

@@ -8,9 +8,11 @@ and absorbs its epilogue (BN, activation, bias, SiLU, a residual Add read in flo
 after it); its output is INT8 only when every reader quantizes it (looking through MaxPool, Concat,
 Slice and copy ops, which TensorRT moves a Quantize across) and a fused residual Add's other operand
 is quantized ("the precision of the first input to the element-wise addition determines the
-precision of the output"). Non-weighted quantizable ops run INT8 when their inputs are INT8 and
-their output is quantized. Every Quantize whose producer outputs float, every extra scale on one
-tensor, and every Dequantize read by a float layer is a standalone layer (a Q/DQ-origin reformat).
+precision of the output"). An attention core whose two MatMuls read every operand through Q/DQ
+is one INT8 MHA layer (:mod:`qdq.lint.attention`). Non-weighted quantizable ops run INT8 when
+their inputs are INT8 and their output is quantized. Every Quantize whose producer outputs float,
+every extra scale on one tensor, and every Dequantize read by a float layer is a standalone layer
+(a Q/DQ-origin reformat).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from qdq.lint.attention import Attention
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.guard import Guard
 
@@ -50,8 +53,9 @@ class PredictedLayer:
     Attributes:
         name: the ONNX node names joined with ``" + "``, as TensorRT names fused layers.
         nodes: those ONNX node names.
-        kind: ``"weighted"``, ``"pooling"``, ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone
-            Quantize/Dequantize, i.e. a Q/DQ-origin reformat) or ``"other"``.
+        kind: ``"weighted"``, ``"attention"`` (a fused MHA core with INT8 products), ``"pooling"``,
+            ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone Quantize/Dequantize, i.e. a
+            Q/DQ-origin reformat) or ``"other"``.
         input_precision, output_precision: ``"int8"`` or the float precision of the target
             (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly typed).
         reason: why a layer is float or standalone (empty for INT8 layers).
@@ -97,6 +101,8 @@ class _Predictor:
         self.absorbed: set[int] = set()
         self.int8_out: set[str] = set()  # tensors a layer writes as INT8
         self.float_readers: set[int] = set()  # ids of nodes that run float
+        self.attention: dict[int, Attention] = {}  # first MatMul -> fused INT8 attention core
+        self.internal: set[int] = set()  # Q/DQ nodes inside a fused kernel (attention probs)
         self.shape_nodes = _shape_nodes(g)
         self.tails: dict[str, Any] = {}  # epilogue end (before a residual Add) -> weighted op
         names = {1: "fp32", 10: "fp16", 16: "bf16"}
@@ -110,6 +116,10 @@ class _Predictor:
 
     def run(self) -> list[PredictedLayer]:
         g = self.g
+        for core in self._safe("attention", [], [], lambda: g.attention):
+            self.attention[id(core.scores)] = core
+            self.absorbed.update(id(m) for m in core.members[1:])
+            self.internal.update(id(m) for m in core.members if m.op_type in _QDQ)
         weighted = [n for n in g.nodes if g.weighted(n)]
         chains = {id(n): self._safe("epilogue", [n], ([], ""), self._chain_of, n) for n in weighted}
         # the tensor ending each weighted op's epilogue before any residual Add
@@ -122,7 +132,11 @@ class _Predictor:
             self.absorbed.update(id(m) for m in members[1:])
         layers: list[tuple[Any, PredictedLayer]] = []  # (first node, layer)
         for n in g.nodes:
-            if id(n) in groups:
+            if id(n) in self.attention:
+                core = self.attention[id(n)]
+                members = list(core.members)
+                layer = self._safe("attention", members, None, self._attention_layer, core)
+            elif id(n) in groups:
                 members = groups[id(n)]
                 layer = self._safe("weighted layer", members, None, self._weighted_layer, members)
             elif id(n) in self.absorbed or n.op_type in _SKIP or id(n) in self.shape_nodes:
@@ -274,6 +288,15 @@ class _Predictor:
             self.int8_out.add(last)
         return PredictedLayer(" + ".join(names), names, "weighted", INT8, out, reason)
 
+    def _attention_layer(self, core: Attention) -> PredictedLayer:
+        """TensorRT's fused MHA: INT8 products, the softmax and its Q/DQ inside; the output is
+        INT8 only when every reader quantizes it."""
+        names = tuple(self.g.name(m) for m in core.members)
+        if all(self._quantized_only(o) for o in core.context.output if o):
+            self.int8_out.update(core.context.output)
+            return PredictedLayer(" + ".join(names), names, "attention", INT8, INT8)
+        return PredictedLayer(" + ".join(names), names, "attention", INT8, self.fp)
+
     def _plain_layer(self, node: Any) -> PredictedLayer:
         g = self.g
         op = node.op_type
@@ -349,6 +372,8 @@ class _Predictor:
     def _standalone(self, node: Any) -> str:
         """Why a Q or DQ node executes as its own layer ('' when it fuses)."""
         g = self.g
+        if id(node) in self.internal:
+            return ""
         if node.op_type == "QuantizeLinear":
             t = node.input[0]
             if t in g.inputs:

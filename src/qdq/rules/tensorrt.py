@@ -139,9 +139,21 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "P14",
         "performance",
-        "GEMV / tiny GEMMs and activation-by-activation MatMuls stay float",
-        "Linear/MatMul with K < 16 or N < 16 cannot use INT8 tensor cores; attention MatMuls "
-        "(both operands activations) are kept in FP16 by TensorRT's MHA fusions.",
+        "GEMV / tiny GEMMs, long-sequence attention and other activation-by-activation MatMuls "
+        "stay float",
+        "Linear/MatMul with K < 16 or N < 16 cannot use INT8 tensor cores; attention over more "
+        "than 512 keys runs in FP16 fused MHA kernels (ModelOpt excludes it from INT8); a "
+        "MatMul of two activations outside an attention pattern has no INT8 fusion.",
+    ),
+    Rule(
+        "P16",
+        "attention",
+        "Attention: Q·Kᵀ and softmax·V with both operands INT8 (the scaled query, the key, the "
+        "probabilities and the value quantized per tensor)",
+        "TensorRT fuses MatMul → [scale/mask] → Softmax → MatMul into one MHA kernel that runs "
+        "both products in INT8 when each operand comes through Q/DQ; the attention scale must "
+        "multiply Q (or K) before the first product. ModelOpt quantizes these MatMuls in INT8 "
+        "mode up to 512 keys. LayerNorm, Softmax and GELU stay FP16.",
     ),
     Rule(
         "P12",
