@@ -125,6 +125,8 @@ class LayerError:
         amax: the amax in use (``None`` for a per-channel activation quantizer).
         accumulated: the INT8 model's tensor after this Q/DQ vs the FP32 tensor.
         clipped: fraction of FP32 values with ``|x| > amax``.
+        upstream: the tensor arriving at the quantizer in the INT8 model (before its Q/DQ) vs
+            FP32: the error made upstream (``accumulated`` minus this is the point's own share).
         output: the output of ``owner`` when it is a module, INT8 vs FP32 (weights, input and
             everything upstream quantized); ``None`` otherwise.
         weight: the fake-quantized weight of ``owner`` vs its float weight, when it has one.
@@ -142,6 +144,7 @@ class LayerError:
     amax: float | None
     accumulated: ErrorStats
     clipped: float | None = None
+    upstream: ErrorStats | None = None
     output: ErrorStats | None = None
     weight: ErrorStats | None = None
     isolated: ErrorStats | None = None
@@ -323,6 +326,7 @@ def _result(
         leader = plan.point(groups[path].leader)
         per_tensor = q.amax.numel() == 1
         out = taps.sums.get(f"module:{owner}")
+        upstream = taps.sums.get(f"in:{path}")
         rows.append(
             LayerError(
                 name=q.name,
@@ -335,6 +339,7 @@ def _result(
                 amax=float(q.amax) if per_tensor else None,
                 accumulated=sums.stats(),
                 clipped=sums.clipped / sums.numel if per_tensor and sums.numel else None,
+                upstream=None if upstream is None else upstream.stats(),
                 output=None if out is None else out.stats(),
                 weight=weight_of.get(owner),
             )
@@ -371,12 +376,15 @@ def _with_histogram(row: LayerError, q: Quantizer) -> LayerError:
     for m in cal.methods:
         pct = q.calib.percentile if m == "percentile" else None
         methods[m] = float(cal.compute_amax(m, percentile=pct))
+    # the method in use: calibrate(method=...) may override the quantizer's own CalibSpec
+    tol = 1e-6 * max(row.amax, 1e-30)
+    same = [m for m, v in methods.items() if abs(v - row.amax) <= tol]
     histogram = Histogram(
         bin_width=float(edges[1] - edges[0]) * factor,
         counts=tuple(int(c) for c in merged),
         observed_max=float(getattr(cal, "observed_max", edges[-1])),
         amax=row.amax,
-        method=q.calib.method,
+        method=q.calib.method if q.calib.method in same or not same else same[0],
         methods=methods,
     )
     return LayerError(**{**row.__dict__, "histogram": histogram})
@@ -466,6 +474,7 @@ class _Taps:
                 self._calls[path] = k + 1
                 if k < len(calls) and calls[k].shape == output.shape:
                     self._sums(path).add(calls[k], output, self.quantizers[path].amax)
+                    self._sums(f"in:{path}").add(calls[k], args[0])
                     calls[k] = calls[k].new_empty(0)  # free the FP32 copy early
                 else:
                     self._note(f"{path}: its calls differ between the FP32 and INT8 runs")

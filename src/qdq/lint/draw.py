@@ -290,7 +290,7 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
     clusters: dict[tuple[str, ...], list[DrawNode]] = {}
     loose: list[DrawNode] = []
     for n in nodes:
-        key = n.scope[:depth] if depth and len(n.scope) > depth else ()
+        key = n.scope[:depth] if depth and len(n.scope) >= depth else ()
         (clusters.setdefault(key, []) if key else loose).append(n)
     for k, (key, members) in enumerate(clusters.items()):
         if len(members) < 2:
@@ -355,24 +355,24 @@ def _collapse_depth(layers: list[DrawNode], max_nodes: int) -> int:
     longest = max((len(n.scope) for n in layers), default=1)
     best = 1
     for d in range(1, longest + 1):
-        keys = {n.scope[:d] if len(n.scope) > d else n.id for n in layers}
+        keys = {n.scope[:d] if len(n.scope) >= d else n.id for n in layers}
         if len(keys) <= max_nodes:
             best = d
     return best
 
 
 def _collapse(graph: LayerGraph, depth: int) -> tuple[list[DrawNode], list[tuple[str, str, str]]]:
-    """One node per module scope at ``depth`` (layers with a shorter scope stay single)."""
+    """One node per module scope at ``depth`` (a layer with a shorter scope stays single)."""
     group_of: dict[str, str] = {}
     members: dict[tuple[str, ...], list[DrawNode]] = {}
     for n in graph.nodes:
-        if n.kind in ("layer", "qdq") and len(n.scope) > depth:
+        if n.kind in ("layer", "qdq") and len(n.scope) >= depth:
             members.setdefault(n.scope[:depth], []).append(n)
     ids = {key: f"G{k}" for k, key in enumerate(members)}
     nodes: list[DrawNode] = []
     emitted: set[str] = set()
     for n in graph.nodes:
-        key = n.scope[:depth] if n.kind in ("layer", "qdq") and len(n.scope) > depth else None
+        key = n.scope[:depth] if n.kind in ("layer", "qdq") and len(n.scope) >= depth else None
         if key is None or len(members[key]) == 1:
             nodes.append(n)
             continue

@@ -39,7 +39,7 @@ def write_html(
     path: str | Path,
     *,
     onnx_path: str | Path | None = None,
-    max_nodes: int = 150,
+    max_nodes: int = 80,
 ) -> Path:
     """Write the page for ``report`` to ``path`` and return it.
 
@@ -104,7 +104,7 @@ def _context(r: Mapping[str, Any]) -> dict[str, Any]:
     errors = r.get("layer_errors") or None
     return {
         "r": r,
-        "title": r["model"]["spec"],
+        "title": str(r["model"]["spec"]).replace("\\", "/").rsplit("/", 1)[-1],
         "generated": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "metric": metric,
         "metric_label": metric.replace("_", " "),
@@ -216,9 +216,11 @@ def _error_row(e: Mapping[str, Any]) -> dict[str, Any]:
     from qdq.report.plots import sqnr_color
 
     acc = e["accumulated"]
-    weight, output = e.get("weight"), e.get("output")
+    weight, output, upstream = e.get("weight"), e.get("output"), e.get("upstream")
     return {
         **e,
+        "upstream_sqnr": None if upstream is None else upstream["sqnr_db"],
+        "has_upstream": upstream is not None,
         "sqnr": acc["sqnr_db"],
         "color": sqnr_color(acc["sqnr_db"]),
         "weight_sqnr": None if weight is None else weight["sqnr_db"],
@@ -270,8 +272,15 @@ def _plan_counts(r: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _findings(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Findings of one rule with the same effect and fix as one card listing every message."""
     order = {s: i for i, s in enumerate(_SEVERITY_ORDER)}
-    return sorted(r["lint_findings"], key=lambda f: (order.get(f["severity"], 9), f["rule"]))
+    cards: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for f in r["lint_findings"]:
+        key = (f["severity"], f["rule"], f["effect"], f["fix"])
+        card = cards.setdefault(key, {**f, "messages": [], "all_nodes": []})
+        card["messages"].append(f["message"])
+        card["all_nodes"].extend(n for n in f["nodes"] if n not in card["all_nodes"])
+    return sorted(cards.values(), key=lambda c: (order.get(c["severity"], 9), c["rule"]))
 
 
 def _predicted(r: Mapping[str, Any]) -> dict[str, int]:

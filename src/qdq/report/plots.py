@@ -67,9 +67,9 @@ def sqnr_profile_svg(names: Sequence[str], sqnr_db: Sequence[float | None]) -> s
     values = [top if v is None or not math.isfinite(v) else max(v, 0.0) for v in sqnr_db]
     n = len(values)
     with rc_context(_RC):
-        fig = Figure(figsize=(min(max(4.0, 0.28 * n + 1.5), 11.0), 2.6))
+        fig = Figure(figsize=(min(max(0.42 * n + 2.2, 5.0), 12.0), 2.6))
         ax = fig.add_subplot()
-        ax.bar(range(n), values, color=[sqnr_color(v) for v in sqnr_db], width=0.75)
+        ax.bar(range(n), values, color=[sqnr_color(v) for v in sqnr_db], width=0.7)
         for band in SQNR_BANDS:
             ax.axhline(band, color="#c7ccd3", lw=0.8, ls="--", zorder=0)
         ax.set_ylim(0, top)
@@ -119,7 +119,9 @@ def histogram_svg(
             handles,
             [f"{m} {v:.3g}" + (" (used)" if m == method else "") for m, v in methods.items()],
             fontsize=6.5,
-            frameon=False,
+            frameon=True,
+            framealpha=0.92,
+            edgecolor="none",
             loc="upper right",
         )
         return _svg(fig)
