@@ -9,7 +9,8 @@ fused Q/DQ, reshapes, shape arithmetic — are looked through). :func:`to_dot` w
   with its fused ops, its module path and ``in → out`` precision when they differ; a standalone
   Quantize/Dequantize (a reformat) is a small violet ellipse; INT8 edges are drawn green;
 * layers are boxed by their top-level module; a graph with more than ``max_nodes`` layers is
-  collapsed to one box per module scope (as deep as fits), striped by the share of each precision.
+  collapsed into one box per module scope — the deepest and largest scopes first, until it fits —
+  striped by the share of each precision.
 
 :func:`render_svg` runs ``dot -Tsvg`` (Debian package ``graphviz``) and raises :class:`DrawError`
 when it is missing or fails; :func:`draw_svg` does all three.
@@ -277,7 +278,7 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
     layers = [n for n in graph.nodes if n.kind in ("layer", "qdq")]
     nodes, edges = list(graph.nodes), list(graph.edges)
     if len(layers) > max_nodes:
-        nodes, edges = _collapse(graph, _collapse_depth(layers, max_nodes))
+        nodes, edges = _collapse(graph, _collapse_keys(layers, max_nodes))
     lines = [
         "digraph engine {",
         '  graph [rankdir=TB, nodesep=0.25, ranksep=0.35, fontname="Helvetica", fontsize=11,'
@@ -350,38 +351,46 @@ def _cluster_depth(scopes: list[tuple[str, ...]]) -> int:
     return 0
 
 
-def _collapse_depth(layers: list[DrawNode], max_nodes: int) -> int:
-    """The deepest scope depth at which grouping leaves at most ``max_nodes`` boxes (at least 1)."""
-    longest = max((len(n.scope) for n in layers), default=1)
-    best = 1
-    for d in range(1, longest + 1):
-        keys = {n.scope[:d] if len(n.scope) >= d else n.id for n in layers}
-        if len(keys) <= max_nodes:
-            best = d
-    return best
+def _collapse_keys(layers: list[DrawNode], max_nodes: int) -> dict[str, tuple[str, ...]]:
+    """Which module scope each collapsed layer joins: the deepest scopes first, the largest first at
+    each depth, until at most ``max_nodes`` boxes remain (a layer not in the result stays single)."""
+    keys: dict[str, tuple[str, ...]] = {}
+
+    def boxes() -> int:
+        return len({keys.get(n.id, (n.id,)) for n in layers})
+
+    longest = max((len(n.scope) for n in layers), default=0)
+    for depth in range(longest, 0, -1):
+        groups: dict[tuple[str, ...], list[DrawNode]] = {}
+        for n in layers:
+            if len(n.scope) >= depth:
+                groups.setdefault(n.scope[:depth], []).append(n)
+        for prefix, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            if boxes() <= max_nodes:
+                return keys
+            if len(members) > 1:
+                keys.update((m.id, prefix) for m in members)
+    return keys
 
 
-def _collapse(graph: LayerGraph, depth: int) -> tuple[list[DrawNode], list[tuple[str, str, str]]]:
-    """One node per module scope at ``depth`` (a layer with a shorter scope stays single)."""
-    group_of: dict[str, str] = {}
+def _collapse(
+    graph: LayerGraph, keys: dict[str, tuple[str, ...]]
+) -> tuple[list[DrawNode], list[tuple[str, str, str]]]:
+    """One node per collapsed module scope (``keys``: layer id → scope); the rest unchanged."""
     members: dict[tuple[str, ...], list[DrawNode]] = {}
     for n in graph.nodes:
-        if n.kind in ("layer", "qdq") and len(n.scope) >= depth:
-            members.setdefault(n.scope[:depth], []).append(n)
+        if n.id in keys:
+            members.setdefault(keys[n.id], []).append(n)
     ids = {key: f"G{k}" for k, key in enumerate(members)}
+    group_of = {node_id: ids[key] for node_id, key in keys.items()}
     nodes: list[DrawNode] = []
     emitted: set[str] = set()
     for n in graph.nodes:
-        key = n.scope[:depth] if n.kind in ("layer", "qdq") and len(n.scope) >= depth else None
-        if key is None or len(members[key]) == 1:
+        if n.id not in keys:
             nodes.append(n)
-            continue
-        gid = ids[key]
-        group_of[n.id] = gid
-        if gid in emitted:
-            continue
-        emitted.add(gid)
-        nodes.append(_group_node(gid, key, members[key]))
+        elif group_of[n.id] not in emitted:
+            emitted.add(group_of[n.id])
+            nodes.append(_group_node(group_of[n.id], keys[n.id], members[keys[n.id]]))
     edges: set[tuple[str, str, str]] = set()
     for src, dst, precision in graph.edges:
         a, b = group_of.get(src, src), group_of.get(dst, dst)
@@ -402,7 +411,8 @@ def _group_node(gid: str, key: tuple[str, ...], members: list[DrawNode]) -> Draw
     mix = " · ".join(f"{counts[p]} {p.upper()}" for p in order)
     extra = f" · {reformats} Q/DQ" if reformats else ""
     name = ".".join(key)
-    label = f"{name}\n{sum(counts.values())} layers: {mix}{extra}"
+    total = sum(counts.values())
+    label = f"{name}\n{total} layer{'' if total == 1 else 's'}: {mix}{extra}"
     tooltip = f"{name}: " + "; ".join(m.tooltip for m in members[:12])
     precisions = tuple((p, counts[p]) for p in order) or (("qdq", reformats),)
     return DrawNode(gid, label, tooltip, "group", precisions, key)
