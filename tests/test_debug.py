@@ -70,6 +70,14 @@ def test_accumulated_error_of_the_last_layer_is_the_output_error() -> None:
     assert last.weight is not None and last.order == 2 and last.clipped == 0.0
 
 
+def test_a_bypassed_quantizer_adds_no_error() -> None:
+    m, data = _prepared(Fragile())
+    qdq.quantizers_of(m)["conv2.input_quantizer"].mode = "bypass"
+    row = layer_errors(m, data).row("conv2:input")
+    assert row.upstream is not None and row.accumulated == row.upstream
+    assert qdq.quantizers_of(m)["conv2.input_quantizer"].mode.value == "bypass"
+
+
 def test_json_and_format() -> None:
     m, data = _prepared(Fragile())
     errors = layer_errors(m, data, num_batches=1)

@@ -1,7 +1,7 @@
 """Per-layer quantization error: where the fake-quant model departs from FP32, and why.
 
 :func:`layer_errors` runs a few batches through the prepared model twice each — every quantizer
-bypassed (the FP32 model) and every quantizer quantizing (the INT8 model as it is exported) — and,
+bypassed (the FP32 model) and the quantizers as they are set (the INT8 model as it is exported) — and,
 at every activation quantizer, compares the tensor its consumers read in the INT8 model (everything
 upstream quantized, then this Q/DQ) with the same tensor in the FP32 model. That is the
 *accumulated* error of the point. Also measured: the output of the quantizer's layer when it is a
@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_flatten
 from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
 from qdq.calib.batches import expected_inputs, run_batch
-from qdq.quant import Quantizer, quantizer_mode
+from qdq.quant import Quantizer, QuantMode, quantizer_mode
 
 __all__ = ["ErrorStats", "Histogram", "LayerError", "LayerErrors", "WeightError", "layer_errors"]
 
@@ -249,7 +249,9 @@ def layer_errors(
 ) -> LayerErrors:
     """Measure the accumulated error of every activation quantizer in one pass over ``data``.
 
-    The model must be calibrated. Its quantizer modes and train/eval mode are restored afterwards.
+    The model must be calibrated. The INT8 run uses the quantizers as they are (a quantizer set to
+    ``"bypass"`` stays float; one left calibrating quantizes); modes and train/eval mode are
+    restored afterwards.
 
     Args:
         prepared: a calibrated model from :func:`qdq.prepare`.
@@ -290,10 +292,12 @@ def layer_errors(
     seen = 0
     with taps, _eval_no_grad(prepared):
         for batch in progress(data, total=num_batches, desc="layer errors", enabled=show_progress):
-            for phase, mode in (("fp32", "bypass"), ("int8", "quantize")):
-                taps.phase = phase
-                with quantizer_mode(prepared, mode):
-                    run_batch(prepared, batch, seen, expected)
+            taps.phase = "fp32"
+            with quantizer_mode(prepared, QuantMode.BYPASS):
+                run_batch(prepared, batch, seen, expected)
+            taps.phase = "int8"
+            with _int8_modes(quantizers):
+                run_batch(prepared, batch, seen, expected)
             taps.compare()
             seen += 1
             if seen >= num_batches:
@@ -530,6 +534,20 @@ def _is_weight(q: Quantizer) -> bool:
 
 def _finite(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+@contextlib.contextmanager
+def _int8_modes(quantizers: dict[str, Quantizer]) -> Iterator[None]:
+    """The INT8 model as the user set it up: calibrating quantizers quantize, bypassed ones stay."""
+    saved = {path: q.mode for path, q in quantizers.items()}
+    try:
+        for q in quantizers.values():
+            if q.mode is QuantMode.CALIBRATE:
+                q.mode = QuantMode.QUANTIZE
+        yield
+    finally:
+        for path, q in quantizers.items():
+            q.mode = saved[path]
 
 
 @contextlib.contextmanager
