@@ -5,17 +5,19 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.qdq-installed
 # PyTorch is pinned: these wheels lie on the machine's disk (see README).
 TORCH   := torch==2.14.1 torchvision==0.29.1
-DEB     := dataset-fashion-mnist
+# Debian packages: the demo's data; Graphviz (the model drawing in report.html); Chromium (the
+# headless browser the report test renders the page in).
+DEB     := dataset-fashion-mnist graphviz chromium
 
 .PHONY: demo test lint typecheck unit bench data clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo,report]'
 	touch $(STAMP)
 
-# Debian data packages (real labeled data, offline). Installed once; needs root or sudo.
+# Debian packages (real labeled data, offline; graphviz; chromium). Installed once; needs root or sudo.
 data:
 	@dpkg -s $(DEB) >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

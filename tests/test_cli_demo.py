@@ -40,6 +40,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [
         "manifest.json",
         "model.qdq.onnx",
+        "report.html",
         "report.json",
     ]
     report = json.loads((out / "report.json").read_text())

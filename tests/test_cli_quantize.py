@@ -47,7 +47,7 @@ MODEL_PY = textwrap.dedent(
         raise RuntimeError("factory exploded")
     """
 )
-FILES = ["manifest.json", "model.qdq.onnx", "report.json"]
+FILES = ["manifest.json", "model.qdq.onnx", "report.html", "report.json"]
 FAST = ("--exporter", "torchscript", "--no-progress")
 
 

@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from qdq import lint, nn
+from qdq import debug, lint, nn
 from qdq._version import __version__
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
@@ -42,6 +42,7 @@ __all__ = [
     "Quantizer",
     "__version__",
     "calibrate",
+    "debug",
     "export_onnx",
     "fake_quant",
     "lint",

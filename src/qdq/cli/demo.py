@@ -2,9 +2,10 @@
 
 The real trained checkpoint and the real 10k labelled test set (Debian ``dataset-fashion-mnist``):
 plan, one histogram calibration pass, the metric of every calibration method recomputed from it
-(torch fake-quant), the exported Q/DQ ONNX (mse) measured in ONNX Runtime, the lint verdict, and
-``demo-out/report.json``. A previous demo's output (a directory holding ``report.json``) is replaced;
-any other non-empty directory is refused unless ``--overwrite``.
+(torch fake-quant), the exported Q/DQ ONNX (mse) measured in ONNX Runtime, the lint verdict,
+``demo-out/report.json`` and the page ``demo-out/report.html``. A previous demo's output (a
+directory holding ``report.json``) is replaced; any other non-empty directory is refused unless
+``--overwrite``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def run_demo(
     as_json: bool = False,
     show_progress: bool = True,
 ) -> int:
-    """Run the demo, print the summary, write ``<out_dir>/report.json``; return an exit code."""
+    """Run the demo, print the summary, write ``<out_dir>/report.{json,html}``; return an exit code."""
     out = Path(out_dir)
     args = argparse.Namespace(
         model=DEMO_MODEL,

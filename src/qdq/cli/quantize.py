@@ -9,19 +9,6 @@ from typing import Any
 
 __all__ = ["add_quantize_parser", "add_zoo_parser", "print_summary", "run_quantize", "run_zoo"]
 
-_STAGE_LABELS = {
-    "load_model": "load model",
-    "load_data": "load data",
-    "check": "check one sample",
-    "capture_plan": "capture + plan",
-    "calibrate": "calibrate",
-    "export": "export",
-    "fp32_eval": "FP32 (torch)",
-    "int8_eval": "INT8 (ONNX Runtime)",
-    "compare_methods": "every method",
-    "lint": "lint",
-}
-
 
 def add_quantize_parser(sub: Any) -> None:
     """The ``quantize`` sub-command's arguments."""
@@ -29,8 +16,9 @@ def add_quantize_parser(sub: Any) -> None:
         "quantize",
         help="quantize a model on its data: INT8 Q/DQ ONNX verified in ONNX Runtime, lint, report",
         description="capture + plan → calibrate → export → ONNX Runtime verification → lint. "
-        "Writes OUT/model.qdq.onnx, OUT/manifest.json (its manifest) and OUT/report.json, all "
-        "or nothing. The INT8 metric is measured on the exported ONNX in ONNX Runtime.",
+        "Writes OUT/model.qdq.onnx, OUT/manifest.json (its manifest), OUT/report.json and "
+        "OUT/report.html (open it in a browser; it loads nothing), all or nothing. The INT8 "
+        "metric is measured on the exported ONNX in ONNX Runtime.",
         epilog="Model SPEC: a zoo name (qdq zoo list), pkg.module:factory or "
         "path/to/file.py:factory (this IMPORTS/EXECUTES that Python code), a .pt2 "
         "(torch.export.save), or an FP32 .onnx (needs onnx2torch); TorchScript cannot be "
@@ -126,10 +114,11 @@ def one_line(err: BaseException) -> str:
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
     from qdq.pipeline import DataOptions, quantize
+    from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
         if not args.json:
-            print(f"  {_STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
+            print(f"  {STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
 
     try:
         options = DataOptions(
@@ -208,10 +197,19 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
         print(f"  ... and {len(r['skipped_layers']) - 10} more (report.json: skipped_layers)")
     for w in r["warnings"][:5]:
         print(f"  warning: {' '.join(w.split())[:200]}")
+    errors = r.get("layer_errors")
+    if errors and errors["rows"]:
+        worst = ", ".join(
+            f"{e['name']} {_db(e['accumulated']['sqnr_db'])}" for e in errors["rows"][:3]
+        )
+        print(f"worst layers (SQNR vs FP32 on {errors['samples']} samples): {worst}")
     times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
     print(f"time: {r['total_s']:.1f} s ({times})")
-    files = r["files"]
-    print(f"wrote {out_dir}/: {files['onnx']}, {files['manifest']}, {files['report']}")
+    print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")
+
+
+def _db(value: float | None) -> str:
+    return "identical" if value is None else f"{value:.1f} dB"
 
 
 def run_zoo(action: str) -> int:

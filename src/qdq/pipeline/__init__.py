@@ -1,8 +1,9 @@
 """The main job: a float model and its data → a verified, linted INT8 Q/DQ ONNX and a report.
 
-:func:`quantize` runs capture + plan → calibrate → export → ONNX Runtime verification → lint and
-writes ``OUT/model.qdq.onnx``, ``OUT/manifest.json`` and ``OUT/report.json``; ``qdq quantize`` is a
-thin command around it. Model and data specs: :mod:`qdq.pipeline.models`, :mod:`qdq.pipeline.data`.
+:func:`quantize` runs capture + plan → calibrate → export → ONNX Runtime verification → per-layer
+error → lint and writes ``OUT/model.qdq.onnx``, ``OUT/manifest.json``, ``OUT/report.json`` and
+``OUT/report.html``; ``qdq quantize`` is a thin command around it. Model and data specs:
+:mod:`qdq.pipeline.models`, :mod:`qdq.pipeline.data`.
 
 Example:
     >>> from qdq.pipeline import quantize
@@ -15,9 +16,17 @@ from __future__ import annotations
 
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.models import ModelSource, resolve_model
-from qdq.pipeline.run import MANIFEST_FILE, ONNX_FILE, REPORT_FILE, QuantizeResult, quantize
+from qdq.pipeline.run import (
+    HTML_FILE,
+    MANIFEST_FILE,
+    ONNX_FILE,
+    REPORT_FILE,
+    QuantizeResult,
+    quantize,
+)
 
 __all__ = [
+    "HTML_FILE",
     "MANIFEST_FILE",
     "ONNX_FILE",
     "REPORT_FILE",

@@ -9,7 +9,9 @@ cosine vs FP32), ``calibration_methods`` (per method, torch fake-quant; ``null``
 ``layers`` (every weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule,
 scale group, calibration method and amax; per-channel weights as min/max), ``lint_verdict``,
 ``lint_findings``, ``predicted_layers`` (the linter's engine prediction), ``plan`` (every Q/DQ
-decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``warnings``, ``files`` (names inside OUT).
+decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
+:meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``warnings``, ``files`` (names
+inside OUT).
 """
 
 from __future__ import annotations
@@ -20,10 +22,24 @@ from torch import nn
 
 from qdq._version import __version__
 
-__all__ = ["SCHEMA", "STABLE_KEYS", "build_report"]
+__all__ = ["SCHEMA", "STABLE_KEYS", "STAGE_LABELS", "build_report"]
 
 SCHEMA = "qdq.quantize-report/1"
 STABLE_KEYS = ("metric_name", "fp32_metric", "int8_metric", "lint", "skipped_layers", "timings_s")
+#: human names of the stages in ``timings_s``
+STAGE_LABELS = {
+    "load_model": "load model",
+    "load_data": "load data",
+    "check": "check one sample",
+    "capture_plan": "capture + plan",
+    "calibrate": "calibrate",
+    "export": "export",
+    "fp32_eval": "FP32 (torch)",
+    "int8_eval": "INT8 (ONNX Runtime)",
+    "layer_errors": "per-layer error",
+    "compare_methods": "every method",
+    "lint": "lint",
+}
 
 
 def build_report(
@@ -38,6 +54,7 @@ def build_report(
     int8: dict[str, Any],
     int8_torch: dict[str, Any],
     methods: dict[str, dict[str, Any]] | None,
+    layer_errors: dict[str, Any] | None,
     settings: dict[str, Any],
     timings: dict[str, float],
     warnings: list[str],
@@ -108,6 +125,7 @@ def build_report(
         "lint_findings": lint_dict["findings"],
         "predicted_layers": lint_dict["layers"],
         "plan": plan.to_dict(),
+        "layer_errors": layer_errors,
         "warnings": sorted(set(warnings)),
         "files": files,
     }

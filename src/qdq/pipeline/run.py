@@ -4,11 +4,13 @@ Stages (each timed): load the model and the data → check one sample → captur
 (:func:`qdq.prepare`) → calibrate (one histogram collection, then the chosen method) → export
 (:func:`qdq.export_onnx`) → FP32 metric in torch → INT8 metric in ONNX Runtime (every published
 figure is measured through the export) and in torch fake-quant → optionally the metric of every
-calibration method (torch fake-quant, amax recomputed from the same collection) → lint.
+calibration method (torch fake-quant, amax recomputed from the same collection) → the per-layer error
+on a few evaluation batches (:func:`qdq.debug.layer_errors`) → lint.
 
 Output: ``OUT/model.qdq.onnx``, ``OUT/manifest.json`` (the manifest of ``model.qdq.onnx``, which it
-names; :func:`qdq.export.find_manifest` finds it) and ``OUT/report.json`` (:mod:`qdq.pipeline.report`),
-written in a temporary directory beside ``OUT`` and renamed into place (:mod:`qdq.pipeline.outdir`).
+names; :func:`qdq.export.find_manifest` finds it), ``OUT/report.json`` (:mod:`qdq.pipeline.report`)
+and ``OUT/report.html`` (:mod:`qdq.report`), written in a temporary directory beside ``OUT`` and
+renamed into place (:mod:`qdq.pipeline.outdir`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.report import build_report
 
-__all__ = ["MANIFEST_FILE", "ONNX_FILE", "REPORT_FILE", "QuantizeResult", "quantize"]
+__all__ = ["HTML_FILE", "MANIFEST_FILE", "ONNX_FILE", "REPORT_FILE", "QuantizeResult", "quantize"]
 
 ONNX_FILE = "model.qdq.onnx"
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.json"
+HTML_FILE = "report.html"
+#: evaluation samples (and the largest batch) of the per-layer error stage
+LAYER_ERROR_SAMPLES, LAYER_ERROR_BATCH = 64, 16
 
 #: ``on_stage(name, seconds, detail)`` after every stage
 StageCallback = Callable[[str, float, str], None]
@@ -53,7 +58,7 @@ class QuantizeResult:
     """What :func:`quantize` wrote and measured.
 
     ``report`` is the content of ``report.json``; ``prepared`` the calibrated torch model that was
-    exported (fake-quant, amax of the chosen method).
+    exported (fake-quant, amax of the chosen method); ``html_path`` the page of the report.
     """
 
     out_dir: Path
@@ -62,6 +67,7 @@ class QuantizeResult:
     report_path: Path
     report: dict[str, Any]
     prepared: nn.Module
+    html_path: Path
 
     @property
     def metric_name(self) -> str:
@@ -96,7 +102,8 @@ def quantize(
     show_progress: bool = True,
     on_stage: StageCallback | None = None,
 ) -> QuantizeResult:
-    """Quantize ``model`` on ``data`` and write ``out/{model.qdq.onnx, manifest.json, report.json}``.
+    """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
+    report.html}``.
 
     The user's model is never modified (:func:`qdq.prepare` works on a copy; evaluation restores
     its train/eval mode).
@@ -127,6 +134,7 @@ def quantize(
     Raises:
         ValueError / FileNotFoundError / TypeError: bad specs, files, options or a model that
             fails on the data (the message names the culprit and, for shapes, both shapes).
+        ImportError: jinja2 or matplotlib (the ``report`` extra) is missing (checked first).
         FileExistsError: ``out`` exists, is not empty, and ``overwrite`` is false.
         qdq.export.ExportError: the export fails validation or verification.
 
@@ -146,6 +154,9 @@ def quantize(
     from qdq.lint import parse_target
 
     parse_target(target)  # a bad target fails now, not after the export
+    from qdq.report import check_dependencies
+
+    check_dependencies()  # nor a missing package of the HTML report
     out_dir = Path(out)
     check_out_dir(out_dir, overwrite)
     stages = _Stages(on_stage)
@@ -286,6 +297,12 @@ def _export_and_measure(
             int8_torch = score(fq, ref, qdata.labels)
             int8_torch["vs_onnxruntime"] = score(fq, ort, None)
             st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+        with stages("layer_errors") as st:
+            errors = _layer_errors(prepared, qdata, s)
+            st.detail = f"{len(errors.rows)} quantizers on {errors.samples} samples"
+            if errors.rows:
+                worst = errors.rows[0]
+                st.detail += f"; worst {worst.name} {worst.score:.1f} dB"
         methods = None
         if s.compare_methods:
             with stages("compare_methods") as st:
@@ -306,6 +323,7 @@ def _export_and_measure(
             int8=int8,
             int8_torch=int8_torch,
             methods=methods,
+            layer_errors=errors.to_dict(),
             settings={
                 "method": s.calib,
                 "percentile": s.percentile,
@@ -316,18 +334,37 @@ def _export_and_measure(
             },
             timings=timings,
             warnings=[str(w.message) for w in caught],
-            files={"onnx": ONNX_FILE, "manifest": MANIFEST_FILE, "report": REPORT_FILE},
+            files={
+                "onnx": ONNX_FILE,
+                "manifest": MANIFEST_FILE,
+                "report": REPORT_FILE,
+                "html": HTML_FILE,
+            },
         )
         text = json.dumps(report, indent=2, default=str) + "\n"
         (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
+        from qdq.report import write_html
+
+        write_html(json.loads(text), tmp / HTML_FILE, onnx_path=tmp / ONNX_FILE)
     return QuantizeResult(
-        out_dir,
-        out_dir / ONNX_FILE,
-        out_dir / MANIFEST_FILE,
-        out_dir / REPORT_FILE,
-        json.loads(text),
-        prepared,
+        out_dir=out_dir,
+        onnx_path=out_dir / ONNX_FILE,
+        manifest_path=out_dir / MANIFEST_FILE,
+        report_path=out_dir / REPORT_FILE,
+        report=json.loads(text),
+        prepared=prepared,
+        html_path=out_dir / HTML_FILE,
     )
+
+
+def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
+    """:func:`qdq.debug.layer_errors` on the first evaluation samples, in small batches."""
+    from qdq.debug import layer_errors
+
+    size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
+    samples = qdata.evaluation[: max(LAYER_ERROR_SAMPLES, size if s.static else 0)]
+    data = [b for b, _ in batches(samples, size, s.static)]
+    return layer_errors(prepared, data, num_batches=len(data))
 
 
 def _compare_methods(

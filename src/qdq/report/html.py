@@ -1,0 +1,291 @@
+"""``report.json`` → ``report.html``: the view model of every section, then the jinja2 template."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qdq._io import atomic_write_text
+from qdq.pipeline.report import STAGE_LABELS
+
+__all__ = ["check_dependencies", "render_html", "write_html"]
+
+_log = logging.getLogger(__name__)
+_TEMPLATE = "report.html.j2"
+_PERCENT_METRICS = ("top1_accuracy", "top1_agreement")
+_SEVERITY_ORDER = ("ERROR", "WARN", "INFO")
+
+
+def check_dependencies() -> None:
+    """Raise ``ImportError`` naming what the HTML report needs and is not installed."""
+    missing = []
+    for module in ("jinja2", "matplotlib"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ImportError(
+            f"the HTML report needs {' and '.join(missing)}: pip install 'qdq[report]'"
+        )
+
+
+def write_html(
+    report: Mapping[str, Any],
+    path: str | Path,
+    *,
+    onnx_path: str | Path | None = None,
+    max_nodes: int = 80,
+) -> Path:
+    """Write the page for ``report`` to ``path`` and return it.
+
+    Args:
+        report: the content of ``report.json``.
+        path: the ``.html`` file to write.
+        onnx_path: the exported Q/DQ ONNX, drawn with the report's ``predicted_layers`` (without
+            it, or without Graphviz, the page says why there is no drawing).
+        max_nodes: above this many predicted layers the drawing is collapsed by module scope.
+    """
+    svg, note = None, "no ONNX model was given to draw"
+    if onnx_path is not None:
+        from qdq.lint.draw import DrawError, draw_svg
+
+        try:
+            svg = draw_svg(onnx_path, report.get("predicted_layers") or [], max_nodes=max_nodes)
+        except DrawError as err:
+            note = str(err)
+            _log.warning("report.html without the model drawing: %s", err)
+    out = Path(path)
+    atomic_write_text(out, render_html(report, graph_svg=svg, graph_note=note))
+    return out
+
+
+def render_html(
+    report: Mapping[str, Any], *, graph_svg: str | None = None, graph_note: str = ""
+) -> str:
+    """The page as one string (inline CSS, JavaScript and SVG; it references no URL).
+
+    Args:
+        report: the content of ``report.json``.
+        graph_svg: the model drawing (:func:`qdq.lint.draw.draw_svg`), or ``None``.
+        graph_note: why there is no drawing (shown instead of it).
+
+    Raises:
+        ImportError: jinja2 or matplotlib is missing.
+    """
+    check_dependencies()
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = _num
+    env.filters["pct"] = _pct
+    context = _context(report)
+    context["graph_svg"] = None if graph_svg is None else jinja2.filters.Markup(graph_svg)
+    context["graph_note"] = graph_note
+    return env.get_template(_TEMPLATE).render(**context)
+
+
+# ------------------------------------------------------------------------------ view model
+def _context(r: Mapping[str, Any]) -> dict[str, Any]:
+    metric = str(r["metric_name"])
+    fmt = _metric_formatter(metric)
+    fp32, int8 = float(r["fp32_metric"]), float(r["int8_metric"])
+    lint = r["lint"]
+    errors = r.get("layer_errors") or None
+    return {
+        "r": r,
+        "title": str(r["model"]["spec"]).replace("\\", "/").rsplit("/", 1)[-1],
+        "generated": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "metric": metric,
+        "metric_label": metric.replace("_", " "),
+        "fp32": fmt(fp32),
+        "int8": fmt(int8),
+        "delta": _delta(metric, int8 - fp32),
+        "delta_bad": int8 - fp32 < -0.01 if metric in _PERCENT_METRICS else int8 < 0.99,
+        "coverage": f"{lint['int8_weighted_layers']}/{lint['weighted_layers']}",
+        "verdict": r["lint_verdict"],
+        "methods": _methods(r, fmt),
+        "timings": _timings(r),
+        "errors": errors,
+        "error_rows": [] if errors is None else [_error_row(e) for e in errors["rows"]],
+        "profile_svg": _profile(errors),
+        "histograms": _histograms(errors),
+        "points": _points(r),
+        "plan_counts": _plan_counts(r),
+        "findings": _findings(r),
+        "severity_counts": {
+            s: sum(1 for f in r["lint_findings"] if f["severity"] == s) for s in _SEVERITY_ORDER
+        },
+        "predicted": _predicted(r),
+    }
+
+
+def _metric_formatter(metric: str) -> Any:
+    if metric in _PERCENT_METRICS:
+        return lambda v: "-" if v is None else f"{100 * v:.2f} %"
+    return lambda v: "-" if v is None else f"{v:.5f}"
+
+
+def _delta(metric: str, d: float) -> str:
+    return f"{100 * d:+.2f} pt" if metric in _PERCENT_METRICS else f"{d:+.5f}"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "∞"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value:.{digits}f}"
+
+
+def _pct(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * float(value):.{digits}f} %"
+
+
+def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
+    metric = str(r["metric_name"])
+    fp32 = float(r["fp32_metric"])
+    used = r["settings"]["method"]
+    table = r.get("calibration_methods") or {used: r["int8_torch"]}
+    rows = [
+        {
+            "name": "FP32 (torch)",
+            "value": fmt(fp32),
+            "raw": fp32,
+            "delta": "",
+            "agreement": None,
+            "cosine": None,
+            "kind": "fp32",
+        },
+        {
+            "name": f"INT8 {used}, exported (ONNX Runtime)",
+            "value": fmt(r["int8_metric"]),
+            "raw": float(r["int8_metric"]),
+            "delta": _delta(metric, float(r["int8_metric"]) - fp32),
+            "agreement": r["int8"]["top1_agreement"],
+            "cosine": r["int8"]["cosine_mean"],
+            "kind": "exported",
+        },
+    ]
+    for method, s in table.items():
+        rows.append(
+            {
+                "name": f"INT8 {method} (torch fake-quant)",
+                "value": fmt(s["metric"]),
+                "raw": float(s["metric"]),
+                "delta": _delta(metric, float(s["metric"]) - fp32),
+                "agreement": s["top1_agreement"],
+                "cosine": s["cosine_mean"],
+                "kind": "used" if method == used else "method",
+            }
+        )
+    low = min(min(row["raw"] for row in rows), fp32)
+    floor = max(0.0, low - 0.1 * (1.0 - low) - 0.02) if low > 0.5 else 0.0
+    for row in rows:
+        row["bar"] = max(2.0, 100 * (row["raw"] - floor) / max(1e-9, 1.0 - floor))
+    return rows
+
+
+def _timings(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    timings = r["timings_s"]
+    total = max(1e-9, sum(timings.values()))
+    top = max(timings.values(), default=1.0) or 1.0
+    return [
+        {
+            "stage": STAGE_LABELS.get(name, name),
+            "key": name,
+            "seconds": seconds,
+            "share": seconds / total,
+            "bar": 100 * seconds / top,
+        }
+        for name, seconds in timings.items()
+    ]
+
+
+def _error_row(e: Mapping[str, Any]) -> dict[str, Any]:
+    from qdq.report.plots import sqnr_color
+
+    acc = e["accumulated"]
+    weight, output, upstream = e.get("weight"), e.get("output"), e.get("upstream")
+    return {
+        **e,
+        "upstream_sqnr": None if upstream is None else upstream["sqnr_db"],
+        "has_upstream": upstream is not None,
+        "sqnr": acc["sqnr_db"],
+        "color": sqnr_color(acc["sqnr_db"]),
+        "weight_sqnr": None if weight is None else weight["sqnr_db"],
+        "has_weight": weight is not None,
+        "output_sqnr": None if output is None else output["sqnr_db"],
+        "has_output": output is not None,
+    }
+
+
+def _profile(errors: Mapping[str, Any] | None) -> str | None:
+    if not errors or not errors["rows"]:
+        return None
+    from qdq.report.plots import sqnr_profile_svg
+
+    rows = sorted(errors["rows"], key=lambda e: e["order"])
+    return sqnr_profile_svg([e["name"] for e in rows], [e["accumulated"]["sqnr_db"] for e in rows])
+
+
+def _histograms(errors: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    if not errors:
+        return []
+    from qdq.report.plots import histogram_svg
+
+    out = []
+    for e in errors["rows"]:
+        h = e.get("histogram")
+        if not h:
+            continue
+        svg = histogram_svg(
+            e["name"], h["bin_width"], h["counts"], h["amax"], h["method"], h["methods"]
+        )
+        out.append({"row": e, "h": h, "svg": svg})
+    return out
+
+
+def _points(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for p in r["plan"]["points"]:
+        rule = p["share_rule"] if p["decision"] == "share" and p["share_rule"] else p["rule"]
+        rows.append({**p, "shown_rule": rule})
+    return rows
+
+
+def _plan_counts(r: Mapping[str, Any]) -> dict[str, int]:
+    counts = {"quantize": 0, "share": 0, "skip": 0}
+    for p in r["plan"]["points"]:
+        counts[p["decision"]] = counts.get(p["decision"], 0) + 1
+    return counts
+
+
+def _findings(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Findings of one rule with the same effect and fix as one card listing every message."""
+    order = {s: i for i, s in enumerate(_SEVERITY_ORDER)}
+    cards: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for f in r["lint_findings"]:
+        key = (f["severity"], f["rule"], f["effect"], f["fix"])
+        card = cards.setdefault(key, {**f, "messages": [], "all_nodes": []})
+        card["messages"].append(f["message"])
+        card["all_nodes"].extend(n for n in f["nodes"] if n not in card["all_nodes"])
+    return sorted(cards.values(), key=lambda c: (order.get(c["severity"], 9), c["rule"]))
+
+
+def _predicted(r: Mapping[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for ly in r.get("predicted_layers") or []:
+        key = "qdq" if ly["kind"] == "qdq" else ly["input_precision"]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
