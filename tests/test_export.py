@@ -117,6 +117,29 @@ def test_manifest_round_trip(fashion, tmp_path: Path) -> None:
     assert torch.equal(fresh(images[:50]), prepared(images[:50]))
 
 
+def test_manifest_records_the_method_behind_each_amax(fashion, tmp_path: Path) -> None:
+    """Calibrated with the default (mse), then switched: the manifest names the method that
+    produced the amax it stores, and a loaded calibration carries that record on."""
+    model, prepared, images = fashion
+    path = "layer1.conv1.input_quantizer"
+    try:
+        qdq.recompute_amax(prepared, "percentile", percentile=99.9)
+        out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx")
+        entries = {e["path"]: e for e in json.loads(out.manifest_path.read_text())["quantizers"]}
+        assert entries[path]["method"] == "percentile" and entries[path]["percentile"] == 99.9
+        assert entries["layer1.conv1.weight_quantizer"]["method"] == "max"
+        fresh = qdq.load_calibration(qdq.prepare(model, (images[:2],)), out.manifest_path)
+        q = fresh.get_submodule(path)
+        assert (q.amax_method, q.amax_percentile) == ("percentile", 99.9)
+        qdq.recompute_amax(prepared, "max")
+        assert prepared.get_submodule(path).amax_method == "max"
+        prepared.get_submodule(path).set_amax(1.0)
+        assert prepared.get_submodule(path).amax_method == "set"
+    finally:
+        qdq.recompute_amax(prepared)  # the module fixture's own calibration (mse)
+    assert prepared.get_submodule(path).amax_method == "mse"
+
+
 def test_manifest_path_and_find_manifest(fashion, tmp_path: Path) -> None:
     model, prepared, images = fashion
     out = qdq.export_onnx(

@@ -380,15 +380,14 @@ def _with_histogram(row: LayerError, q: Quantizer) -> LayerError:
     for m in cal.methods:
         pct = q.calib.percentile if m == "percentile" else None
         methods[m] = float(cal.compute_amax(m, percentile=pct))
-    # the method in use: calibrate(method=...) may override the quantizer's own CalibSpec
-    tol = 1e-6 * max(row.amax, 1e-30)
-    same = [m for m, v in methods.items() if abs(v - row.amax) <= tol]
+    # the method in use: recorded by the quantizer when it computed its amax
+    used = q.amax_method if q.amax_method in methods else None
     histogram = Histogram(
         bin_width=float(edges[1] - edges[0]) * factor,
         counts=tuple(int(c) for c in merged),
         observed_max=float(getattr(cal, "observed_max", edges[-1])),
         amax=row.amax,
-        method=q.calib.method if q.calib.method in same or not same else same[0],
+        method=used if used is not None else str(q.amax_method or q.calib.method),
         methods=methods,
     )
     return LayerError(**{**row.__dict__, "histogram": histogram})

@@ -128,7 +128,8 @@ def build_manifest(
                 "group": group.id if group else None,
                 "members": list(group.members) if group else [],
                 "calibrator": q.calib.calibrator,
-                "method": q.calib.method,
+                "method": q.amax_method or q.calib.method,
+                **({"percentile": q.amax_percentile} if q.amax_percentile is not None else {}),
                 "num_bits": q.spec.num_bits,
                 "axis": q.spec.axis,
                 "channels": int(q.amax.numel()) if q.spec.axis is not None else 1,
@@ -211,6 +212,11 @@ def load_calibration(
     amax = {path: _entry_amax(p, path, entries[path], q) for path, q in quantizers.items()}
     for path, q in quantizers.items():
         q.set_amax(amax[path])
+        method = entries[path].get("method")
+        if isinstance(method, str):  # the record travels with the amax it describes
+            q.amax_method = method
+            pct = entries[path].get("percentile")
+            q.amax_percentile = float(pct) if isinstance(pct, (int, float)) else None
     return prepared
 
 

@@ -141,7 +141,7 @@ def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
         "group": None if group is None else group.id,
         "members": [] if group is None else list(group.members),
         "rule": None if group is None else plan.point(group.leader).rule,
-        "method": q.calib.method,
+        "method": q.amax_method or q.calib.method,
         "per_channel": q.spec.axis is not None,
     }
     if amax is None:

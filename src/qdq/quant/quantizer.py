@@ -80,6 +80,11 @@ class Quantizer(nn.Module):
         self.calibrator = make_calibrator(self.spec, calib)
         self.mode = QuantMode.QUANTIZE
         self.export_opset = 13
+        #: how the current amax was obtained: a calibration method ("max", "entropy", "mse",
+        #: "percentile"), "set" when given directly, ``None`` before any amax
+        self.amax_method: str | None = None
+        #: the percentile behind the current amax when ``amax_method == "percentile"``
+        self.amax_percentile: float | None = None
         self.register_buffer("amax", torch.empty(0))
 
     # ------------------------------------------------------------------ state
@@ -163,6 +168,7 @@ class Quantizer(nn.Module):
         if self.spec.axis is not None and self._channels is None:
             self._channels = t.numel()
         self.amax = t.to(self.amax.device)
+        self.amax_method, self.amax_percentile = "set", None
 
     def load_calib_amax(
         self, method: str | None = None, *, percentile: float | None = None
@@ -184,6 +190,8 @@ class Quantizer(nn.Module):
         except CalibrationError as err:
             raise CalibrationError(f"quantizer {self.name!r}: {err}") from None
         self.set_amax(amax)
+        self.amax_method = m
+        self.amax_percentile = float(percentile) if m == "percentile" and percentile else None
         return self.amax.clone()
 
     def calibrate_from(self, tensor: torch.Tensor) -> torch.Tensor:
