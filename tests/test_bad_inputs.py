@@ -480,3 +480,19 @@ def test_model_that_is_not_a_graph_module_counts_inputs_from_forward(branchy) ->
     qdq.calibrate(prepared, [(x, torch.tensor([0, 1])), {"x": other}], show_progress=False)
     with pytest.raises(qdq.CalibrationError, match=r"batch 1, input 'x' has rank 2"):
         qdq.calibrate(prepared, [x, torch.randn(3, 3)], show_progress=False)
+
+
+def test_atomic_writes_get_the_mode_open_would_give(tmp_path) -> None:
+    """Not mkstemp's 0600: a written ONNX or manifest is as readable as any file the user makes."""
+    import os
+
+    from qdq._io import atomic_write_files, atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        one = atomic_write_text(tmp_path / "a.json", "{}")
+        (two,) = atomic_write_files({tmp_path / "b.onnx": b"x"})
+    finally:
+        os.umask(old)
+    assert one.stat().st_mode & 0o777 == 0o640
+    assert two.stat().st_mode & 0o777 == 0o640

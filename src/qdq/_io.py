@@ -45,6 +45,8 @@ def _write_temporary(target: Path, data: bytes) -> Path:
     """``data`` in a new temporary file beside ``target`` (flushed to disk); return its path."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes 0600; open() would give 0666 & ~umask
+            os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -53,6 +55,14 @@ def _write_temporary(target: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file under the current umask (``os.umask`` can only be
+    read by setting it, so it is set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write_files(files: Mapping[str | Path, bytes], *, overwrite: bool = True) -> list[Path]:
