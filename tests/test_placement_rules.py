@@ -511,6 +511,34 @@ def test_p04_gating_mul_quantizes_both_operands_sharing_the_pool_scale() -> None
     assert not [pt for pt in off.points if pt.op == "mul" and pt.quantized]
 
 
+class RepVGGBlock(nn.Module):
+    """RepVGG's training form: relu(bn(conv3x3(x)) + bn(conv1x1(x)) + bn(x))."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.kxk = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+        self.k1 = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.identity = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_id = self.identity(x)
+        y = self.k1(x) + self.kxk(x)
+        return F.relu(y + x_id)
+
+
+def test_p04_repvgg_identity_bn_reads_int8_and_its_add_runs_int8() -> None:
+    p = plan(nn.Sequential(RepVGGBlock(), RepVGGBlock()), 1, 16, 8, 8)
+    bn = p.point("1.identity:input")
+    assert bn.rule == "P04" and bn.quantized
+    conv_in = p.point("1.k1.0:input")
+    assert bn.group == conv_in.group  # the block input's one INT8 version (S01)
+    adds = {pt.name: (pt.decision, pt.rule) for pt in p.points if pt.owner == "1.add_1"}
+    assert adds == {"1.add_1:input0": ("quantize", "P04"), "1.add_1:input1": ("skip", "P05")}
+    assert p.point("0.identity:input").rule == "P04"  # the network input is read by convs too
+    off = plan(RepVGGBlock(), 1, 16, 8, 8, config=QuantConfig.tensorrt(disable=("fanout",)))
+    assert not [pt for pt in off.points if pt.rule == "P04"]
+
+
 def test_stochastic_depth_is_the_identity_for_the_residual_rule() -> None:
     tvops = pytest.importorskip("torchvision.ops")
 
@@ -584,3 +612,28 @@ def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
         assert r.title and r.tensorrt and explain(r.id).startswith(r.id)
     # rules a tiny block cannot show: P12 (outputs are never candidates at all)
     assert {r.id for r in RULES} - SEEN_RULES - {"P12", "P02"} == set()
+
+
+def test_in_place_add_on_a_quantized_operand_never_mutates_a_shared_quantized_value() -> None:
+    """RepVGG's ``x += identity`` with ``x`` quantized (P04): the in-place op runs out of place on
+    a fresh quantized copy; another reader of the same quantized tensor still sees Q(x)."""
+
+    class Shared(RepVGGBlock):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x_id = self.identity(x)
+            y = self.k1(x) + self.kxk(x)
+            z = y * 1.0
+            z += x_id
+            return torch.cat([F.relu(z), y], dim=1)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(RepVGGBlock(), Shared()).eval()
+    x = torch.randn(2, 16, 8, 8)
+    prepared = qdq.prepare(model, (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    with torch.no_grad():
+        out = prepared(x)
+        again = prepared(x)
+    assert torch.equal(out, again)
+    with qdq.quantizer_mode(prepared, "bypass"), torch.no_grad():
+        assert torch.allclose(prepared(x), model(x), atol=1e-5)

@@ -25,7 +25,8 @@ Since the capture rewrite (recording + call-site runtime) these also hold and ar
 4. a few exports per family (``EXPORTS``) with the exporter that used to fail, verified in ORT, and
    their lint verdicts (no P03a/P04/S02b placement warning on the convolutional rows).
 
-Known gap (issue 10, still open): RepVGG's train-form three-branch sum (P04 in lint).
+RepVGG's train-form identity branch (a standalone BatchNorm of the block input) reads the input's
+INT8 version and runs with its Add as one INT8 PointWise layer (rule P04).
 """
 
 from __future__ import annotations
@@ -257,6 +258,7 @@ EXPORTS: dict[tuple[str, str], set[str]] = {
     ("yolo11n", "dynamo"): {"H01"},
     ("vit_tiny_patch16_224", "torchscript"): set(),  # is_causal=False traced as a tensor
     ("convnext_tiny", "dynamo"): set(),  # dynamic batch from a batch-1 example; LayerScale
+    ("repvgg_a0", "torchscript"): set(),  # train form: three-branch sum, identity BatchNorm
     ("fasterrcnn_resnet50_fpn", "torchscript"): {"H01", "P03a", "P04", "P12", "S02b"},
 }
 

@@ -8,6 +8,8 @@ Steps, each citing its rule id (``qdq.rules``):
 3. average pools (P06): quantize the input when the output feeds a quantized op;
 4. Concats (S02): quantize every input when the output feeds a quantized op;
    gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
+   standalone BatchNorms (P04): the input when it is quantized for another reader, and the other
+   operand of the float Add they feed (RepVGG's identity branch);
 5. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
    across each Concat (S02) (:mod:`qdq.graph.grouping`);
 6. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
@@ -21,6 +23,7 @@ from torch import nn
 from qdq.config import QuantConfig
 from qdq.graph.context import (
     PlanContext,
+    input_label,
     owner_names,
     owner_type,
     quantize_input,
@@ -80,6 +83,8 @@ def build_plan(
     for n in nodes:
         if kinds[n] == "mul":
             _plan_gating_mul(ctx, n)
+        elif kinds[n] == "bn":
+            _plan_fanout_bn(ctx, n)
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
@@ -199,6 +204,62 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
             calib_o,
             bits_o,
         )
+
+
+def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
+    """P04: a standalone BatchNorm reading a tensor that is quantized for its other readers
+    (RepVGG's identity branch ``bn(x)`` beside ``conv(x)``) reads the same INT8 version, so the
+    producer writes INT8 once. When the BatchNorm feeds an Add left float (P05), the Add's other
+    operand is quantized too: BN + Add (+ activation) then run as one INT8 PointWise layer."""
+    ins = tensor_inputs(node)
+    if not ins:
+        return
+    pos, producer = ins[0]
+    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    if producer.name not in quantized:
+        return
+    excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "bn")
+    if excluded or not ctx.config.family_enabled("fanout"):
+        return
+    quantize_input(
+        ctx,
+        node,
+        pos,
+        producer,
+        "P04",
+        "BatchNorm beside quantized readers of its input: it reads the same INT8 version (the "
+        "producer writes INT8 once; no standalone Quantize)",
+        calib_o,
+        bits_o,
+    )
+    out = node
+    while len(out.users) == 1 and ctx.kinds[next(iter(out.users))] in ("identity", "copy"):
+        out = next(iter(out.users))  # BatchNormAct2d's drop/act identities
+    for add in out.users:
+        add_ins = tensor_inputs(add)
+        if ctx.kinds[add] != "add" or len(add_ins) != 2:
+            continue
+        points = [ctx.points.get(f"{ctx.owners[add]}:{input_label(add, i)}") for i, _ in add_ins]
+        if any(p is None or p.quantized or p.rule != "P05" for p in points):
+            continue
+        a_excluded, a_calib, a_bits = ctx.config.resolve(
+            ctx.owners[add], ctx.owner_types[add], "add"
+        )
+        if a_excluded:
+            continue
+        for i, other in add_ins:
+            if other is not out:
+                quantize_input(
+                    ctx,
+                    add,
+                    i,
+                    other,
+                    "P04",
+                    f"Add of {ctx.owners[node]} (INT8 in) and this operand: quantized so the "
+                    "BatchNorm and the Add run as one INT8 PointWise layer",
+                    a_calib,
+                    a_bits,
+                )
 
 
 def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:

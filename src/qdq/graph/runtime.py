@@ -61,9 +61,11 @@ class SiteRuntime(CallTracker):
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---------------------------------------------------------------- apply
-    def _quantize(self, quantizer: nn.Module, x: Any) -> Any:
+    def _quantize(self, quantizer: nn.Module, x: Any, fresh: bool = False) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
+        if fresh:
+            return quantizer(x)
         key = (id(x), id(quantizer))
         hit = self._cache.get(key)
         if hit is not None and hit[0] is x:
@@ -73,7 +75,7 @@ class SiteRuntime(CallTracker):
         return out
 
     def _apply(
-        self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any], fresh: bool = False
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         new_args = list(args)
         new_kwargs = dict(kwargs)
@@ -92,7 +94,7 @@ class SiteRuntime(CallTracker):
                     else:
                         new_args[pos] = items
             elif ref < len(new_args):
-                new_args[ref] = self._quantize(quantizer, new_args[ref])
+                new_args[ref] = self._quantize(quantizer, new_args[ref], fresh and ref == 0)
         site.hits += 1
         return tuple(new_args), new_kwargs
 
@@ -107,8 +109,16 @@ class SiteRuntime(CallTracker):
         kwargs: dict[str, Any],
     ) -> Any:
         site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
-        if site is not None:
-            args, kwargs = self._apply(site, args, kwargs)
+        if site is None:
+            return func(*args, **kwargs)
+        if _in_place(op, target) and any(ref == 0 for ref, _ in site.actions):
+            # x += y / x.add_(y) with x quantized here: the quantized x is a fresh tensor (never
+            # the cached one another reader of x gets) and the op runs out of place on it, so no
+            # quantizer output is mutated. x += y rebinds x to the result as usual; x itself is
+            # left as it was (code that calls x.add_(y) and then reads x would see the old x)
+            args, kwargs = self._apply(site, args, kwargs, fresh=True)
+            return getattr(torch.Tensor, _OUT_OF_PLACE[str(target)])(*args, **kwargs)
+        args, kwargs = self._apply(site, args, kwargs)
         return func(*args, **kwargs)
 
     def on_leaf_enter(
@@ -130,6 +140,21 @@ class SiteRuntime(CallTracker):
     def unreached(self) -> list[SiteKey]:
         """Planned sites with no hit since :meth:`reset_hits`."""
         return [k for k, s in self.sites.items() if s.hits == 0]
+
+
+#: in-place Tensor methods the plan may quantize the ``self`` operand of, and their pure forms
+_OUT_OF_PLACE = {
+    "add_": "add",
+    "__iadd__": "__add__",
+    "mul_": "mul",
+    "__imul__": "__mul__",
+    "sub_": "sub",
+    "__isub__": "__sub__",
+}
+
+
+def _in_place(op: str, target: Any) -> bool:
+    return op == "call_method" and str(target) in _OUT_OF_PLACE
 
 
 def runtime_of(prepared: nn.Module) -> SiteRuntime | None:

@@ -40,8 +40,9 @@ _QUANTIZABLE = frozenset(
 )
 # elementwise ops TensorRT fuses into PointWise layers (INT8 in and out when fully quantized)
 _POINTWISE = frozenset(
-    {"Add", "Mul", "Sub", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish",
-     "HardSigmoid", "Abs", "Neg", "Exp", "Sqrt", "Pow", "Max", "Min", "Elu", "Selu", "Softplus"}
+    {"Add", "Mul", "Sub", "Div", "Relu", "BatchNormalization", "Clip", "LeakyRelu", "Sigmoid",
+     "Tanh", "HardSwish", "HardSigmoid", "Abs", "Neg", "Exp", "Sqrt", "Pow", "Max", "Min", "Elu",
+     "Selu", "Softplus"}
 )  # fmt: skip
 _QUANTIZABLE_PW = _POINTWISE - {"Exp", "Sqrt", "Pow", "Div"}
 
