@@ -2,31 +2,34 @@
 
 **Model.** ``rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx`` (package
 ``rapidocr-onnxruntime``; only the file is read, the package is not imported) is converted with
-``onnx2torch``. The ONNX stores its weights as ``Constant`` nodes, which onnx2torch cannot map to
-parameters, so they are moved to initializers first (values unchanged). The result is a
-``torch.fx.GraphModule``: DB text detector (PP-LCNet-style backbone with hard-swish and SE blocks,
-FPN with Resize and Concat, ConvTranspose head) mapping ``(N, 3, H, W)`` with H and W multiples of
-32 to a text probability map ``(N, 1, H, W)``.
+``onnx2torch``.
+The ONNX stores its weights as ``Constant`` nodes, which onnx2torch cannot map to parameters, so
+they are moved to initializers first (values unchanged); its six nearest-neighbour ``Resize`` nodes
+(constant integer scales) become ``nn.Upsample`` so that ``torch.export`` can trace the model (same
+values). The result is a ``torch.fx.GraphModule``: DB text detector (PP-LCNet-style backbone with
+hard-swish and SE blocks, FPN with Resize and Concat, ConvTranspose head) mapping ``(N, 3, H, W)``
+with H and W multiples of 32 to a text probability map ``(N, 1, H, W)``.
 
 **Data.** Seeded 160×320 RGB images rendered with Pillow and the font Pillow bundles
-(``ImageFont.load_default(size)``, no system font): a light random background with pixel noise and
-2–4 lines, each one random word of 3–10 letters and digits in a dark random colour, font size
-16–30 px, at a random position in its own horizontal band (so lines never touch). The ground truth
-of every word is its rendered bounding box (``ImageDraw.textbbox``). Pixels are normalized as
-RapidOCR does, ``(x / 255 - 0.5) / 0.5``. Calibration and evaluation images come from independent
-streams of one seeded generator (no shared image).
+(``ImageFont.load_default(size)``, no system font): a light random background (grey levels 170–255
+per channel) with Gaussian pixel noise (σ 6) and 2–4 lines, each one random word of 3–10 letters and
+digits in a dark random colour (0–110), font size 11–30 px, at a random position in its own
+horizontal band (so lines never touch). The ground truth of every word is its rendered bounding box
+(``ImageDraw.textbbox``). Pixels are normalized as RapidOCR does, ``(x / 255 - 0.5) / 0.5``.
+Calibration and evaluation images come from independent streams of one seeded generator (no shared
+image).
 
-**Metric.** A deliberately simple DB post-processing: threshold the probability map at 0.3,
-take 8-connected components, drop those whose mean probability is below 0.5 or whose box is under
-3 px on a side, and grow each component's bounding box by DB's unclip distance
-``area * 1.6 / perimeter`` on every side. A detection matches a word when their boxes' IoU is at
-least 0.5 (one to one, greedily by IoU). Figures: ``recall`` (matched words / words),
-``precision`` (matched detections / detections), their harmonic mean ``detection_f1`` — the
-metric — and the mean IoU of the matches. The unclip ratio is 0.8, not RapidOCR's 1.6: the ground
-truth here is the tight box of the rendered glyphs, which the FP32 detector's boxes fit best at
-0.8 (median IoU 0.87; at 1.6 the boxes of small words overshoot below IoU 0.5). On this data the
-FP32 detector finds every word (F1 = 1.0); INT8 losses show in the F1 only when words are lost or
-split, and earlier in ``mean_iou`` and the probability-map cosine.
+**Metric.** A deliberately simple DB post-processing: threshold the probability map at 0.3, take
+8-connected components, drop those whose mean probability is below 0.5 or whose box is under 3 px on
+a side, and grow each component's bounding box by DB's unclip distance ``area * r / perimeter`` on
+every side (``r = 0.8``). A detection matches a word when their boxes' IoU is at least 0.5 (one to
+one, greedily by IoU). Figures: ``recall`` (matched words / words), ``precision`` (matched
+detections / detections), their harmonic mean ``detection_f1`` — the metric — and the mean IoU of
+the matches. The unclip ratio is 0.8, not RapidOCR's 1.6: the ground truth here is the tight box of
+the rendered glyphs, which the FP32 detector's boxes fit best at 0.8 (median IoU 0.87; at 1.6 the
+boxes of small words overshoot below IoU 0.5). On this data the FP32 detector finds every word (F1 =
+1.0); INT8 losses show in the F1 only when words are lost or split, and earlier in ``mean_iou`` and
+the probability-map cosine.
 
 Example:
     >>> from qdq.zoo import ppocr  # doctest: +SKIP
@@ -110,7 +113,39 @@ def load_pretrained() -> nn.Module:
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return onnx2torch.convert(model).eval()
+    graph_module = onnx2torch.convert(model)
+    _static_upsampling(graph_module)
+    return graph_module.eval()
+
+
+def _static_upsampling(gm: torch.fx.GraphModule) -> None:
+    """Replace onnx2torch's ``Resize`` modules by ``nn.Upsample`` with the same constant scale.
+
+    onnx2torch reads the scales tensor with ``.tolist()`` at every call, which ``torch.export``
+    cannot trace (the export then falls back to the TorchScript tracer). Every Resize of this
+    model is nearest-neighbour (asymmetric, floor) by a constant integer factor on H and W, which
+    ``nn.Upsample(scale_factor=k, mode="nearest")`` computes exactly.
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or len(node.args) != 3:
+            continue
+        module = gm.get_submodule(node.target)
+        scales_node = node.args[2]
+        if type(module).__name__ != "OnnxResize" or getattr(module, "onnx_mode", "") != "nearest":
+            continue
+        if not isinstance(scales_node, torch.fx.Node) or scales_node.op != "get_attr":
+            continue
+        owner, _, attr = str(scales_node.target).rpartition(".")
+        scales = [float(v) for v in getattr(gm.get_submodule(owner), attr).tolist()]
+        if len(scales) != 4 or scales[:2] != [1.0, 1.0] or scales[2] != scales[3]:
+            continue
+        if not scales[2].is_integer() or scales[2] < 1:
+            continue
+        gm.add_submodule(node.target, nn.Upsample(scale_factor=scales[2], mode="nearest"))
+        node.args = (node.args[0],)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
 
 
 # ------------------------------------------------------------------------------------- data
