@@ -220,15 +220,17 @@ def _db(value: float | None) -> str:
 
 def run_zoo(action: str) -> int:
     """``qdq zoo list``."""
-    from qdq.zoo.registry import MODELS
+    from qdq.zoo.registry import MODELS, get_dataset
 
     if action != "list":
         raise ValueError(f"unknown zoo action {action!r}; use: qdq zoo list")
     for entry in MODELS.values():
         missing = entry.missing()
         status = "available" if not missing else "missing: " + "; ".join(missing)
+        task_metric = get_dataset(entry.dataset).metric
+        key = "" if task_metric is None else f" (metric_name {task_metric.name})"
         print(
             f"{entry.name}\n  {entry.description}\n  task: {entry.task}\n"
-            f"  data: {entry.dataset}; metric: {entry.metric}\n  {status}"
+            f"  data: {entry.dataset}; metric: {entry.metric}{key}\n  {status}"
         )
     return 0
