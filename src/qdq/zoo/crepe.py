@@ -46,6 +46,8 @@ from qdq.zoo._assets import package_file
 
 __all__ = [
     "BINS",
+    "CENTS_BIN0",
+    "CENTS_PER_BIN",
     "FMAX",
     "FMIN",
     "INSTALL",
@@ -53,10 +55,12 @@ __all__ = [
     "WINDOW",
     "CrepeTiny",
     "calibration_set",
+    "check",
     "decode_cents",
     "evaluation_set",
     "load_pretrained",
     "pitch_figures",
+    "score",
 ]
 
 SAMPLE_RATE = 16000

