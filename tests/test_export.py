@@ -280,3 +280,36 @@ def test_torchscript_names_survive_equal_scales(tmp_path: Path) -> None:
     ]
     report = parity(prepared, out.path, [x], per_layer=True)
     assert all(lp.qdq_mismatches == 0 for lp in report.layers.values())
+
+
+class _ListScaledUp(nn.Module):
+    """Upsampling by a buffer read as Python numbers, as onnx2torch's Resize does: torch.export
+    fails inside this module, the TorchScript tracer does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scales", torch.tensor([1.0, 1.0, 2.0, 2.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scales = self.scales.tolist()
+        return nn.functional.interpolate(x, scale_factor=scales[2:])
+
+
+def test_fallback_after_a_failed_dynamo_export_keeps_every_quantizer(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), _ListScaledUp(), nn.Conv2d(32, 32, 3, padding=1)
+    ).eval()
+    x = torch.randn(2, 16, 8, 8)
+    prepared = qdq.prepare(model, (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    depth = torch._C._len_torch_function_stack()
+    with pytest.warns(UserWarning, match="dynamo export failed"):
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", exporter="auto")
+    # before the fix, the failed torch.export left the call tracker active and the fallback
+    # trace lost the weight quantizers ("weight DequantizeLinear does not feed a Conv")
+    assert out.exporter == "torchscript" and out.num_quantize == 4
+    assert torch._C._len_torch_function_stack() == depth
+    ref = prepared(x)
+    got = torch.from_numpy(run(session(out.path), [x])[0])
+    assert torch.allclose(got, ref, atol=1e-5)

@@ -18,10 +18,16 @@ def test_entries_name_their_dataset() -> None:
         assert get_dataset(entry.dataset).name == entry.dataset
     assert get_model("efficientnet-lite0").preprocess.size == (224, 224)
     with pytest.raises(
-        ValueError, match="built-in models: efficientnet-lite0, fashion-mnist-resnet"
+        ValueError,
+        match="built-in models: crepe-tiny, efficientnet-lite0, fashion-mnist-resnet, "
+        "mtcnn-onet, mtcnn-rnet, ppocr-det$",
     ):
         get_model("nope")
-    with pytest.raises(ValueError, match="built-in datasets: fashion-mnist, skimage-photos"):
+    with pytest.raises(
+        ValueError,
+        match="built-in datasets: crepe-tones, fashion-mnist, lfw-faces-24, lfw-faces-48, "
+        "rendered-text, skimage-photos$",
+    ):
         get_dataset("nope")
     assert DATASETS["fashion-mnist"].labelled and not DATASETS["skimage-photos"].labelled
 

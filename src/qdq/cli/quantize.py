@@ -23,8 +23,9 @@ def add_quantize_parser(sub: Any) -> None:
         "path/to/file.py:factory (this IMPORTS/EXECUTES that Python code), a .pt2 "
         "(torch.export.save), or an FP32 .onnx (needs onnx2torch); TorchScript cannot be "
         "quantized (export it with torch.export). Data SPEC: a built-in dataset (fashion-mnist, "
-        "skimage-photos), an image folder (one sub-folder per class gives labels), a .npy, or a "
-        ".npz with x/images (+ y/labels). User data is split by a seeded permutation: "
+        "skimage-photos, crepe-tones, lfw-faces-24, lfw-faces-48, rendered-text), an image "
+        "folder (one sub-folder per class gives labels), a .npy, or a .npz with x/images "
+        "(+ y/labels). User data is split by a seeded permutation: "
         "calibration min(--calib-samples, N/2) samples, evaluation the others.",
     )
     p.add_argument("--model", required=True, metavar="SPEC", help="the float model (see below)")
@@ -175,6 +176,11 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
         f"  INT8 vs FP32: top-1 agreement {agree}, cosine mean {i8['cosine_mean']:.6f} "
         f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}"
     )
+    figures = i8.get("figures")
+    if figures:
+        fp32_figures = r["fp32"]["figures"]
+        pairs = ", ".join(f"{k} {fp32_figures[k]:.4g} → {v:.4g}" for k, v in figures.items())
+        print(f"  {r['metric_name']} figures, FP32 → INT8: {pairs}")
     methods = r.get("calibration_methods")
     if methods:
         print(f"  {'method':<11}{'INT8 (torch)':>13}{'drop':>8}{'agree':>8}{'cosine':>10}")
@@ -214,15 +220,17 @@ def _db(value: float | None) -> str:
 
 def run_zoo(action: str) -> int:
     """``qdq zoo list``."""
-    from qdq.zoo.registry import MODELS
+    from qdq.zoo.registry import MODELS, get_dataset
 
     if action != "list":
         raise ValueError(f"unknown zoo action {action!r}; use: qdq zoo list")
     for entry in MODELS.values():
         missing = entry.missing()
         status = "available" if not missing else "missing: " + "; ".join(missing)
+        task_metric = get_dataset(entry.dataset).metric
+        key = "" if task_metric is None else f" (metric_name {task_metric.name})"
         print(
             f"{entry.name}\n  {entry.description}\n  task: {entry.task}\n"
-            f"  data: {entry.dataset}; metric: {entry.metric}\n  {status}"
+            f"  data: {entry.dataset}; metric: {entry.metric}{key}\n  {status}"
         )
     return 0

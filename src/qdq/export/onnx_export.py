@@ -177,7 +177,10 @@ def export_onnx(
         try:
             symbolic_opset = max(opset, 18) if candidate == "dynamo" else opset
             scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
-            with _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype):
+            with (
+                _clean_failure(export_model),
+                _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype),
+            ):
                 model_proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
                     allow_specialization, recorded=plan.capture == "recorded",
@@ -331,6 +334,28 @@ def _half_copy(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, t
         a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )
     return half, cast
+
+
+@contextlib.contextmanager
+def _clean_failure(model: nn.Module) -> Iterator[None]:
+    """Leave no trace of an exporter that fails inside the model.
+
+    A failed ``torch.export`` may leave a torch function mode on the stack and the prepared
+    model's call tracker active (see :meth:`qdq.graph.calls.CallTracker.abandon`); the next
+    exporter would then trace the model without its weight quantizers.
+    """
+    from qdq.graph.runtime import runtime_of
+
+    depth = torch._C._len_torch_function_stack()
+    try:
+        yield
+    except BaseException:
+        while torch._C._len_torch_function_stack() > depth:
+            torch._C._pop_torch_function_stack()
+        runtime = runtime_of(model)
+        if runtime is not None:
+            runtime.abandon()
+        raise
 
 
 @contextlib.contextmanager

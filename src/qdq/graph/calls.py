@@ -193,6 +193,20 @@ class CallTracker:
         self._mode.__enter__()
         self.on_activate()
 
+    def abandon(self) -> None:
+        """Forget a forward that never returned through the hooks.
+
+        ``torch.export`` can fail inside a module and unwind without running the outer modules'
+        forward hooks; the tracker would then stay active, and the next forward (another
+        exporter's trace) would continue the old call counters and miss the planned sites. The
+        torch function mode of that forward must already be off torch's mode stack.
+        """
+        self._mode, self._active_by = None, None
+        self._stack.clear()
+        self.leaf_depth = 0
+        self._counters.clear()
+        self.on_deactivate()
+
     def _deactivate(self) -> None:
         mode, self._mode, self._active_by = self._mode, None, None
         self._stack.clear()

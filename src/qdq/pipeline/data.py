@@ -3,8 +3,9 @@
 Every spec becomes a :class:`QuantData`: calibration samples, evaluation samples (never the same
 ones) and, when the data has them, evaluation labels.
 
-* **Built-in datasets** (``fashion-mnist``, ``skimage-photos``): their own split (see
-  :mod:`qdq.zoo.registry`). Without ``--data``, a zoo model uses its own dataset.
+* **Built-in datasets** (``fashion-mnist``, ``skimage-photos``, ``crepe-tones``, ``lfw-faces-24``,
+  ``lfw-faces-48``, ``rendered-text``): their own split (see :mod:`qdq.zoo.registry`), and for
+  some a task metric with its ground truth. Without ``--data``, a zoo model uses its own dataset.
 * **An image folder**: ``*.png``/``*.jpg``/... directly in it (no labels), or one sub-folder per class
   (``DIR/cat/1.png``; labels are the sorted sub-folder index, torchvision's ``ImageFolder``
   convention). Images are preprocessed as the zoo model does, or as the options say
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from qdq.specs import load_arrays
-from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, get_dataset
+from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, ZooMetric, get_dataset
 
 __all__ = ["IMAGE_SUFFIXES", "DataOptions", "QuantData", "resolve_data"]
 
@@ -70,13 +71,20 @@ class DataOptions:
 
 @dataclass(frozen=True)
 class QuantData:
-    """Calibration and evaluation samples (one input tensor each) and optional labels."""
+    """Calibration and evaluation samples (one input tensor each) and optional labels.
+
+    A built-in dataset may also carry a task ``metric`` and its ground truth ``targets`` (one per
+    evaluation sample, e.g. the true pitch of every CREPE frame); the metric then replaces the
+    generic one (see :mod:`qdq.pipeline.evaluate`).
+    """
 
     calibration: torch.Tensor
     evaluation: torch.Tensor
     labels: torch.Tensor | None
     source: str
     split: str
+    metric: ZooMetric | None = None
+    targets: object = None
 
     def __post_init__(self) -> None:
         if len(self.calibration) == 0 or len(self.evaluation) == 0:
@@ -84,6 +92,11 @@ class QuantData:
         if self.labels is not None and len(self.labels) != len(self.evaluation):
             raise ValueError(
                 f"{self.source}: {len(self.labels)} labels for {len(self.evaluation)} samples"
+            )
+        count = len(self.targets) if isinstance(self.targets, (torch.Tensor, list)) else None
+        if count is not None and count != len(self.evaluation):
+            raise ValueError(
+                f"{self.source}: {count} metric targets for {len(self.evaluation)} samples"
             )
 
 
@@ -115,8 +128,16 @@ def resolve_data(
             raise ValueError(f"built-in dataset {spec!r} needs: {'; '.join(missing)}")
         calib = opts.calib_samples or ds.default_calib
         evaluate = opts.eval_samples or ds.default_eval
-        cal, ev, labels, split = ds.load(calib, evaluate, opts.seed)
-        return QuantData(cal, ev, labels, spec, split)
+        loaded = ds.load(calib, evaluate, opts.seed)
+        return QuantData(
+            loaded.calibration,
+            loaded.evaluation,
+            loaded.labels,
+            spec,
+            loaded.split,
+            ds.metric,
+            loaded.targets,
+        )
     path = Path(spec)
     if path.is_dir():
         pre = _preprocess(zoo, opts)
@@ -203,7 +224,12 @@ def _preprocess(zoo: ZooEntry | None, opts: DataOptions) -> ImagePreprocess:
             "an image folder needs --image-size H,W (and usually --mean/--std) for a model that "
             "is not a zoo entry"
         )
-    base = zoo.preprocess if zoo is not None else ImagePreprocess(size=(1, 1))
+    if zoo is not None and zoo.preprocess is None and opts.image_size is None:
+        raise ValueError(
+            f"the zoo model {zoo.name!r} does not take images ({zoo.task}); give its inputs as "
+            "a .npy/.npz file, or --image-size for an image folder"
+        )
+    base = ImagePreprocess(size=(1, 1)) if zoo is None or zoo.preprocess is None else zoo.preprocess
     return ImagePreprocess(
         size=opts.image_size or base.size,
         channels=opts.channels or base.channels,

@@ -1,7 +1,10 @@
 """Model outputs in torch and ONNX Runtime, and the metrics ``qdq quantize`` reports.
 
-The metric is the model's first output tensor (in ``torch.utils._pytree`` order, which is also the
-exported ONNX's output order):
+Data from a built-in dataset with a task metric (:class:`qdq.zoo.registry.ZooMetric`: CREPE's pitch
+accuracy, MTCNN's face accuracy, the text detector's F1) is scored by that metric, from every output
+tensor of the model (in ``torch.utils._pytree`` order, which is also the exported ONNX's output
+order) and the dataset's ground truth; its named figures are kept under ``figures``. Otherwise the
+metric is computed on the model's first output tensor:
 
 * with labels: ``top1_accuracy`` (arg-max over dimension 1 equals the label);
 * without labels, outputs of shape ``(N, C, ...)`` with ``C >= 2``: ``top1_agreement`` with FP32
@@ -14,7 +17,7 @@ Every score also carries the agreement and the per-sample cosine (mean and minim
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from qdq._progress import progress
+from qdq.zoo.registry import ZooMetric
 
-__all__ = ["batches", "metric_name", "ort_outputs", "score", "torch_outputs"]
+__all__ = ["batches", "metric_name", "ort_outputs", "output_tensors", "score", "torch_outputs"]
 
 
 def batches(x: torch.Tensor, size: int, static: bool = False) -> Iterator[tuple[torch.Tensor, int]]:
@@ -39,13 +43,18 @@ def batches(x: torch.Tensor, size: int, static: bool = False) -> Iterator[tuple[
         yield chunk, real
 
 
+def output_tensors(output: Any, what: str) -> list[torch.Tensor]:
+    """The tensors of a model output (tensor, tuple, list or dict), in pytree order."""
+    leaves, _ = tree_flatten(output)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if not tensors:
+        raise ValueError(f"{what} returned no tensor (got {type(output).__name__})")
+    return tensors
+
+
 def first_tensor(output: Any, what: str) -> torch.Tensor:
     """The first tensor of a model output (tensor, tuple, list or dict)."""
-    leaves, _ = tree_flatten(output)
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    raise ValueError(f"{what} returned no tensor (got {type(output).__name__})")
+    return output_tensors(output, what)[0]
 
 
 @contextlib.contextmanager
@@ -59,34 +68,64 @@ def _eval_no_grad(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def _stack(parts: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return [torch.cat(outputs) for outputs in zip(*parts, strict=True)]
+
+
 def torch_outputs(
-    model: nn.Module, x: torch.Tensor, size: int, *, static: bool, desc: str, show: bool
-) -> torch.Tensor:
-    """The first output of ``model`` on every sample of ``x`` (eval mode, no grad)."""
-    outs = []
+    model: nn.Module,
+    x: torch.Tensor,
+    size: int,
+    *,
+    static: bool,
+    desc: str,
+    show: bool,
+    every: bool = False,
+) -> list[torch.Tensor]:
+    """The outputs of ``model`` on every sample of ``x`` (eval mode, no grad).
+
+    Only the first output tensor unless ``every`` (every output, all batch-major).
+    """
+    parts = []
     total = -(-len(x) // size)
     with _eval_no_grad(model):
         for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
-            outs.append(first_tensor(model(b), desc)[:real].float())
-    return torch.cat(outs)
+            tensors = output_tensors(model(b), desc)
+            parts.append([t[:real].float() for t in (tensors if every else tensors[:1])])
+    return _stack(parts)
 
 
 def ort_outputs(
-    path: str | Path, x: torch.Tensor, size: int, *, static: bool, desc: str, show: bool
-) -> torch.Tensor:
-    """The first output of the ONNX model in ONNX Runtime (CPU, ``ORT_ENABLE_BASIC``)."""
+    path: str | Path,
+    x: torch.Tensor,
+    size: int,
+    *,
+    static: bool,
+    desc: str,
+    show: bool,
+    every: bool = False,
+) -> list[torch.Tensor]:
+    """The outputs of the ONNX model in ONNX Runtime (CPU, ``ORT_ENABLE_BASIC``), as
+    :func:`torch_outputs` (the first only unless ``every``)."""
     from qdq.backends.onnxruntime import run, session
 
     sess = session(path)
-    outs = []
+    parts = []
     total = -(-len(x) // size)
     for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
-        outs.append(torch.from_numpy(run(sess, [b])[0][:real]).float())
-    return torch.cat(outs)
+        arrays = run(sess, [b])
+        parts.append(
+            [torch.from_numpy(a[:real]).float() for a in (arrays if every else arrays[:1])]
+        )
+    return _stack(parts)
 
 
-def metric_name(reference: torch.Tensor, labels: torch.Tensor | None) -> str:
-    """``top1_accuracy``, ``top1_agreement`` or ``cosine`` (see the module docstring)."""
+def metric_name(
+    reference: torch.Tensor, labels: torch.Tensor | None, metric: ZooMetric | None = None
+) -> str:
+    """The task metric's name, else ``top1_accuracy``, ``top1_agreement`` or ``cosine``."""
+    if metric is not None:
+        return metric.name
     if labels is not None:
         return "top1_accuracy"
     if reference.dim() >= 2 and reference.shape[1] >= 2:
@@ -109,9 +148,28 @@ def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> 
 
 
 def score(
+    outs: Sequence[torch.Tensor],
+    references: Sequence[torch.Tensor],
+    labels: torch.Tensor | None,
+    metric: ZooMetric | None = None,
+    targets: object = None,
+) -> dict[str, Any]:
+    """The metric of ``outs`` (INT8 or FP32) and its agreement and cosine with ``references``.
+
+    Agreement and cosine are those of the first outputs. With a task ``metric``, ``metric`` is
+    its figure and ``figures`` all of them (scored from every output and the ``targets``).
+    """
+    result = _generic(outs[0], references[0], labels)
+    if metric is not None:
+        figures = metric.score(outs, references, targets)
+        result["metric"] = float(figures[metric.name])
+        result["figures"] = {k: float(v) for k, v in figures.items()}
+    return result
+
+
+def _generic(
     out: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor | None
 ) -> dict[str, Any]:
-    """The metric of ``out`` (INT8 or FP32) and its agreement and cosine with ``reference``."""
     if out.shape != reference.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
     cos = F.cosine_similarity(out.flatten(1).double(), reference.flatten(1).double(), dim=1)

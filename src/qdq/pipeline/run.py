@@ -30,9 +30,9 @@ from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import (
     batches,
     check_labels,
-    first_tensor,
     metric_name,
     ort_outputs,
+    output_tensors,
     score,
     torch_outputs,
 )
@@ -178,9 +178,15 @@ def quantize(
             # one sample; a static-batch model gets one (padded) batch of its size
             example = next(batches(qdata.calibration, size, static))[0] if static else None
             example = qdata.calibration[:1] if example is None else example
-            sample_out = _check_sample(source, example, qdata)
+            sample_outs = _check_sample(source, example, qdata)
+            sample_out = sample_outs[0]
             if qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
+            if qdata.metric is not None:
+                try:
+                    qdata.metric.check(sample_outs)
+                except ValueError as err:
+                    raise ValueError(f"the model {source.spec} on {qdata.source}: {err}") from None
             st.detail = f"input {tuple(example.shape[1:])} → output {tuple(sample_out.shape[1:])}"
         with stages("capture_plan") as st:
             import qdq
@@ -250,6 +256,7 @@ def _export_and_measure(
     from qdq.lint import lint
 
     show, size = s.show_progress, s.batch_size
+    every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
             exported = qdq.export_onnx(
@@ -273,9 +280,10 @@ def _export_and_measure(
                 static=s.static,
                 desc="FP32 (torch)",
                 show=show,
+                every=every,
             )
-            fp32 = score(ref, ref, qdata.labels)
-            st.detail = f"{fp32['metric']:.4f} on {len(ref)} samples"
+            fp32 = score(ref, ref, qdata.labels, task, targets)
+            st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
         with stages("int8_eval") as st:
             ort = ort_outputs(
                 exported.path,
@@ -284,8 +292,9 @@ def _export_and_measure(
                 static=s.static,
                 desc="INT8 (ONNX Runtime)",
                 show=show,
+                every=every,
             )
-            int8 = score(ort, ref, qdata.labels)
+            int8 = score(ort, ref, qdata.labels, task, targets)
             fq = torch_outputs(
                 prepared,
                 qdata.evaluation,
@@ -293,8 +302,9 @@ def _export_and_measure(
                 static=s.static,
                 desc="INT8 (torch fake-quant)",
                 show=show,
+                every=every,
             )
-            int8_torch = score(fq, ref, qdata.labels)
+            int8_torch = score(fq, ref, qdata.labels, task, targets)
             int8_torch["vs_onnxruntime"] = score(fq, ort, None)
             st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
         with stages("layer_errors") as st:
@@ -313,7 +323,7 @@ def _export_and_measure(
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
         timings = stages.timings
         report = build_report(
-            metric=metric_name(ref, qdata.labels),
+            metric=metric_name(ref[0], qdata.labels, task),
             source=source,
             data=qdata,
             prepared=prepared,
@@ -368,7 +378,7 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
 
 
 def _compare_methods(
-    prepared: nn.Module, qdata: QuantData, ref: torch.Tensor, s: _Settings
+    prepared: nn.Module, qdata: QuantData, ref: list[torch.Tensor], s: _Settings
 ) -> dict[str, dict[str, Any]]:
     import qdq
     from qdq.config import CALIBRATION_METHODS
@@ -384,20 +394,21 @@ def _compare_methods(
                 static=s.static,
                 desc=f"INT8 {method} (torch)",
                 show=s.show_progress,
+                every=qdata.metric is not None,
             )
-            out[method] = score(fq, ref, qdata.labels)
+            out[method] = score(fq, ref, qdata.labels, qdata.metric, qdata.targets)
     finally:
         qdq.recompute_amax(prepared, s.calib, percentile=s.percentile)  # the exported amax again
     return out
 
 
-def _check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> torch.Tensor:
+def _check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> list[torch.Tensor]:
     """Run the float model on one sample; a failure names the data's and the model's shapes."""
     was_training = source.module.training
     try:
         source.module.eval()
         with torch.no_grad():
-            return first_tensor(source.module(x), f"the model {source.spec}")
+            return output_tensors(source.module(x), f"the model {source.spec}")
     except ValueError as err:
         if "returned no tensor" in str(err):
             raise
