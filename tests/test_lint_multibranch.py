@@ -69,10 +69,16 @@ def test_repvgg_train_form_block_lints(exporter: str, tmp_path: Path) -> None:
     assert "L00" not in report.rules(), report.format()
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"] == 6
     _assert_each_node_in_one_layer(report)
+    assert report.rules("WARN") == set(), report.format()
     adds = [ly for ly in report.layers if any("Add" in n for n in ly.nodes)]
-    # per block: the branch sum fuses into one conv, the identity sum is its own layer
-    assert [ly.kind for ly in adds] == ["weighted", "pointwise"] * 2, report.format(True)
+    # per block: the branch sum fuses into one conv; the identity BatchNorm reads the block input's
+    # INT8 version (P04) and runs with the identity sum and the ReLU as one INT8 PointWise
+    assert sorted(ly.kind for ly in adds) == ["pointwise", "pointwise", "weighted", "weighted"]
     assert all(sum("Add" in n for n in ly.nodes) == 1 for ly in adds)
+    for ly in adds:
+        assert ly.input_precision == ly.output_precision == "int8", report.format(True)
+        if ly.kind == "pointwise":
+            assert "BatchNormalization" in ly.nodes[0] and "Relu" in ly.nodes[-1], ly
 
 
 def _three_branch(quantize_identity: bool) -> onnx.ModelProto:
@@ -95,7 +101,9 @@ def test_three_branch_sum_fuses_one_add_per_conv(quantize_identity: bool) -> Non
     weighted = [ly for ly in report.layers if ly.kind == "weighted"]
     # the first sum fuses into the conv computed last; a second residual Add never joins it
     assert [sum(n.startswith("add") for n in ly.nodes) for ly in weighted] == [0, 1, 0]
-    second = next(ly for ly in report.layers if ly.kind == "pointwise")
+    second = next(
+        ly for ly in report.layers if ly.kind == "pointwise" and ly.nodes[0].startswith("add")
+    )
     assert [n.split("_")[0].rstrip("0123456789") for n in second.nodes] == ["add", "relu"]
 
 

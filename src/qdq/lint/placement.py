@@ -184,7 +184,11 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
     cur, seen = node.output[0], 0
     while cur and seen < 8:
         seen += 1
-        for q, consumer, _ in g.quantized_uses(cur):
+        uses = g.quantized_uses(cur)
+        fan_out = len(uses) + len(g.float_uses(cur)) > 1
+        for q, consumer, _ in uses:
+            if consumer.op_type == "BatchNormalization" and fan_out:
+                continue  # a BatchNorm beside other readers (RepVGG's identity, P04) is no epilogue
             # a residual Add may read one branch through Q/DQ (P03); that is wrong only when the
             # Add ends up unfusable (both inputs quantized, or only the conv branch)
             if consumer.op_type == "Sigmoid" and _silu_behind_one_q(g, consumer):
