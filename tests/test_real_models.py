@@ -137,8 +137,9 @@ CONTROL_FLOW: dict[str, tuple[str, ...]] = {"keypointrcnn_resnet50_fpn": ("roi_h
 PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "yolov8n": (6, 7, 11, 8),
     "yolov8n_deploy": (6, 7, 11, 8),
-    "yolo11n": (14, 15, 15, 9),
-    "yolo11n_deploy": (14, 15, 15, 9),
+    # C2PSA's attention: its k and v, slices of one qkv, share a scale (S03)
+    "yolo11n": (14, 15, 15, 10),
+    "yolo11n_deploy": (14, 15, 15, 10),
     "yolov8n_seg": (6, 7, 11, 8),
     "yolov8n_seg_deploy": (6, 7, 11, 8),
     "yolov8n_pose": (6, 7, 11, 8),
@@ -162,7 +163,11 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
 
 
 # Attention MatMuls (Q·Kᵀ and softmax·V) whose two operands are INT8 by rule P16.
-ATTENTION_MATMULS: dict[str, int] = {"vit_tiny_patch16_224": 24}
+ATTENTION_MATMULS: dict[str, int] = {
+    "vit_tiny_patch16_224": 24,
+    "yolo11n": 2,  # C2PSA: (q.T @ k) * scale -> softmax -> v @ attn.T
+    "yolo11n_deploy": 2,
+}
 
 
 # ---------------------------------------------------------------------------------------- tests
