@@ -15,8 +15,9 @@ data, preprocessing and metric (``qdq.pipeline.data.resolve_data`` and ``evaluat
 2. **qdq**: ``qdq.prepare`` + ``qdq.calibrate`` with every calibration method (``--methods``), at
    the default placement (``QuantConfig.tensorrt()``) and at full INT8 coverage
    (``QuantConfig.tensorrt(disable=("performance",))``: H02/P14 off, every weighted layer INT8),
-   then ``qdq.export_onnx`` (``--exporter``, default TorchScript; both exporters give the same
-   Q/DQ numerics, TorchScript is several times faster here);
+   then ``qdq.export_onnx`` (``--exporter``, default ``auto`` = qdq's default, dynamo; TorchScript
+   gives the same Q/DQ numerics several times faster, but writes EfficientNet's SAME padding as a
+   computed Pad, which the linter rightly predicts as float islands and unfused Q/DQ);
 3. **ORT** ``quantize_static`` with TensorRT-style options (``benchmarks/accuracy_ort.py``:
    QDQ, symmetric S8S8, per-channel weights; MinMax, Percentile 99.99, Entropy with 2048 bins
    really applied), in this environment (onnxruntime is a qdq dependency);
@@ -153,18 +154,40 @@ def _quiet(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+def _placement_key(prepared: nn.Module) -> tuple[tuple[str, str], ...]:
+    """What a plan quantizes: (point, decision) pairs, in plan order."""
+    return tuple((p.name, p.decision) for p in qdq.plan_of(prepared).points)
+
+
 def qdq_rows(
     model: nn.Module, batches: list[torch.Tensor], work: Path, s: Settings, fp32_s: float
 ) -> list[Row]:
-    """qdq at both placements with every method: prepare + calibrate (timed), export."""
+    """qdq at both placements with every method: prepare + calibrate (timed), export.
+
+    When full coverage plans exactly what the default plans (no layer kept float by H02/P14),
+    the full rows point at the default rows' ONNX instead of being made again.
+    """
     example = batches[0][:1]
-    warm = _quiet(lambda: qdq.prepare(model, (example,)))  # untimed warm-up
+    keys = {  # also the untimed warm-up
+        name: _placement_key(_quiet(lambda c=cfg: qdq.prepare(model, (example,), c)))
+        for name, cfg in PLACEMENTS.items()
+    }
+    warm = _quiet(lambda: qdq.prepare(model, (example,)))
     _quiet(lambda: qdq.calibrate(warm, batches[:1], method="max", show_progress=False))
-    rows = []
+    rows: list[Row] = []
     for placement, cfg in PLACEMENTS.items():
         for method in s.methods:
             row = Row("qdq", method, placement, onnx=str(work / f"qdq-{placement}-{method}.onnx"))
+            same = next(
+                (r for r in rows if r.method == method and keys[r.placement] == keys[placement]),
+                None,
+            )
             rows.append(row)
+            if same is not None:
+                row.onnx, row.calib_s, row.calib_x = same.onnx, same.calib_s, same.calib_x
+                row.export_s = same.export_s
+                row.note = f"the plan of [{same.placement}] (no layer is kept float by H02/P14)"
+                continue
             try:
                 start = time.perf_counter()
                 prepared = _quiet(lambda c=cfg: qdq.prepare(model, (example,), c))
@@ -176,12 +199,14 @@ def qdq_rows(
                 row.calib_s = time.perf_counter() - start
                 row.calib_x = row.calib_s / fp32_s
                 start = time.perf_counter()
-                _quiet(
+                exported = _quiet(
                     lambda p=prepared, o=row.onnx: qdq.export_onnx(
                         p, (example,), o, exporter=s.exporter, overwrite=True
                     )
                 )
                 row.export_s = time.perf_counter() - start
+                if s.exporter == "auto" and exported.exporter != "dynamo":
+                    row.note = f"exported by {exported.exporter} (the dynamo export failed)"
             except Exception as err:  # one failing row never stops the table
                 row.note, row.onnx = f"not run: {short(err)}", None
             log(f"  {row.label}: {row.note or f'calibrated in {row.calib_s:.2f} s'}")
@@ -206,6 +231,8 @@ def ort_rows(fp32: Path, calib: np.ndarray, work: Path, s: Settings, fp32_s: flo
             row.note, row.onnx = f"not run: quant_pre_process failed: {short(err)}", None
         return rows
     for row in rows:
+        if row.method == "Entropy":
+            log(f"  {row.label}: a pure-Python KL search per tensor, minutes ...")
         try:
             row.calib_s = _quiet(
                 lambda r=row: accuracy_ort.quantize(
@@ -298,6 +325,7 @@ def evaluate(rows: list[Row], data: QuantData, s: Settings) -> str:
             row.weighted_layers = report.summary["weighted_layers"]
             row.lint = report.verdict
             row.lint_rules = sorted(report.rules("WARN") | report.rules("ERROR"))
+            row.lint_summary = dict(report.summary)
         except Exception as err:
             row.note = f"not evaluated: {short(err)}"
             row.metric = None
@@ -423,8 +451,8 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument(
         "--exporter",
         choices=["torchscript", "dynamo", "auto"],
-        default="torchscript",
-        help="qdq's exporter (default torchscript)",
+        default="auto",
+        help="qdq's exporter (default auto: qdq's default, dynamo with a TorchScript fallback)",
     )
     p.add_argument(
         "--out",

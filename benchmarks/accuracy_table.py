@@ -62,7 +62,8 @@ class Row:
         metric / fp32_metric: the zoo metric of this ONNX and of the FP32 ONNX (fractions).
         cosine / cosine_min: mean and minimum per-sample output cosine with FP32.
         int8_layers / weighted_layers: the linter's predicted INT8 weighted layers, of all.
-        lint: the linter's verdict; ``lint_rules`` the rule ids of its warnings and errors.
+        lint: the linter's verdict; ``lint_rules`` the rule ids of its warnings and errors;
+            ``lint_summary`` its summary (coverage, INT8 FLOPs, unfused Q/DQ, float islands ...).
     """
 
     tool: str
@@ -81,6 +82,7 @@ class Row:
     weighted_layers: int | None = None
     lint: str | None = None
     lint_rules: list[str] = field(default_factory=list)
+    lint_summary: dict[str, int] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
