@@ -210,9 +210,9 @@ def format_table(title: str, metric_name: str, rows: list[Row]) -> str:
 def compare(rows: list[Row], default_method: str = "mse") -> list[str]:
     """For every peer row, qdq's drop at the same INT8 coverage (its default method, its best).
 
-    A line ends ``ok`` when qdq's default method drops no more than the peer (a 0.005 pt
-    tolerance for rounding), ``LOSES`` otherwise; ``no qdq row at this coverage`` when no qdq
-    row has the peer's coverage.
+    The verdict is ``ok`` when qdq's default method drops no more than the peer (a 0.005 pt
+    tolerance for rounding), ``LOSES`` otherwise, followed by both mean output cosines; ``no qdq
+    row at this coverage`` when no qdq row has the peer's coverage.
     """
     qdq = [r for r in rows if r.tool == "qdq" and r.ran and r.drop_pt is not None]
     out = []
@@ -228,9 +228,12 @@ def compare(rows: list[Row], default_method: str = "mse") -> list[str]:
         default = next((r for r in same if r.method == default_method), best)
         assert default.drop_pt is not None and best.drop_pt is not None
         verdict = "ok" if default.drop_pt <= peer.drop_pt + 0.005 else "LOSES"
+        cosines = ""
+        if peer.cosine is not None and default.cosine is not None:
+            cosines = f" (cos mean {default.cosine:.5f} vs {peer.cosine:.5f})"
         out.append(
             f"{head}; qdq {default.method} [{default.placement}] {default.drop_pt:+.2f} pt, "
-            f"best qdq {best.method} [{best.placement}] {best.drop_pt:+.2f} pt: {verdict}"
+            f"best qdq {best.method} [{best.placement}] {best.drop_pt:+.2f} pt: {verdict}{cosines}"
         )
     return out
 

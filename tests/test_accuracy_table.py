@@ -91,6 +91,6 @@ def test_compare_at_equal_coverage() -> None:
     lines = compare(rows)
     assert len(lines) == 3
     assert lines[0].startswith("ORT quantize_static MinMax [TensorRT-style] (10/10)")
-    assert lines[0].endswith("LOSES")  # qdq mse full drops 0.40 pt, ORT 0.30 pt
-    assert "best qdq max [default] +0.00 pt" in lines[1] and lines[1].endswith("LOSES")
+    assert "LOSES (cos mean" in lines[0]  # qdq mse full drops 0.40 pt, ORT 0.30 pt
+    assert "best qdq max [default] +0.00 pt: LOSES" in lines[1]
     assert lines[2].endswith("no qdq row at this coverage")
