@@ -15,7 +15,8 @@ data, preprocessing and metric (``qdq.pipeline.data.resolve_data`` and ``evaluat
 2. **qdq**: ``qdq.prepare`` + ``qdq.calibrate`` with every calibration method (``--methods``), at
    the default placement (``QuantConfig.tensorrt()``) and at full INT8 coverage
    (``QuantConfig.tensorrt(disable=("performance",))``: H02/P14 off, every weighted layer INT8),
-   then ``qdq.export_onnx`` (``--exporter``, default ``auto`` = qdq's default, dynamo; TorchScript
+   then ``qdq.export_onnx`` (``benchmarks/accuracy_qdq.py``; ``--exporter``, default ``auto`` =
+   qdq's default, dynamo; TorchScript
    gives the same Q/DQ numerics several times faster, but writes EfficientNet's SAME padding as a
    computed Pad, which the linter rightly predicts as float islands and unfused Q/DQ);
 3. **ORT** ``quantize_static`` with TensorRT-style options (``benchmarks/accuracy_ort.py``:
@@ -29,7 +30,9 @@ data, preprocessing and metric (``qdq.pipeline.data.resolve_data`` and ``evaluat
    one session at a time, on the evaluation samples; the metric, its drop vs the FP32 ONNX
    (percentage points), the mean/min output cosine with FP32; ``qdq.lint.lint`` of every ONNX gives
    the INT8 coverage (predicted INT8 weighted layers / weighted layers, the same count for every
-   row) and the verdict.
+   row) and the verdict;
+6. for a peer row whose coverage no qdq row has (a peer keeping a few layers float), qdq rows with
+   exactly those layers excluded, so every peer is compared at its own coverage.
 
 Calibration time: the wall time of each tool's calibration step — qdq ``prepare`` + ``calibrate``;
 ORT ``quantize_static`` (which also writes the ONNX; for Entropy the ``create_calibrator`` pass
@@ -52,7 +55,6 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import accuracy_ort
 import qdq
+from accuracy_qdq import float_weighted, matched_rows, qdq_rows
+from accuracy_qdq import quiet as _quiet
 from accuracy_table import Row, compare, format_table, row_from_dict, write_calib, write_json
-from qdq.config import CALIBRATION_METHODS, QuantConfig
+from qdq.config import CALIBRATION_METHODS
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import metric_name, ort_outputs, score
 from qdq.zoo.registry import MODELS, ZooEntry, get_model
@@ -80,10 +84,6 @@ PEER_ROWS = {
         "modelopt-onnx-max",
         "modelopt-onnx-entropy",
     )
-}
-PLACEMENTS: dict[str, QuantConfig] = {
-    "default": QuantConfig.tensorrt(),
-    "full": QuantConfig.tensorrt(disable=("performance",)),
 }
 INPUT_NAME = "input"
 
@@ -146,71 +146,6 @@ def export_fp32(model: nn.Module, example: torch.Tensor, path: Path) -> None:
             output_names=names,
             dynamic_axes={k: {0: "batch"} for k in (INPUT_NAME, *names)},
         )
-
-
-def _quiet(fn: Callable[[], Any]) -> Any:
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        return fn()
-
-
-def _placement_key(prepared: nn.Module) -> tuple[tuple[str, str], ...]:
-    """What a plan quantizes: (point, decision) pairs, in plan order."""
-    return tuple((p.name, p.decision) for p in qdq.plan_of(prepared).points)
-
-
-def qdq_rows(
-    model: nn.Module, batches: list[torch.Tensor], work: Path, s: Settings, fp32_s: float
-) -> list[Row]:
-    """qdq at both placements with every method: prepare + calibrate (timed), export.
-
-    When full coverage plans exactly what the default plans (no layer kept float by H02/P14),
-    the full rows point at the default rows' ONNX instead of being made again.
-    """
-    example = batches[0][:1]
-    keys = {  # also the untimed warm-up
-        name: _placement_key(_quiet(lambda c=cfg: qdq.prepare(model, (example,), c)))
-        for name, cfg in PLACEMENTS.items()
-    }
-    warm = _quiet(lambda: qdq.prepare(model, (example,)))
-    _quiet(lambda: qdq.calibrate(warm, batches[:1], method="max", show_progress=False))
-    rows: list[Row] = []
-    for placement, cfg in PLACEMENTS.items():
-        for method in s.methods:
-            row = Row("qdq", method, placement, onnx=str(work / f"qdq-{placement}-{method}.onnx"))
-            same = next(
-                (r for r in rows if r.method == method and keys[r.placement] == keys[placement]),
-                None,
-            )
-            rows.append(row)
-            if same is not None:
-                row.onnx, row.calib_s, row.calib_x = same.onnx, same.calib_s, same.calib_x
-                row.export_s = same.export_s
-                row.note = f"the plan of [{same.placement}] (no layer is kept float by H02/P14)"
-                continue
-            try:
-                start = time.perf_counter()
-                prepared = _quiet(lambda c=cfg: qdq.prepare(model, (example,), c))
-                _quiet(
-                    lambda p=prepared, m=method: qdq.calibrate(
-                        p, batches, method=m, show_progress=False
-                    )
-                )
-                row.calib_s = time.perf_counter() - start
-                row.calib_x = row.calib_s / fp32_s
-                start = time.perf_counter()
-                exported = _quiet(
-                    lambda p=prepared, o=row.onnx: qdq.export_onnx(
-                        p, (example,), o, exporter=s.exporter, overwrite=True
-                    )
-                )
-                row.export_s = time.perf_counter() - start
-                if s.exporter == "auto" and exported.exporter != "dynamo":
-                    row.note = f"exported by {exported.exporter} (the dynamo export failed)"
-            except Exception as err:  # one failing row never stops the table
-                row.note, row.onnx = f"not run: {short(err)}", None
-            log(f"  {row.label}: {row.note or f'calibrated in {row.calib_s:.2f} s'}")
-    return rows
 
 
 def ort_rows(fp32: Path, calib: np.ndarray, work: Path, s: Settings, fp32_s: float) -> list[Row]:
@@ -326,6 +261,7 @@ def evaluate(rows: list[Row], data: QuantData, s: Settings) -> str:
             row.lint = report.verdict
             row.lint_rules = sorted(report.rules("WARN") | report.rules("ERROR"))
             row.lint_summary = dict(report.summary)
+            row.float_layers = float_weighted(row.onnx, report.float_layers)
         except Exception as err:
             row.note = f"not evaluated: {short(err)}"
             row.metric = None
@@ -364,7 +300,7 @@ def run_model(name: str, s: Settings) -> dict[str, Any]:
     fp32_s = fp32_pass(model, batches)
     log(f"  one FP32 forward over {len(data.calibration)} calibration samples: {fp32_s:.3f} s")
     rows = [Row("fp32", "-", "-", onnx=str(fp32))]
-    rows += qdq_rows(model, batches, work, s, fp32_s)
+    rows += qdq_rows(model, batches, work, s.methods, s.exporter, fp32_s, log)
     if "ort" in s.peers:
         rows += ort_rows(fp32, data.calibration.numpy(), work, s, fp32_s)
     peer_info: dict[str, Any] = {}
@@ -374,6 +310,12 @@ def run_model(name: str, s: Settings) -> dict[str, Any]:
         rows += peer_rows
     log("  evaluating in ONNX Runtime (ORT_ENABLE_BASIC) and linting ...")
     metric = evaluate(rows, data, s)
+    extra = matched_rows(rows, model, batches, work, s.methods, s.exporter, fp32_s, log)
+    if extra:
+        log("  evaluating the qdq rows matched to a peer's coverage ...")
+        evaluate([rows[0], *extra], data, s)  # the FP32 row again: the reference outputs
+        last_qdq = max(i for i, r in enumerate(rows) if r.tool == "qdq")
+        rows[last_qdq + 1 : last_qdq + 1] = extra
     title = (
         f"== {name}: {entry.metric}\n   {data.split}\n   metric: {metric} (%), drop = FP32 - INT8 "
         f"in points; INT8 = predicted TensorRT INT8 weighted layers (qdq lint); x FP32 = "

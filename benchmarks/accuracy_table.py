@@ -63,7 +63,8 @@ class Row:
         cosine / cosine_min: mean and minimum per-sample output cosine with FP32.
         int8_layers / weighted_layers: the linter's predicted INT8 weighted layers, of all.
         lint: the linter's verdict; ``lint_rules`` the rule ids of its warnings and errors;
-            ``lint_summary`` its summary (coverage, INT8 FLOPs, unfused Q/DQ, float islands ...).
+            ``lint_summary`` its summary (coverage, INT8 FLOPs, unfused Q/DQ, float islands ...);
+            ``float_layers`` the weighted ONNX nodes it predicts to run float.
     """
 
     tool: str
@@ -83,6 +84,7 @@ class Row:
     lint: str | None = None
     lint_rules: list[str] = field(default_factory=list)
     lint_summary: dict[str, int] = field(default_factory=dict)
+    float_layers: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -222,7 +224,11 @@ def compare(rows: list[Row], default_method: str = "mse") -> list[str]:
         same = [r for r in qdq if r.int8_layers == peer.int8_layers]
         head = f"{peer.label} ({peer.coverage}): drop {peer.drop_pt:+.2f} pt"
         if not same:
-            out.append(f"{head}; no qdq row at this coverage")
+            why = ""
+            int8, weighted = peer.int8_layers, peer.weighted_layers
+            if int8 is not None and weighted is not None and 2 * int8 < weighted:
+                why = " (the peer leaves most weighted layers float: not matched)"
+            out.append(f"{head}; no qdq row at this coverage{why}")
             continue
         best = min(same, key=lambda r: r.drop_pt if r.drop_pt is not None else float("inf"))
         default = next((r for r in same if r.method == default_method), best)

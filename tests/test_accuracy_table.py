@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+from accuracy_qdq import module_of
 from accuracy_table import (
     Row,
     compare,
@@ -94,3 +95,11 @@ def test_compare_at_equal_coverage() -> None:
     assert "LOSES (cos mean" in lines[0]  # qdq mse full drops 0.40 pt, ORT 0.30 pt
     assert "best qdq max [default] +0.00 pt: LOSES" in lines[1]
     assert lines[2].endswith("no qdq row at this coverage")
+
+
+def test_module_of_torchscript_node_names() -> None:
+    modules = {"_fc", "_blocks.0._depthwise_conv", "layer1"}
+    assert module_of("/_fc/Gemm", modules) == "_fc"
+    assert module_of("/_blocks.0/_depthwise_conv/Conv", modules) == "_blocks.0._depthwise_conv"
+    assert module_of("/layer1/conv9/Conv", modules) is None  # no such module
+    assert module_of("Conv_12", modules) is None  # a name without scopes
