@@ -56,6 +56,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +171,14 @@ def ort_rows(fp32: Path, calib: np.ndarray, work: Path, s: Settings, fp32_s: flo
             log(f"  {row.label}: a pure-Python KL search per tensor, minutes ...")
         try:
             row.calib_s = _quiet(
-                lambda r=row: accuracy_ort.quantize(
-                    pre, Path(str(r.onnx)), INPUT_NAME, calib, r.method, s.batch
+                partial(
+                    accuracy_ort.quantize,
+                    pre,
+                    Path(str(row.onnx)),
+                    INPUT_NAME,
+                    calib,
+                    row.method,
+                    s.batch,
                 )
             )
             row.calib_x = row.calib_s / fp32_s
@@ -255,7 +262,7 @@ def evaluate(rows: list[Row], data: QuantData, s: Settings) -> str:
             row.metric = result["metric"]
             row.fp32_metric = result["metric"] if fp32.metric is None else fp32.metric
             row.cosine, row.cosine_min = result["cosine_mean"], result["cosine_min"]
-            report = _quiet(lambda r=row: lint(r.onnx, target="trt10"))
+            report = _quiet(partial(lint, row.onnx, target="trt10"))
             row.int8_layers = report.summary["int8_weighted_layers"]
             row.weighted_layers = report.summary["weighted_layers"]
             row.lint = report.verdict

@@ -20,8 +20,9 @@ import io
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -36,10 +37,11 @@ PLACEMENTS: dict[str, QuantConfig] = {
     "default": QuantConfig.tensorrt(),
     "full": QuantConfig.tensorrt(disable=("performance",)),
 }
+T = TypeVar("T")
 _WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def quiet(fn: Callable[[], Any]) -> Any:
+def quiet(fn: Callable[[], T]) -> T:
     """``fn()`` with warnings and stdout swallowed."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -60,7 +62,7 @@ def _make(
     fp32_s: float,
 ) -> None:
     """prepare + calibrate (timed as calibration), export (timed); failures become the note."""
-    example = batches[0][:1]
+    example, path = batches[0][:1], str(row.onnx)
     try:
         start = time.perf_counter()
         prepared = quiet(lambda: qdq.prepare(model, (example,), cfg))
@@ -69,9 +71,7 @@ def _make(
         row.calib_x = row.calib_s / fp32_s
         start = time.perf_counter()
         exported = quiet(
-            lambda: qdq.export_onnx(
-                prepared, (example,), row.onnx, exporter=exporter, overwrite=True
-            )
+            lambda: qdq.export_onnx(prepared, (example,), path, exporter=exporter, overwrite=True)
         )
         row.export_s = time.perf_counter() - start
         if exporter == "auto" and exported.exporter != "dynamo":
@@ -93,7 +93,7 @@ def qdq_rows(
     """Every method at the default placement and at full coverage."""
     example = batches[0][:1]
     keys = {  # also the untimed warm-up of prepare
-        name: _placement_key(quiet(lambda c=cfg: qdq.prepare(model, (example,), c)))
+        name: _placement_key(quiet(partial(qdq.prepare, model, (example,), cfg)))
         for name, cfg in PLACEMENTS.items()
     }
     warm = quiet(lambda: qdq.prepare(model, (example,)))  # and of calibrate

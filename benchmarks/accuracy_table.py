@@ -137,7 +137,8 @@ def row_from_dict(data: dict[str, Any]) -> Row:
 
 def write_calib(path: Path, name: str, array: np.ndarray) -> None:
     """Save the calibration array under the ONNX input ``name`` (float32, C order)."""
-    np.savez(path, **{name: np.ascontiguousarray(array, dtype=np.float32)})
+    arrays = {name: np.ascontiguousarray(array, dtype=np.float32)}
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stubs type the keywords
 
 
 def read_calib(path: Path) -> tuple[str, np.ndarray]:
@@ -171,7 +172,7 @@ def format_table(title: str, metric_name: str, rows: list[Row]) -> str:
         "x FP32",
         "export s",
     )
-    body = []
+    body: list[tuple[str, ...]] = []
     for r in rows:
         if not r.ran:
             body.append((r.label, r.note or "not run"))

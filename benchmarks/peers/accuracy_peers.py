@@ -47,8 +47,9 @@ import time
 import traceback
 import types
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -58,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from accuracy_table import Row, read_calib
 
+T = TypeVar("T")
 ROWS = ("modelopt-torch", "modelopt-torch-registered", "modelopt-onnx-max", "modelopt-onnx-entropy")
 _WEIGHTED = (
     nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
@@ -219,7 +221,7 @@ def modelopt_onnx(fp32: Path, calib: np.ndarray, input_name: str, out: Path, met
         return time.perf_counter() - start
 
 
-def attempt(row: Row, fn: Callable[[], Any]) -> Any:
+def attempt(row: Row, fn: Callable[[], T]) -> T | None:
     """Run ``fn``; a failure becomes the row's ``not run`` note (the traceback goes to stderr)."""
     try:
         return fn()
@@ -271,15 +273,23 @@ def main(argv: list[str] | None = None) -> int:
                 log("  no Conv/Linear subclass to register: row skipped")
                 continue
             out = attempt(
-                row, lambda r=register, o=row.onnx: modelopt_torch(model, batches, Path(o), input_name, r)
-            )  # fmt: skip
+                row,
+                partial(modelopt_torch, model, batches, Path(str(row.onnx)), input_name, register),
+            )
             if out is not None:
                 row.calib_s, row.export_s, row.note = out
         else:
             row.calib_s = attempt(
-                row, lambda m=row.method, o=row.onnx: modelopt_onnx(
-                    Path(job["fp32_onnx"]), calib, input_name, Path(o), m)
-            )  # fmt: skip
+                row,
+                partial(
+                    modelopt_onnx,
+                    Path(job["fp32_onnx"]),
+                    calib,
+                    input_name,
+                    Path(str(row.onnx)),
+                    row.method,
+                ),
+            )
         if row.calib_s is not None and fp32_s:
             row.calib_x = row.calib_s / fp32_s
         log(f"  {row.note or 'done'} ({row.calib_s or 0:.2f} s)")
