@@ -38,8 +38,10 @@ Calibration time: the wall time of each tool's calibration step — qdq ``prepar
 ORT ``quantize_static`` (which also writes the ONNX; for Entropy the ``create_calibrator`` pass
 too); ModelOpt ``mtq.quantize``; ModelOpt ONNX ``quantize`` (which also writes the ONNX) — divided
 by one FP32 torch forward over the same calibration batches in the same process (minimum of 3
-after a warm-up). Every tool gets one untimed warm-up call on the first batch. Export seconds (qdq,
-ModelOpt torch) are listed separately. Timings on a shared 2-core machine vary by 10-25 %.
+after a warm-up pass). A step under 30 s runs twice and the faster run counts. Every tool gets
+one untimed warm-up call on the first batch. Export seconds (qdq, ModelOpt torch) are listed
+separately. On a shared 2-core machine single timings varied up to 5x between runs; the ratios are
+indications, not measurements to compare closely.
 """
 
 from __future__ import annotations
@@ -117,10 +119,11 @@ class Settings:
 
 
 def fp32_pass(model: nn.Module, batches: list[torch.Tensor]) -> float:
-    """Seconds of one FP32 forward over ``batches`` (minimum of 3, after a warm-up)."""
+    """Seconds of one FP32 forward over ``batches`` (minimum of 3, after a warm-up pass)."""
     times = []
     with torch.no_grad():
-        model(batches[0])
+        for b in batches:
+            model(b)
         for _ in range(3):
             start = time.perf_counter()
             for b in batches:
