@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
 from qdq.calib.batches import expected_inputs, run_batch
@@ -290,7 +291,7 @@ def layer_errors(
     )
     expected = expected_inputs(prepared)
     seen = 0
-    with taps, _eval_no_grad(prepared):
+    with taps, eval_no_grad(prepared):
         for batch in progress(data, total=num_batches, desc="layer errors", enabled=show_progress):
             taps.phase = "fp32"
             with quantizer_mode(prepared, QuantMode.BYPASS):
@@ -547,14 +548,3 @@ def _int8_modes(quantizers: dict[str, Quantizer]) -> Iterator[None]:
     finally:
         for path, q in quantizers.items():
             q.mode = saved[path]
-
-
-@contextlib.contextmanager
-def _eval_no_grad(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)

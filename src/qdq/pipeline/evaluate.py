@@ -16,7 +16,6 @@ Every score also carries the agreement and the per-sample cosine (mean and minim
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.zoo.registry import ZooMetric
 
@@ -57,17 +57,6 @@ def first_tensor(output: Any, what: str) -> torch.Tensor:
     return output_tensors(output, what)[0]
 
 
-@contextlib.contextmanager
-def _eval_no_grad(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def _stack(parts: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     return [torch.cat(outputs) for outputs in zip(*parts, strict=True)]
 
@@ -88,7 +77,7 @@ def torch_outputs(
     """
     parts = []
     total = -(-len(x) // size)
-    with _eval_no_grad(model):
+    with eval_no_grad(model):
         for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
             tensors = output_tensors(model(b), desc)
             parts.append([t[:real].float() for t in (tensors if every else tensors[:1])])
