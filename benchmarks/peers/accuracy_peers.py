@@ -40,13 +40,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.util
 import io
 import json
 import sys
 import time
 import traceback
-import types
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -80,18 +78,9 @@ def short(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _stub_audio_packages() -> None:
-    """torchcrepe imports torchaudio/librosa/resampy only for its audio-file helpers; stub the
-    missing ones so the network code imports in the peer environment."""
-    for name in ("torchaudio", "librosa", "resampy"):
-        if importlib.util.find_spec(name) is None and name not in sys.modules:
-            sys.modules[name] = types.ModuleType(name)
-
-
 def build_model(src: str, name: str) -> nn.Module:
     """The zoo model ``name`` built by qdq's registry at ``src``, in eval mode."""
     sys.path.insert(0, src)
-    _stub_audio_packages()
     from qdq.zoo.registry import get_model
 
     with contextlib.redirect_stdout(io.StringIO()):
