@@ -250,19 +250,26 @@ def evaluate(rows: list[Row], data: QuantData, s: Settings) -> str:
     from qdq.lint import lint
 
     fp32 = rows[0]
-    ref = None
+    ref: list[torch.Tensor] | None = None
     name = "metric"
     for row in rows:
         if row.onnx is None:
             continue
         try:
             out = ort_outputs(
-                row.onnx, data.evaluation, s.batch, static=False, desc=row.label, show=False
+                row.onnx,
+                data.evaluation,
+                s.batch,
+                static=False,
+                desc=row.label,
+                show=False,
+                every=data.metric is not None,  # a task metric reads every output
             )
             if ref is None:
-                ref, name = out, metric_name(out, data.labels)
-            result = score(out, ref, data.labels)
+                ref, name = out, metric_name(out[0], data.labels, data.metric)
+            result = score(out, ref, data.labels, data.metric, data.targets)
             row.metric = result["metric"]
+            row.figures = dict(result.get("figures", {}))
             row.fp32_metric = result["metric"] if fp32.metric is None else fp32.metric
             row.cosine, row.cosine_min = result["cosine_mean"], result["cosine_min"]
             report = _quiet(partial(lint, row.onnx, target="trt10"))

@@ -7,8 +7,7 @@ coverage, and at the coverage of a peer that keeps some weighted layers float.
 * ``float as <peer>``: full coverage with exactly the layers a peer's ONNX leaves float excluded
   (``QuantConfig.exclude(name=...)``), so that peer is compared at its own INT8 coverage. The layer
   names come from the peer's ONNX node names (``/block.0/conv/Conv`` → ``block.0.conv``, the
-  TorchScript exporter's scopes); a peer that leaves more than half of the weighted layers float is
-  not matched (that is a peer failing to quantize the model, not a placement choice).
+  TorchScript exporter's scopes).
 
 Time: ``prepare`` + ``calibrate`` (one histogram pass, then the method; run twice when under
 30 s, the faster run counts), then ``export_onnx``.
@@ -172,8 +171,6 @@ def matched_rows(
         if peer.tool in ("fp32", "qdq") or not peer.ran or peer.int8_layers in have:
             continue
         if not peer.float_layers or peer.weighted_layers is None:
-            continue
-        if 2 * len(peer.float_layers) > peer.weighted_layers:
             continue
         names = [module_of(n, modules) for n in peer.float_layers]
         if any(n is None for n in names):

@@ -74,6 +74,7 @@ class Row:
         lint: the linter's verdict; ``lint_rules`` the rule ids of its warnings and errors;
             ``lint_summary`` its summary (coverage, INT8 FLOPs, unfused Q/DQ, float islands ...);
             ``float_layers`` the weighted ONNX nodes it predicts to run float.
+        figures: every figure of a task metric (e.g. RPA at 10 and 25 cents), when it has one.
     """
 
     tool: str
@@ -94,6 +95,7 @@ class Row:
     lint_rules: list[str] = field(default_factory=list)
     lint_summary: dict[str, int] = field(default_factory=dict)
     float_layers: list[str] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -225,6 +227,12 @@ def format_table(title: str, metric_name: str, rows: list[Row]) -> str:
             lines.append("  ".join(cells))
         else:
             lines.append(f"{b[0].ljust(widths[0])}  {b[1]}")
+    with_figures = [r for r in rows if r.ran and r.figures]
+    if with_figures:
+        lines.append("task metric figures:")
+        for r in with_figures:
+            figures = ", ".join(f"{k} {v:.4g}" for k, v in r.figures.items())
+            lines.append(f"  {r.label.ljust(widths[0])}  {figures}")
     notes = [f"  {r.label}: {r.note}" for r in rows if r.ran and r.note]
     if notes:
         lines.append("notes:")
@@ -247,11 +255,7 @@ def compare(rows: list[Row], default_method: str = "mse") -> list[str]:
         same = [r for r in qdq if r.int8_layers == peer.int8_layers]
         head = f"{peer.label} ({peer.coverage}): drop {peer.drop_pt:+.2f} pt"
         if not same:
-            why = ""
-            int8, weighted = peer.int8_layers, peer.weighted_layers
-            if int8 is not None and weighted is not None and 2 * int8 < weighted:
-                why = " (the peer leaves most weighted layers float: not matched)"
-            out.append(f"{head}; no qdq row at this coverage{why}")
+            out.append(f"{head}; no qdq row at this coverage")
             continue
         best = min(same, key=lambda r: r.drop_pt if r.drop_pt is not None else float("inf"))
         default = next((r for r in same if r.method == default_method), best)

