@@ -1,7 +1,8 @@
 """Real-model benchmark (issue 10): capture, placement, export, ORT parity and lint per architecture.
 
 Run: ``YOLO_OFFLINE=1 .venv/bin/python benchmarks/real_models.py [--only NAME ...] [--json PATH]``;
-``--merge A.json B.json`` prints one table from the JSON of earlier (grouped) runs. With more than one
+``--merge A.json B.json`` prints one table from the JSON of earlier (grouped) runs (a model in a later
+file replaces its row in an earlier one). With more than one
 model, each runs in a child process (a crash is one row). Prints tables, asserts nothing. The
 architectures are ``tests/models/real.py`` (random weights, batch 1, small inputs).
 
@@ -342,8 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.merge:
-        rows = [r for p in args.merge for r in json.loads(p.read_text())]
-        print(render(rows))
+        latest: dict[str, dict[str, Any]] = {}  # a model re-run in a later file replaces its row
+        for path in args.merge:
+            for row in json.loads(path.read_text()):
+                latest[row["name"]] = row
+        print(render(list(latest.values())))
+        if args.json:
+            args.json.write_text(json.dumps(list(latest.values()), indent=1, default=str))
         return 0
     unknown = [n for n in args.only if n not in ARCHS]
     if unknown:

@@ -301,7 +301,7 @@ def branchy() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return _branchy(8)  # 8-channel convs stay float (H01), so TorchScript can trace the model
 
 
-@pytest.mark.parametrize("exporter", ["auto", "torchscript"])
+@pytest.mark.parametrize("exporter", ["auto", "torchscript", "dynamo"])
 def test_data_dependent_control_flow_is_refused(branchy, tmp_path, exporter: str) -> None:
     prepared, x, _ = branchy
     with warnings.catch_warnings():

@@ -274,3 +274,50 @@ def test_a_traced_shape_read_through_cast_is_not_a_float_reader() -> None:
         assert traced.rules("WARN") == plain.rules("WARN"), variant
     assert lint(model("shape")).summary["unfused_qdq"] == plain.summary["unfused_qdq"]
     assert lint(model("output")).summary == lint(model("direct")).summary  # both exporters alike
+
+
+def test_a_one_input_concat_before_a_quantize_is_no_s02b() -> None:
+    # torchvision's traced batching stacks one image: Concat(1 input) -> Q -> conv
+    from lint_graphs import G
+
+    def model(second: bool) -> onnx.ModelProto:
+        g = G()
+        parts = [g.op("Relu", ["x"])] * (2 if second else 1)
+        cat = g.op("Concat", parts, axis=1)
+        return g.model([g.conv(g.qdq(cat), cin=128 if second else 64)])
+
+    assert "S02b" not in lint(model(False)).rules()
+    assert "S02b" in lint(model(True)).rules()  # two float inputs: two Quantize kernels
+
+
+def test_a_relu_beside_another_reader_is_no_epilogue() -> None:
+    # RetinaNet's p6: the head conv and relu(p6) -> p7 conv both read the INT8 p6 (P04)
+    from lint_graphs import G, block_input
+
+    def model(head: bool) -> onnx.ModelProto:
+        g = G()
+        p6 = g.qdq(g.conv(g.qdq(block_input(g))))
+        p7 = g.conv(g.qdq(g.op("Relu", [p6]), 0.01))
+        return g.model([g.conv(p6), p7] if head else [p7])
+
+    assert "P02" not in lint(model(True)).rules()
+    assert "P02" in lint(model(False)).rules()  # alone, the ReLU would fuse into the conv
+
+
+def test_a_max_pool_whose_shape_is_also_read_is_a_quantized_reader() -> None:
+    # FPN's LastLevelMaxPool: p6 = max_pool(p5) feeds the RPN head conv through Q, and the anchor
+    # generator reads p6's shape (the tracer's Cast -> Shape)
+    from lint_graphs import G, block_input
+
+    def model(float_reader: bool) -> onnx.ModelProto:
+        g = G()
+        p5 = g.conv(g.qdq(block_input(g)))
+        pooled = g.op("MaxPool", [p5], kernel_shape=[1, 1], strides=[2, 2])
+        shape = g.op("Shape", [g.op("Cast", [pooled], to=1)])
+        outs = [g.conv(g.qdq(p5)), g.conv(g.qdq(pooled)), g.op("Cast", [shape], to=1)]
+        if float_reader:
+            outs.append(g.op("Sigmoid", [pooled]))
+        return g.model(outs)
+
+    assert "P04" not in lint(model(False)).rules()
+    assert "P04" in lint(model(True)).rules()  # a real float reader of the pooled tensor

@@ -328,3 +328,23 @@ def test_export_check_consults_the_float64_reference_and_still_fails_a_wrong_gra
             model.SerializeToString(), prepared, batches, to_model=tuple, fp16=False,
             error=ExportError,
         )  # fmt: skip
+
+
+def test_outputs_whose_size_depends_on_values_are_set_aside() -> None:
+    # detections after NMS: torch and ORT may keep different numbers of boxes
+    from qdq.backends.parity import _EndToEnd
+    from qdq.cli.parity import failures
+
+    ends = _EndToEnd()
+    ends.add([torch.eye(3), torch.zeros(25, 4)], [np.eye(3, dtype=np.float32), np.ones((30, 4))])
+    ends.add([torch.eye(3), torch.zeros(7, 4)], [np.eye(3, dtype=np.float32), np.ones((8, 4))])
+    report = ends.report(2, {}, None, False)
+    assert report.size_differs == {1: ((25, 4), (30, 4))}  # the first differing shapes
+    assert report.max_abs_diff == 0.0 and report.top1_agreement == 1.0  # output 1 left out
+    assert report.to_dict()["size_differs"] == {"1": {"torch": [25, 4], "onnx": [30, 4]}}
+    assert failures(report, 0.01) == [
+        "output 1: (25, 4) in torch, (30, 4) in ONNX Runtime (a value-dependent size, e.g. "
+        "detections after NMS: values near its threshold differ)"
+    ]
+    with pytest.raises(ValueError, match="torch returned 1 output tensors, the ONNX 2"):
+        ends.add([torch.eye(3)], [np.eye(3), np.zeros((30, 4))])

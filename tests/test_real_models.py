@@ -23,7 +23,8 @@ Since the capture rewrite (recording + call-site runtime) these also hold and ar
 3. the prepared model is the user's class with the attributes users reach for (``model.stride``,
    ``model.names``, ``model.model[-1]``) and its train/eval behaviour;
 4. a few exports per family (``EXPORTS``) with the exporter that used to fail, verified in ORT, and
-   their lint verdicts (no P03a/P04/S02b placement warning on the convolutional rows).
+   their lint verdicts (no P03a/P04/S02b placement warning on the convolutional rows; H01 marks
+   channel counts TensorRT pads, a property of the architecture).
 
 RepVGG's train-form identity branch (a standalone BatchNorm of the block input) reads the input's
 INT8 version and runs with its Add as one INT8 PointWise layer (rule P04).
@@ -264,7 +265,11 @@ EXPORTS: dict[tuple[str, str], set[str]] = {
     ("vit_tiny_patch16_224", "torchscript"): set(),  # is_causal=False traced as a tensor
     ("convnext_tiny", "dynamo"): set(),  # dynamic batch from a batch-1 example; LayerScale
     ("repvgg_a0", "torchscript"): set(),  # train form: three-branch sum, identity BatchNorm
-    ("fasterrcnn_resnet50_fpn", "torchscript"): {"H01", "P03a", "P04", "P12", "S02b"},
+    # FPN levels read by the RPN head conv and the RoI pooler: one INT8 version (P04, RoIAlign)
+    ("fasterrcnn_resnet50_fpn", "torchscript"): {"H01"},
+    # eager roi_heads reads box sizes with .item(); the traced path does not: exported, verified
+    ("keypointrcnn_resnet50_fpn", "torchscript"): {"H01"},
+    ("retinanet_resnet50_fpn", "torchscript"): {"H01"},  # relu(p6) beside the head conv (P04)
 }
 
 

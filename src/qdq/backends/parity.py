@@ -122,6 +122,10 @@ class ParityReport:
         layers: per activation quantizer path, a :class:`LayerParity`, in torch's execution order
             (``per_layer=True`` only).
         reference: torch and ORT against the float64 fake-quant model (``reference=True`` only).
+        size_differs: outputs (by index) whose size differs between torch and ORT, with the first
+            differing shapes: a size that depends on values (detections kept after thresholds
+            and NMS) where values near a threshold differ. They are left out of every end-to-end
+            figure; the per-layer comparison still covers the layers before them.
     """
 
     max_abs_diff: float
@@ -131,6 +135,7 @@ class ParityReport:
     batches: int
     layers: dict[str, LayerParity] = field(default_factory=dict)
     reference: ReferenceParity | None = None
+    size_differs: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def first_diverging(self) -> str | None:
@@ -161,6 +166,10 @@ class ParityReport:
             "first_diverging": self.first_diverging,
             "first_unexplained": self.first_unexplained,
             "reference": None if self.reference is None else asdict(self.reference),
+            "size_differs": {
+                str(i): {"torch": list(a), "onnx": list(b)}
+                for i, (a, b) in self.size_differs.items()
+            },
             "layers": layers,
         }
 
@@ -267,7 +276,9 @@ class _EndToEnd:
         self.max_abs = self.max_ref = 0.0
         self.min_cos = 1.0
         self.agree = self.rows = 0
-        self._last: list[tuple[np.ndarray, np.ndarray]] = []
+        self._last: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._outputs = 0
+        self.size_differs: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.ref_max = [0.0, 0.0]  # torch, ORT
         self.ref_agree = [0, 0]
         self.ref_rows = 0
@@ -275,9 +286,15 @@ class _EndToEnd:
 
     def add(self, ours: list[torch.Tensor], theirs: list[np.ndarray]) -> None:
         self._last = []
-        for a, b in zip(ours, theirs, strict=True):
+        self._outputs = len(ours)
+        if len(ours) != len(theirs):
+            raise ValueError(f"torch returned {len(ours)} output tensors, the ONNX {len(theirs)}")
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             a_np = a.detach().cpu().numpy()
-            self._last.append((a_np, b))
+            if a_np.shape != b.shape:  # a value-dependent size: detections kept after NMS
+                self.size_differs.setdefault(i, (tuple(a_np.shape), tuple(b.shape)))
+                continue
+            self._last.append((i, a_np, b))
             self.max_abs = max(self.max_abs, float(np.abs(a_np - b).max(initial=0.0)))
             self.max_ref = max(self.max_ref, float(np.abs(a_np).max(initial=0.0)))
             self.min_cos = min(self.min_cos, _cosine(a_np, b))
@@ -287,12 +304,12 @@ class _EndToEnd:
 
     def add_reference(self, exact: list[torch.Tensor]) -> None:
         """Compare the last :meth:`add`'s torch and ORT outputs with the float64 ones."""
-        if len(exact) != len(self._last):
-            raise ValueError(
-                f"the float64 copy returned {len(exact)} outputs, not {len(self._last)}"
-            )
-        for r, (a, b) in zip(exact, self._last, strict=True):
-            r_np = r.detach().cpu().numpy()
+        if len(exact) != self._outputs:
+            raise ValueError(f"the float64 copy returned {len(exact)} outputs, not {self._outputs}")
+        for i, a, b in self._last:
+            r_np = exact[i].detach().cpu().numpy()
+            if r_np.shape != a.shape:  # value-dependent size: not comparable
+                continue
             for i, other in enumerate((a, b)):
                 diff = np.abs(other.astype(np.float64) - r_np).max(initial=0.0)
                 self.ref_max[i] = max(self.ref_max[i], float(diff))
@@ -321,7 +338,9 @@ class _EndToEnd:
                     self.ref_max[0],
                     self.ref_max[1],
                 )
-        return ParityReport(self.max_abs, rel, self.min_cos, top1, count, layers, ref)
+        return ParityReport(
+            self.max_abs, rel, self.min_cos, top1, count, layers, ref, dict(self.size_differs)
+        )
 
 
 class _Recorder:

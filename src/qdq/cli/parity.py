@@ -54,7 +54,8 @@ def failures(report: Any, threshold: float) -> list[str]:
     not show it to be float rounding (ORT agrees with exact arithmetic, within ``threshold``, as
     often as torch's own float32 forward does), when a layer fed ORT's own input
     (isolated) differs on more than ``threshold`` of its codes, when any isolated code differs
-    beyond a rounding-boundary flip, or when a Q/DQ pair is not bit-exact.
+    beyond a rounding-boundary flip, when a Q/DQ pair is not bit-exact, or when an output's size
+    differs (a value-dependent size, e.g. detections after NMS).
     """
     out = []
     ref = report.reference
@@ -68,6 +69,11 @@ def failures(report: Any, threshold: float) -> list[str]:
                 f"torch float32 on {ref.torch_top1:.2%}"
             )
         out.append(f"top-1 agreement {top1:.2%} < {1.0 - threshold:.2%}{why}")
+    for i, (ours, theirs) in report.size_differs.items():
+        out.append(
+            f"output {i}: {ours} in torch, {theirs} in ONNX Runtime (a value-dependent size, "
+            "e.g. detections after NMS: values near its threshold differ)"
+        )
     for name, lp in report.layers.items():
         if lp.isolated_mismatch_rate > threshold:
             out.append(f"{name}: {lp.isolated_mismatch_rate:.3%} of codes differ in isolation")

@@ -110,6 +110,10 @@ def export_onnx(
         FileExistsError: ``path`` or its manifest exists and ``overwrite`` is false.
         ExportError: the exported graph fails validation, was specialized on tensor values, or
             computes something else than torch (naming the first diverging output).
+        ExportRefusedError: the model turns tensor values into Python values while it is
+            exported (``if x.mean() > 0:``): the exporter would bake in the example's branch
+            (TorchScript) or cannot capture it (dynamo). A model whose eager forward reads tensor
+            values but whose exported path does not (torchvision's tracing branches) exports.
 
     Example:
         >>> import qdq, torch
@@ -135,16 +139,11 @@ def export_onnx(
     for flag, value in (("verify", verify), ("allow_specialization", allow_specialization)):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
-    if plan.control_flow and not allow_specialization:
-        where = ", ".join(p or "<root>" for p in plan.control_flow)
-        raise ExportRefusedError(
-            f"tensor values decide Python control flow in {where} (a Python boolean or number "
-            "read from a computed tensor, seen when qdq.prepare recorded the model). Every "
-            "exporter records only the branch the example input takes, so the ONNX would silently "
-            "compute something else for other inputs. Make the branch tensor code (torch.where), "
-            "export a model without it, or pass allow_specialization=True if every input takes "
-            "the same path"
-        )
+    # Tensor-valued control flow seen by the recording: no refusal up front. The exporters are
+    # asked instead: the TorchScript tracer refuses when the model turns a traced tensor into a
+    # Python value, torch.export cannot guard on data-dependent values. Code that takes another
+    # path when exported (torchvision's tracing branches) exports; the ONNX is then verified.
+    branchy = bool(plan.control_flow) and not allow_specialization
     do_verify = _resolve_verify(verify)
     checks = [tuple(example_inputs), *_check_batches(check_inputs)]
     target = Path(path)
@@ -183,7 +182,7 @@ def export_onnx(
             ):
                 model_proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
-                    allow_specialization, recorded=plan.capture == "recorded",
+                    allow_specialization, recorded=plan.capture == "recorded" and not branchy,
                 )  # fmt: skip
             used = candidate
             break
@@ -193,6 +192,8 @@ def export_onnx(
             refusal = _refusal_inside(err)
             if refusal is not None:
                 raise refusal from None
+            if branchy and exporter != "auto":
+                raise _control_flow_refusal(plan.control_flow, candidate, err) from err
             if exporter != "auto":
                 raise
             errors.append(f"{candidate}: {type(err).__name__}: {err}")
@@ -201,6 +202,15 @@ def export_onnx(
             )
     if model_proto is None:
         raise ExportError("every exporter failed:\n" + "\n".join(errors))
+    if branchy:
+        warnings.warn(
+            f"qdq.prepare saw tensor values decide Python control flow in "
+            f"{_where(plan.control_flow)}, but the {used} export turned no tensor into a Python "
+            "value: that code takes another path when exported (as torchvision's detection "
+            "heads do), so the ONNX is not specialized on the example's values. Verify it on "
+            "inputs that take other paths (check_inputs)",
+            stacklevel=2,
+        )
     model_proto = postprocess(model_proto, call_order)
     if fp16:
         from qdq.export.postprocess import float32_io
@@ -277,6 +287,25 @@ def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> None:
         raise
     finally:
         prepared.train(was_training)
+
+
+def _where(paths: Sequence[str]) -> str:
+    return ", ".join(p or "<root>" for p in paths)
+
+
+def _control_flow_refusal(
+    paths: Sequence[str], exporter: str, err: BaseException
+) -> ExportRefusedError:
+    """The refusal when an exporter fails on a model whose recording saw tensor-valued control
+    flow: torch.export fails on it rather than specializing; say so before torch's message."""
+    first = " ".join(str(err).split())[:300]
+    return ExportRefusedError(
+        f"tensor values decide Python control flow in {_where(paths)} (a Python boolean or "
+        f"number read from a computed tensor, seen when qdq.prepare recorded the model), and the "
+        f"{exporter} exporter failed on it ({type(err).__name__}: {first}). Make the branch tensor "
+        "code (torch.where), export a model without it, or export with exporter='torchscript' and "
+        "allow_specialization=True if every input takes the same path"
+    )
 
 
 def _refusal_inside(err: BaseException) -> BaseException | None:

@@ -158,12 +158,23 @@ _IDENTITY_AT_INFERENCE = frozenset({"StochasticDepth", "DropPath"})
 _IDENTITY_FUNCTIONS = frozenset({"stochastic_depth", "drop_path"})
 
 
+#: region samplers with no INT8 kernel in TensorRT (torchvision.ops.roi_align and its
+#: ``torch.ops.torchvision.roi_align``), matched by name so the core does not import torchvision
+_SAMPLER_FUNCTIONS = frozenset({"roi_align"})
+
+
+def _callable_name(target: Any) -> str:
+    name = getattr(target, "__name__", None)
+    return (name if isinstance(name, str) else str(target)).rpartition(".")[2]
+
+
 def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
     """Return the op kind of ``node`` (``"other"`` for anything not in the vocabulary).
 
     Also: ``"placeholder"``, ``"output"``, ``"get_attr"``; ``"shape"`` for size queries;
     ``"resize_linear"`` for non-nearest interpolation; ``"pad"`` only for constant-zero padding;
-    ``"avg_pool"`` for ``x.mean`` over spatial dims; ``"bias"`` for adding a constant.
+    ``"avg_pool"`` for ``x.mean`` over spatial dims; ``"bias"`` for adding a constant;
+    ``"roi_align"`` for torchvision's RoIAlign.
     """
     if node.op in ("placeholder", "output", "get_attr"):
         return node.op
@@ -186,6 +197,8 @@ def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
         if found is None and getattr(node.target, "__name__", "") in _IDENTITY_FUNCTIONS:
             training = node.kwargs.get("training", node.args[3] if len(node.args) > 3 else True)
             return "identity" if training is False else "other"
+        if found is None and _callable_name(node.target) in _SAMPLER_FUNCTIONS:
+            return "roi_align"
         if found is None:
             return "other"
         kind: str = found

@@ -9,7 +9,8 @@ Steps, each citing its rule id (``qdq.rules``):
 4. Concats (S02): quantize every input when the output feeds a quantized op;
    gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
    standalone BatchNorms (P04): the input when it is quantized for another reader, and the other
-   operand of the float Add they feed (RepVGG's identity branch);
+   operand of the float Add they feed (RepVGG's identity branch); ReLUs and RoIAligns (P04)
+   reading a tensor quantized for another reader (FPN levels);
 5. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
    across each Concat (S02) (:mod:`qdq.graph.grouping`);
 6. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
@@ -85,6 +86,9 @@ def build_plan(
             _plan_gating_mul(ctx, n)
         elif kinds[n] == "bn":
             _plan_fanout_bn(ctx, n)
+    for n in nodes:
+        if kinds[n] in _FANOUT_READERS:
+            _plan_fanout_reader(ctx, n)
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
@@ -260,6 +264,51 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
                     a_calib,
                     a_bits,
                 )
+
+
+#: float readers that take the INT8 version of a tensor quantized for its other readers (P04):
+#: ReLU/clamp runs INT8 when its output is quantized too; RoIAlign has no INT8 kernel and reads
+#: it through a Dequantize. (Max pools need no rule: TensorRT moves a Quantize across them, S03.)
+_FANOUT_READERS = {"act": "pointwise", "roi_align": "sampler"}
+
+
+def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
+    """P04: a ReLU or RoIAlign reading a tensor that is quantized for its other readers (an FPN
+    level read by the shared RPN/RetinaNet head conv, by RetinaNet's ``relu(p6)`` and by the RoI
+    pooler) reads the same INT8 version, so the producer writes INT8 once and no reader needs a
+    standalone Quantize. A ReLU qualifies only when its own output feeds a quantized op (then it
+    runs INT8 between Q/DQ)."""
+    ins = tensor_inputs(node)
+    if not ins:
+        return
+    pos, producer = ins[0]
+    key = f"{ctx.owners[node]}:{input_label(node, pos)}"
+    if key in ctx.points and ctx.points[key].quantized:
+        return
+    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    if producer.name not in quantized:
+        return
+    kind = ctx.kinds[node]
+    if kind != "roi_align" and not _reaches_quantized(ctx, node):
+        return
+    excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], kind)
+    if excluded or not ctx.config.family_enabled("fanout"):
+        return
+    why = {
+        "pointwise": "runs INT8 between Q/DQ",
+        "sampler": "has no INT8 kernel and dequantizes it",
+    }[_FANOUT_READERS[kind]]
+    quantize_input(
+        ctx,
+        node,
+        pos,
+        producer,
+        "P04",
+        f"{kind} beside quantized readers of its input: it reads the same INT8 version (the "
+        f"producer writes INT8 once; no standalone Quantize) and {why}",
+        calib_o,
+        bits_o,
+    )
 
 
 def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:

@@ -122,17 +122,17 @@ class LintGraph:
         return [
             c
             for c in self.consumers.get(tensor, [])
-            if c.op_type not in ("QuantizeLinear", "Shape") and not self._shape_only(c)
+            if c.op_type not in ("QuantizeLinear", "Shape") and not self.shape_only(c)
         ]
 
-    def _shape_only(self, node: Any) -> bool:
+    def shape_only(self, node: Any) -> bool:
         """A Cast/copy op whose outputs are read only by Shape (through more such ops) or by no node
         (an unused Cast, or the TorchScript exporter's ``Cast`` in front of a graph output: a
         graph output read directly is no float consumer either, as in the dynamo export)."""
         if node.op_type not in COPY_OPS:
             return False
         readers = [c for o in node.output for c in self.consumers.get(o, [])]
-        return all(c.op_type == "Shape" or self._shape_only(c) for c in readers)
+        return all(c.op_type == "Shape" or self.shape_only(c) for c in readers)
 
     def weighted(self, node: Any) -> bool:
         """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""

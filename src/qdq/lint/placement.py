@@ -178,6 +178,10 @@ def _channels(g: LintGraph, node: Any, name: str) -> list[Finding]:
     return out
 
 
+#: epilogue ops that cannot fuse into their producer when another layer reads its output too
+_FANOUT_NOT_EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu"})
+
+
 def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
     """P02: a Q/DQ between a weighted op and its BN/activation/residual-Add epilogue."""
     out = []
@@ -187,8 +191,10 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
         uses = g.quantized_uses(cur)
         fan_out = len(uses) + len(g.float_uses(cur)) > 1
         for q, consumer, _ in uses:
-            if consumer.op_type == "BatchNormalization" and fan_out:
-                continue  # a BatchNorm beside other readers (RepVGG's identity, P04) is no epilogue
+            if consumer.op_type in _FANOUT_NOT_EPILOGUE and fan_out:
+                # beside other readers of the same tensor (RepVGG's identity BatchNorm, RetinaNet's
+                # relu(p6) beside the head conv) it cannot fuse into the producer: no epilogue
+                continue
             # a residual Add may read one branch through Q/DQ (P03); that is wrong only when the
             # Add ends up unfusable (both inputs quantized, or only the conv branch)
             if consumer.op_type == "Sigmoid" and _silu_behind_one_q(g, consumer):
@@ -336,8 +342,8 @@ def _is_residual(g: LintGraph, node: Any) -> bool:
 def _concat(g: LintGraph, node: Any) -> list[Finding]:
     name = g.name(node)
     out_scales = {s for _, _, s in _uses_through(g, node.output[0])}
-    if not out_scales:
-        return []
+    if not out_scales or len(node.input) < 2:
+        return []  # a one-input Concat (torch.stack of one image) copies: one Quantize either way
     ins = [g.qinput(i) for i in node.input]
     if any(q is None for q in ins):
         floats = [i for i, q in zip(node.input, ins, strict=True) if q is None]
@@ -573,7 +579,12 @@ def _quantized_through(g: LintGraph, consumer: Any) -> bool:
     through Q (TensorRT moves the Q backward across it): a quantized use, not a float one."""
     if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize"}:
         return False
-    readers = [c for o in consumer.output for c in g.consumers.get(o, []) if c.op_type != "Shape"]
+    readers = [
+        c
+        for o in consumer.output
+        for c in g.consumers.get(o, [])
+        if c.op_type != "Shape" and not g.shape_only(c)  # FPN's anchors read the pooled shape
+    ]
     return bool(readers) and all(
         c.op_type == "QuantizeLinear" or _quantized_through(g, c) for c in readers
     )
