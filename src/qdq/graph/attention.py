@@ -7,7 +7,9 @@ ONNX form (below opset 23) is torch's own decomposition, with the attention scal
 (BMM1 ``q @ kᵀ`` and BMM2 ``probs @ v``) and the softmax become ordinary calls that the planner
 sees, and the attention scale multiplies ``q`` *before* BMM1, where TensorRT's MHA fusion wants it.
 The recording and every later run of the prepared model use the same decomposition, so the plan's
-call sites are reached as planned; the user's float model is never changed.
+call sites are reached as planned; the user's float model is never changed. ``nn.MultiheadAttention``
+is seen the same way (:func:`multi_head_attention_math`): its packed q/k/v projection and
+``out_proj`` are GEMMs and its products attention MatMuls.
 
 :func:`attention_role` recognises the two products in a recorded graph, however the model wrote
 them (SDPA, or ``q @ k.transpose(-2, -1)`` by hand as timm does with ``fused_attn=False``), for
@@ -16,6 +18,7 @@ rule P16 (:mod:`qdq.graph.weighted`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -23,7 +26,15 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-__all__ = ["MAX_INT8_SEQUENCE", "attention_math", "attention_role", "is_sdpa", "key_length"]
+__all__ = [
+    "MAX_INT8_SEQUENCE",
+    "attention_math",
+    "attention_role",
+    "is_mha",
+    "is_sdpa",
+    "key_length",
+    "multi_head_attention_math",
+]
 
 #: longest key sequence whose attention products run INT8 (ModelOpt's INT8 MHA limit); beyond it
 #: TensorRT's fused MHA kernels are FP16 and the MatMuls stay float (P14)
@@ -77,6 +88,104 @@ def attention_math(
     if dropout_p > 0.0:
         probs = F.dropout(probs, dropout_p)
     return probs @ value
+
+
+def is_mha(func: Any) -> bool:
+    """Whether ``func`` is ``torch.nn.functional.multi_head_attention_forward``
+    (``nn.MultiheadAttention``'s Python path)."""
+    return func is F.multi_head_attention_forward
+
+
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+def multi_head_attention_math(*args: Any, **kwargs: Any) -> tuple[Any, Any] | None:
+    """``F.multi_head_attention_forward`` (inference) in plain torch ops, or ``None`` when the call
+    uses what this does not cover (``bias_k``/``bias_v``, ``add_zero_attn``, ``static_k``/``v``,
+    dropout while training, causal masks, unbatched inputs, separate q/k/v weights, cross-attention
+    with a packed weight): the caller then runs it as one op.
+
+    Self-attention with the packed ``in_proj_weight`` (ViT, ``nn.TransformerEncoderLayer``) becomes
+    one ``F.linear`` (the q/k/v GEMM), :func:`attention_math`'s products and the ``out_proj`` GEMM,
+    all of which the planner sees (P01, P16).
+
+    Example:
+        >>> mha = torch.nn.MultiheadAttention(8, 2).eval()
+        >>> x = torch.randn(5, 3, 8)
+        >>> ref, w = mha(x, x, x)
+        >>> out, w2 = multi_head_attention_math(x, x, x, 8, 2, mha.in_proj_weight,
+        ...     mha.in_proj_bias, None, None, False, 0.0, mha.out_proj.weight, mha.out_proj.bias,
+        ...     training=False)
+        >>> bool(torch.allclose(out, ref, atol=1e-6)), bool(torch.allclose(w, w2, atol=1e-6))
+        (True, True)
+    """
+    try:
+        bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    a = bound.arguments
+    query, key, value = a["query"], a["key"], a["value"]
+    unsupported = (
+        a["bias_k"] is not None
+        or a["bias_v"] is not None
+        or a["add_zero_attn"]
+        or a["static_k"] is not None
+        or a["static_v"] is not None
+        or (a["training"] and a["dropout_p"] > 0.0)
+        or a["is_causal"]
+        or a["use_separate_proj_weight"]
+        or a["in_proj_weight"] is None
+        or not (query is key and key is value)
+        or query.dim() != 3
+    )
+    if unsupported:
+        return None
+    length, batch, embed = query.shape
+    heads = int(a["num_heads"])
+    head_dim = embed // heads
+    q, k, v = F.linear(query, a["in_proj_weight"], a["in_proj_bias"]).chunk(3, dim=-1)
+
+    def split(t: torch.Tensor) -> torch.Tensor:  # (L, N, E) -> (N, heads, L, head_dim)
+        return t.reshape(length, batch, heads, head_dim).permute(1, 2, 0, 3)
+
+    mask = _additive_mask(a["attn_mask"], a["key_padding_mask"], batch, heads, length, q.dtype)
+    scores = (split(q) * (1.0 / math.sqrt(head_dim))) @ split(k).transpose(-2, -1)
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1)
+    context = (probs @ split(v)).permute(2, 0, 1, 3).reshape(length * batch, embed)
+    out = F.linear(context, a["out_proj_weight"], a["out_proj_bias"]).view(length, batch, embed)
+    if not a["need_weights"]:
+        return out, None
+    return out, probs.mean(dim=1) if a["average_attn_weights"] else probs
+
+
+def _additive_mask(
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    batch: int,
+    heads: int,
+    length: int,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """``attn_mask`` ((L, S) or (N·heads, L, S)) and ``key_padding_mask`` ((N, S)) as one float
+    mask broadcastable to (N, heads, L, S): ``True`` (masked out) becomes ``-inf``."""
+
+    def additive(m: torch.Tensor) -> torch.Tensor:
+        if m.dtype == torch.bool:
+            return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(m, float("-inf"))
+        return m.to(dtype)
+
+    mask = None
+    if attn_mask is not None:
+        mask = additive(attn_mask)
+        if mask.dim() == 3:
+            mask = mask.reshape(batch, heads, length, mask.shape[-1])
+    if key_padding_mask is not None:
+        padding = additive(key_padding_mask).reshape(batch, 1, 1, key_padding_mask.shape[-1])
+        mask = padding if mask is None else mask + padding
+    return mask
 
 
 def attention_role(node: fx.Node, kinds: dict[fx.Node, str]) -> str | None:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from qdq.graph.attention import attention_math, is_sdpa
+from qdq.graph.attention import attention_math, is_mha, is_sdpa, multi_head_attention_math
 from qdq.graph.capture import TRACE_THROUGH
 
 __all__ = ["MODULE", "CallTracker", "SiteKey", "is_leaf", "normalize_call"]
@@ -41,6 +41,18 @@ SiteKey = tuple[str, str, int | None]
 MODULE = "module"
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+#: torch.nn modules whose Python forward is seen into: MultiheadAttention's projections are GEMMs
+#: and its products attention MatMuls (P01, P16); the Transformer layers around it hold Linears.
+#: Their native fast paths are not taken while a torch function mode is active (recording, the
+#: call-site runtime, export), so all three see the same functional calls.
+_SEEN_INTO = (
+    nn.MultiheadAttention,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+    nn.TransformerEncoder,
+    nn.TransformerDecoder,
+    nn.Transformer,
+)
 _PATH_ATTR = "_qdq_path"
 
 
@@ -58,7 +70,7 @@ def is_leaf(module: nn.Module) -> bool:
     TorchScript modules (whose insides no Python hook can see)."""
     if isinstance(module, torch.jit.ScriptModule):
         return True
-    if isinstance(module, (*TRACE_THROUGH, *_CONTAINERS)):
+    if isinstance(module, (*TRACE_THROUGH, *_CONTAINERS, *_SEEN_INTO)):
         return False
     from qdq.quant import Quantizer
 
@@ -115,6 +127,11 @@ class _Mode(TorchFunctionMode):
         if is_sdpa(func):  # seen as its parts, so Q·Kᵀ and P·V can be planned (P16)
             with self:
                 return attention_math(*args, **kwargs)
+        if is_mha(func):  # nn.MultiheadAttention: its GEMMs (P01) and products (P16)
+            with self:
+                parts = multi_head_attention_math(*args, **kwargs)
+            if parts is not None:
+                return parts
         op, target, family = normalize_call(func)
         key = tracker.next_key(family)
         return tracker.on_call(func, key, op, target, args, kwargs)

@@ -43,11 +43,15 @@ class PlanContext:
         self.points[point.name] = point
 
 
-def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node, str]:
+def owner_names(
+    nodes: list[fx.Node], kinds: dict[fx.Node, str], modules: dict[str, nn.Module] | None = None
+) -> dict[fx.Node, str]:
     """``layer1.0.conv1`` for traced-through modules, ``layer1.0.add`` for functional ops.
 
     A module called several times (a weight-shared head) gets ``head``, ``head.call1``, ... so
-    every call is planned on its own.
+    every call is planned on its own. A functional Conv/Linear call on the weight of a Conv/Linear
+    module that is not itself called (``nn.MultiheadAttention`` applies ``out_proj.weight`` with
+    ``F.linear``) is named after that module (``modules`` given).
     """
     names: dict[fx.Node, str] = {}
     seen: dict[str, list[fx.Node]] = {}
@@ -56,10 +60,17 @@ def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node
         path = module_path(n)
         stack = n.meta.get("nn_module_stack")
         inner_type = list(stack.values())[-1][1] if stack else None
-        if n.op == "call_module" or (
-            kinds[n] in WEIGHTED_KINDS
-            and isinstance(inner_type, type)
-            and issubclass(inner_type, TRACE_THROUGH)
+        weight_owner = _weight_module(n, kinds, modules)
+        if weight_owner is not None:
+            path = weight_owner
+        if (
+            n.op == "call_module"
+            or weight_owner is not None
+            or (
+                kinds[n] in WEIGHTED_KINDS
+                and isinstance(inner_type, type)
+                and issubclass(inner_type, TRACE_THROUGH)
+            )
         ):
             i = calls.get(path, 0)
             calls[path] = i + 1
@@ -74,6 +85,22 @@ def owner_names(nodes: list[fx.Node], kinds: dict[fx.Node, str]) -> dict[fx.Node
             for i, n in enumerate(group):
                 names[n] = f"{key}_{i}" if i else key
     return names
+
+
+def _weight_module(
+    node: fx.Node, kinds: dict[fx.Node, str], modules: dict[str, nn.Module] | None
+) -> str | None:
+    """The Conv/Linear module whose weight a functional weighted call reads directly, when the
+    call is not that module's own forward."""
+    if modules is None or kinds[node] not in WEIGHTED_KINDS or node.op != "call_function":
+        return None
+    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        return None
+    owner, _, attr = str(weight.target).rpartition(".")
+    if attr != "weight" or not isinstance(modules.get(owner), TRACE_THROUGH):
+        return None
+    return None if module_path(node) == owner else owner
 
 
 def owner_type(node: fx.Node, modules: dict[str, nn.Module]) -> type | None:

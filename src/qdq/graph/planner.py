@@ -62,7 +62,7 @@ def build_plan(
         config=cfg,
         modules=modules,
         kinds=kinds,
-        owners=owner_names(nodes, kinds),
+        owners=owner_names(nodes, kinds, modules),
         owner_types={n: owner_type(n, modules) for n in nodes},
         order={n: i for i, n in enumerate(nodes)},
         by_name={n.name: n for n in nodes},
