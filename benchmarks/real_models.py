@@ -135,7 +135,11 @@ def export_cells(prepared: Any, rm: RealModel, exporter: str, folder: Path) -> d
     cell.update(q=res.num_quantize, dq=res.num_dequantize)
     par: dict[str, Any] = {}
     report = timed(par, lambda: parity(prepared, path, [rm.example_inputs]))
-    if report is not None:
+    if report is not None and report.size_differs:  # detections after NMS: nothing comparable
+        par["size_differs"] = {
+            str(i): [list(a), list(b)] for i, (a, b) in report.size_differs.items()
+        }
+    elif report is not None:
         par.update(
             max_rel_diff=report.max_rel_diff,
             min_cosine=report.min_cosine,
@@ -302,6 +306,13 @@ def render(rows: list[dict[str, Any]]) -> str:
                     out.append(f"    {part}[{e}]: {c[part].get('error')}")
             if c.get("lint", {}).get("error_rules"):
                 out.append(f"    lint[{e}] ERROR rules: {','.join(c['lint']['error_rules'])}")
+            sized = c.get("parity", {}).get("size_differs")
+            if sized:
+                shapes = "; ".join(f"output {i}: {a} vs {b}" for i, (a, b) in sized.items())
+                out.append(
+                    f"    parity[{e}]: outputs sized by values (detections after NMS) differ, not "
+                    f"compared: {shapes}"
+                )
     return "\n".join(out)
 
 

@@ -145,6 +145,9 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "yolov8n_seg_deploy": (6, 7, 11, 8),
     "yolov8n_pose": (6, 7, 11, 8),
     "yolov8n_pose_deploy": (6, 7, 11, 8),
+    # packaged yolov5 7.0 (the [yolov5] extra's own environment): C3 bottleneck Adds, 11 Concats
+    "yolov5s": (7, 7, 11, 0),
+    "yolov5s_deploy": (7, 7, 11, 0),
     "resnet50": (16, 16, 0, 0),
     "efficientnet_b0": (9, 9, 0, 0),
     "mobilenetv3_large_100": (10, 10, 0, 0),
@@ -262,6 +265,7 @@ def test_coverage_accounts_for_every_weighted_module(case: RealCase) -> None:
 EXPORTS: dict[tuple[str, str], set[str]] = {
     ("yolov8n_deploy", "torchscript"): {"H01"},  # Detect reads traced shapes: a warning
     ("yolo11n", "dynamo"): {"H01"},
+    ("yolov5s_deploy", "torchscript"): {"H01"},  # the [yolov5] environment only
     ("vit_tiny_patch16_224", "torchscript"): set(),  # is_causal=False traced as a tensor
     ("convnext_tiny", "dynamo"): set(),  # dynamic batch from a batch-1 example; LayerScale
     ("repvgg_a0", "torchscript"): set(),  # train form: three-branch sum, identity BatchNorm
