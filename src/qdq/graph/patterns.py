@@ -81,6 +81,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.max_pool3d: "max_pool",
     F.adaptive_max_pool1d: "max_pool",
     F.adaptive_max_pool2d: "max_pool",
+    torch.mean: "mean",
     F.avg_pool1d: "avg_pool",
     F.avg_pool2d: "avg_pool",
     F.avg_pool3d: "avg_pool",
@@ -211,6 +212,8 @@ def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
             return "resize" if mode == "nearest" else "resize_linear"
         if kind == "copy" and node.target is operator.getitem and _is_shape(node.args[0]):
             return "shape"
+        if kind == "mean":  # torch.mean(x, (2, 3)): onnx2torch's GlobalAveragePool
+            return "avg_pool" if _is_spatial_mean(node) else "other"
         return _refine_binary(node, kind)
     if node.op == "call_method":
         method_kind = _METHOD_KINDS.get(str(node.target), "other")
