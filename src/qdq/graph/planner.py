@@ -183,13 +183,18 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
         skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
 
 
+def _quantized_for_others(ctx: PlanContext, node: fx.Node) -> set[str]:
+    """Names of the tensors a planned point quantizes for some reader other than ``node``."""
+    return {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+
+
 def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     """P04: ``x * gate(x)`` where ``x`` is also quantized for another reader (the squeeze-excitation
     pool): quantize both operands so ``x`` is quantized for all its readers and the Mul runs INT8."""
     ins = tensor_inputs(node)
     if len(ins) != 2 or silu_operand(ctx, node) is not None:
         return
-    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    quantized = _quantized_for_others(ctx, node)
     if not any(producer.name in quantized for _, producer in ins):
         return
     owner = ctx.owners[node]
@@ -219,7 +224,7 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
     if not ins:
         return
     pos, producer = ins[0]
-    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    quantized = _quantized_for_others(ctx, node)
     if producer.name not in quantized:
         return
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "bn")
@@ -269,7 +274,10 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
 #: float readers that take the INT8 version of a tensor quantized for its other readers (P04):
 #: ReLU/clamp runs INT8 when its output is quantized too; RoIAlign has no INT8 kernel and reads
 #: it through a Dequantize. (Max pools need no rule: TensorRT moves a Quantize across them, S03.)
-_FANOUT_READERS = {"act": "pointwise", "roi_align": "sampler"}
+_FANOUT_READERS = {
+    "act": "runs INT8 between Q/DQ",
+    "roi_align": "has no INT8 kernel and dequantizes it",
+}
 
 
 def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
@@ -285,7 +293,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     key = f"{ctx.owners[node]}:{input_label(node, pos)}"
     if key in ctx.points and ctx.points[key].quantized:
         return
-    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    quantized = _quantized_for_others(ctx, node)
     if producer.name not in quantized:
         return
     kind = ctx.kinds[node]
@@ -294,10 +302,6 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], kind)
     if excluded or not ctx.config.family_enabled("fanout"):
         return
-    why = {
-        "pointwise": "runs INT8 between Q/DQ",
-        "sampler": "has no INT8 kernel and dequantizes it",
-    }[_FANOUT_READERS[kind]]
     quantize_input(
         ctx,
         node,
@@ -305,7 +309,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
         producer,
         "P04",
         f"{kind} beside quantized readers of its input: it reads the same INT8 version (the "
-        f"producer writes INT8 once; no standalone Quantize) and {why}",
+        f"producer writes INT8 once; no standalone Quantize) and {_FANOUT_READERS[kind]}",
         calib_o,
         bits_o,
     )
