@@ -310,11 +310,11 @@ class _EndToEnd:
             r_np = exact[i].detach().cpu().numpy()
             if r_np.shape != a.shape:  # value-dependent size: not comparable
                 continue
-            for i, other in enumerate((a, b)):
+            for side, other in enumerate((a, b)):  # 0: torch, 1: ORT
                 diff = np.abs(other.astype(np.float64) - r_np).max(initial=0.0)
-                self.ref_max[i] = max(self.ref_max[i], float(diff))
+                self.ref_max[side] = max(self.ref_max[side], float(diff))
                 if r_np.ndim == 2:
-                    self.ref_agree[i] += int((other.argmax(1) == r_np.argmax(1)).sum())
+                    self.ref_agree[side] += int((other.argmax(1) == r_np.argmax(1)).sum())
             if r_np.ndim == 2:
                 self.ref_rows += r_np.shape[0]
 
