@@ -44,14 +44,14 @@ class PlanContext:
 
 
 def owner_names(
-    nodes: list[fx.Node], kinds: dict[fx.Node, str], modules: dict[str, nn.Module] | None = None
+    nodes: list[fx.Node], kinds: dict[fx.Node, str], modules: dict[str, nn.Module]
 ) -> dict[fx.Node, str]:
     """``layer1.0.conv1`` for traced-through modules, ``layer1.0.add`` for functional ops.
 
     A module called several times (a weight-shared head) gets ``head``, ``head.call1``, ... so
     every call is planned on its own. A functional Conv/Linear call on the weight of a Conv/Linear
     module that is not itself called (``nn.MultiheadAttention`` applies ``out_proj.weight`` with
-    ``F.linear``) is named after that module (``modules`` given).
+    ``F.linear``) is named after that module.
     """
     names: dict[fx.Node, str] = {}
     seen: dict[str, list[fx.Node]] = {}
@@ -88,11 +88,11 @@ def owner_names(
 
 
 def _weight_module(
-    node: fx.Node, kinds: dict[fx.Node, str], modules: dict[str, nn.Module] | None
+    node: fx.Node, kinds: dict[fx.Node, str], modules: dict[str, nn.Module]
 ) -> str | None:
     """The Conv/Linear module whose weight a functional weighted call reads directly, when the
     call is not that module's own forward."""
-    if modules is None or kinds[node] not in WEIGHTED_KINDS or node.op != "call_function":
+    if kinds[node] not in WEIGHTED_KINDS or node.op != "call_function":
         return None
     weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
     if not isinstance(weight, fx.Node) or weight.op != "get_attr":
