@@ -178,8 +178,9 @@ def _channels(g: LintGraph, node: Any, name: str) -> list[Finding]:
     return out
 
 
-#: epilogue ops that cannot fuse into their producer when another layer reads its output too
-_FANOUT_NOT_EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu"})
+#: one-input epilogue ops: walked through after a weighted op, and no epilogue of it when another
+#: layer reads the same tensor (they cannot fuse into the producer then)
+_UNARY_EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu"})
 
 
 def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
@@ -191,7 +192,7 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
         uses = g.quantized_uses(cur)
         fan_out = len(uses) + len(g.float_uses(cur)) > 1
         for q, consumer, _ in uses:
-            if consumer.op_type in _FANOUT_NOT_EPILOGUE and fan_out:
+            if consumer.op_type in _UNARY_EPILOGUE and fan_out:
                 # beside other readers of the same tensor (RepVGG's identity BatchNorm, RetinaNet's
                 # relu(p6) beside the head conv) it cannot fuse into the producer: no epilogue
                 continue
@@ -218,12 +219,7 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
                     )
                 )
         readers = g.float_uses(cur)
-        if len(readers) != 1 or readers[0].op_type not in (
-            "BatchNormalization",
-            "Relu",
-            "Clip",
-            "LeakyRelu",
-        ):
+        if len(readers) != 1 or readers[0].op_type not in _UNARY_EPILOGUE:
             break
         cur = readers[0].output[0]
     return out
