@@ -1,0 +1,14 @@
+"""Better post-training quantization on top of :func:`qdq.calibrate`.
+
+Each step is a switch that works on a calibrated prepared model, reports what it changed, and is
+carried by :func:`qdq.export_onnx` through the same Q/DQ ONNX:
+
+* :mod:`qdq.ptq.methods` — the calibration method chosen per quantizer, from the same histograms,
+  by the error of that layer's output;
+* :mod:`qdq.ptq.bias` — bias correction of weighted layers;
+* :mod:`qdq.ptq.adaround` — learned weight rounding (AdaRound): only the weights' INT8 codes change.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
