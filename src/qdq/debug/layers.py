@@ -1,115 +1,28 @@
-"""Per-layer quantization error: where the fake-quant model departs from FP32, and why.
-
-:func:`layer_errors` runs a few batches through the prepared model twice each — every quantizer
-bypassed (the FP32 model) and the quantizers as they are set (the INT8 model as it is exported) — and,
-at every activation quantizer, compares the tensor its consumers read in the INT8 model (everything
-upstream quantized, then this Q/DQ) with the same tensor in the FP32 model. That is the
-*accumulated* error of the point. Also measured: the output of the quantizer's layer when it is a
-module (``nn.Conv2d``, ``nn.Linear`` ...), the error of every quantized weight, the model's first
-output, the fraction of FP32 values beyond ``amax`` (clipped), and, for the worst points, the
-calibration histogram of ``|x|`` with the amax of every calibration method.
-
-Errors are summed over every call of a quantizer and every batch, as
-
-* ``sqnr_db`` = 10·log10(Σx² / Σ(x − y)²) (higher is better; ``inf`` when identical);
-* ``cosine`` = Σxy / √(Σx²·Σy²) over the whole tensor;
-* ``rel_mse`` = Σ(x − y)² / Σx² (= 10^(−SQNR/10)).
-
-The *isolated* error of a point (only this point quantized) is left to a later pass
-(``LayerError.isolated`` is ``None`` here).
-
-Example:
-    >>> import torch, qdq
-    >>> net = torch.nn.Sequential(
-    ...     torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3)
-    ... )
-    >>> m = qdq.prepare(net, (torch.randn(1, 3, 12, 12),))
-    >>> data = [torch.randn(4, 3, 12, 12) for _ in range(3)]
-    >>> _ = qdq.calibrate(m, data, show_progress=False)
-    >>> errors = layer_errors(m, data)
-    >>> [r.name for r in errors.rows]  # worst first
-    ['2:input', '0:input']
-    >>> errors.rows[0].accumulated.sqnr_db > 20, errors.rows[0].weight.sqnr_db > 40
-    (True, True)
-"""
+"""``layer_errors``: the accumulated and isolated error of every activation quantizer, in one pass."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
 from qdq.calib.batches import expected_inputs, run_batch
+from qdq.debug.stats import ErrorStats, Histogram, finite
+from qdq.debug.taps import Taps, int8_modes, is_weight
 from qdq.quant import Quantizer, QuantMode, quantizer_mode
 
-__all__ = ["ErrorStats", "Histogram", "LayerError", "LayerErrors", "WeightError", "layer_errors"]
+__all__ = ["HISTOGRAM_BINS", "LayerError", "LayerErrors", "WeightError", "layer_errors"]
 
 #: bins kept per histogram (the calibrator's are merged into at most this many)
 HISTOGRAM_BINS = 128
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    """How far a tensor ``y`` is from its FP32 reference ``x`` (summed over every element).
-
-    Attributes:
-        sqnr_db: 10·log10(Σx² / Σ(x − y)²); ``inf`` when ``y == x``.
-        cosine: Σxy / √(Σx²·Σy²).
-        rel_mse: Σ(x − y)² / Σx².
-        numel: elements compared.
-
-    Example:
-        >>> s = ErrorStats.between(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.1]))
-        >>> round(s.sqnr_db, 1), round(s.rel_mse, 4)
-        (27.0, 0.002)
-    """
-
-    sqnr_db: float
-    cosine: float
-    rel_mse: float
-    numel: int
-
-    @staticmethod
-    def between(reference: torch.Tensor, other: torch.Tensor) -> ErrorStats:
-        """The error of ``other`` against ``reference``."""
-        acc = _Sums()
-        acc.add(reference, other)
-        return acc.stats()
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe (a non-finite number is ``null``)."""
-        return {k: _finite(v) for k, v in asdict(self).items()}
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """The calibration histogram of ``|x|`` of one quantizer and the amax each method picks.
-
-    ``counts[i]`` counts values in ``[i·bin_width, (i+1)·bin_width)``; ``amax`` is the one in use
-    (``method``), ``methods`` the amax of every method the calibrator computes from the same data.
-    """
-
-    bin_width: float
-    counts: tuple[int, ...]
-    observed_max: float
-    amax: float
-    method: str
-    methods: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
-        return {**asdict(self), "counts": list(self.counts)}
 
 
 @dataclass(frozen=True)
@@ -166,7 +79,7 @@ class LayerError:
             elif isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, float):
-                value = _finite(value)
+                value = finite(value)
             out[key] = value
         return out
 
@@ -281,10 +194,10 @@ def layer_errors(
     owners = {
         path: points[groups[path].leader].owner
         for path in quantizers
-        if path in groups and not _is_weight(quantizers[path])
+        if path in groups and not is_weight(quantizers[path])
     }
     modules = dict(prepared.named_modules())
-    taps = _Taps(
+    taps = Taps(
         quantizers,
         {o: modules[o] for o in set(owners.values()) if o and o in modules},
         prepared,
@@ -297,7 +210,7 @@ def layer_errors(
             with quantizer_mode(prepared, QuantMode.BYPASS):
                 run_batch(prepared, batch, seen, expected)
             taps.phase = "int8"
-            with _int8_modes(quantizers):
+            with int8_modes(quantizers):
                 run_batch(prepared, batch, seen, expected)
             taps.compare()
             seen += 1
@@ -312,7 +225,7 @@ def _result(
     plan: Any,
     quantizers: dict[str, Quantizer],
     owners: dict[str, str],
-    taps: _Taps,
+    taps: Taps,
     seen: int,
     histograms: int,
 ) -> LayerErrors:
@@ -320,7 +233,7 @@ def _result(
     weights = tuple(
         WeightError(q.name, path, plan.point(q.name).owner, taps.sums[path].stats())
         for path, q in quantizers.items()
-        if _is_weight(q) and path in taps.sums
+        if is_weight(q) and path in taps.sums
     )
     weight_of = {w.owner: w.error for w in weights}
     rows = []
@@ -392,159 +305,3 @@ def _with_histogram(row: LayerError, q: Quantizer) -> LayerError:
         methods=methods,
     )
     return LayerError(**{**row.__dict__, "histogram": histogram})
-
-
-class _Sums:
-    """Running Σx², Σy², Σxy, Σ(x−y)² in float64, and the count of clipped reference values."""
-
-    def __init__(self) -> None:
-        self.xx = self.yy = self.xy = self.ee = 0.0
-        self.numel = self.clipped = 0
-
-    def add(self, x: torch.Tensor, y: torch.Tensor, amax: torch.Tensor | None = None) -> None:
-        x64, y64 = x.detach().double().flatten(), y.detach().double().flatten()
-        self.xx += float(x64 @ x64)
-        self.yy += float(y64 @ y64)
-        self.xy += float(x64 @ y64)
-        self.ee += float(((x64 - y64) ** 2).sum())
-        self.numel += x64.numel()
-        if amax is not None and amax.numel() == 1:
-            self.clipped += int((x.detach().abs() > amax).sum())
-
-    def stats(self) -> ErrorStats:
-        if self.ee == 0.0:
-            sqnr = math.inf
-        elif self.xx == 0.0:
-            sqnr = -math.inf
-        else:
-            sqnr = 10.0 * math.log10(self.xx / self.ee)
-        norm = math.sqrt(self.xx * self.yy)
-        cosine = self.xy / norm if norm > 0 else (1.0 if self.xx == self.yy else 0.0)
-        rel = self.ee / self.xx if self.xx > 0 else (0.0 if self.ee == 0 else math.inf)
-        return ErrorStats(sqnr, cosine, rel, self.numel)
-
-
-class _Taps:
-    """Forward hooks: the FP32 pass stores tensors, the INT8 pass is compared with them.
-
-    Quantizer hooks copy their tensor at once (the tracker of :mod:`qdq.graph.calls` does not
-    count torch calls made inside a quantizer). Module hooks only keep a reference (no torch call
-    there, so the tracker's call ordinals are untouched); they are compared after the forward.
-    """
-
-    def __init__(
-        self, quantizers: dict[str, Quantizer], modules: dict[str, nn.Module], root: nn.Module
-    ) -> None:
-        self.quantizers, self.modules, self.root = quantizers, modules, root
-        self.phase = "fp32"
-        self.sums: dict[str, _Sums] = {}
-        self.order: list[str] = []
-        self.samples = 0
-        self.notes: list[str] = []
-        self._fp32: dict[str, list[torch.Tensor]] = {}
-        self._int8: dict[str, list[torch.Tensor]] = {}
-        self._calls: dict[str, int] = {}  # INT8 calls of each activation quantizer, this batch
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> _Taps:
-        for path, q in self.quantizers.items():
-            self._handles.append(q.register_forward_hook(self._quantizer_hook(path)))
-        for path, m in self.modules.items():
-            self._handles.append(m.register_forward_hook(self._keep(f"module:{path}")))
-        self._handles.append(self.root.register_forward_hook(self._root_hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def _quantizer_hook(self, path: str) -> Any:
-        weight = _is_weight(self.quantizers[path])
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not isinstance(output, torch.Tensor):
-                return
-            if weight:  # the float weight is the input; compared once
-                if self.phase == "int8" and path not in self.sums:
-                    self._sums(path).add(args[0], output)
-            elif self.phase == "fp32":
-                if path not in self.order:
-                    self.order.append(path)
-                self._fp32.setdefault(path, []).append(output.detach().clone())
-            else:
-                calls = self._fp32.get(path, [])
-                k = self._calls.get(path, 0)
-                self._calls[path] = k + 1
-                if k < len(calls) and calls[k].shape == output.shape:
-                    self._sums(path).add(calls[k], output, self.quantizers[path].amax)
-                    self._sums(f"in:{path}").add(calls[k], args[0])
-                    calls[k] = calls[k].new_empty(0)  # free the FP32 copy early
-                else:
-                    self._note(f"{path}: its calls differ between the FP32 and INT8 runs")
-
-        return hook
-
-    def _keep(self, key: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            store = self._fp32 if self.phase == "fp32" else self._int8
-            store.setdefault(key, []).append(output)
-
-        return hook
-
-    def _root_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        self._keep("model:output")(module, args, output)
-        if self.phase == "fp32":
-            leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            self.samples += int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
-
-    def compare(self) -> None:
-        """After the INT8 pass: compare the kept module outputs; drop the batch's tensors."""
-        for key, ref in self._fp32.items():
-            if not key.startswith(("module:", "model:")):
-                if self._calls.get(key, 0) != len(ref):
-                    self._note(f"{key}: its calls differ between the FP32 and INT8 runs")
-                continue
-            got = self._int8.get(key, [])
-            for a, b in zip(ref, got, strict=False):
-                x, y = _first_tensor(a), _first_tensor(b)
-                if x is not None and y is not None and x.shape == y.shape:
-                    self._sums(key).add(x, y)
-            if len(got) != len(ref):
-                self._note(f"{key}: its calls differ between the FP32 and INT8 runs")
-        self._fp32.clear()
-        self._int8.clear()
-        self._calls.clear()
-
-    def _sums(self, key: str) -> _Sums:
-        return self.sums.setdefault(key, _Sums())
-
-    def _note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
-
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    return next((t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)), None)
-
-
-def _is_weight(q: Quantizer) -> bool:
-    return q.name.endswith(":weight")
-
-
-def _finite(value: Any) -> Any:
-    return value if not isinstance(value, float) or math.isfinite(value) else None
-
-
-@contextlib.contextmanager
-def _int8_modes(quantizers: dict[str, Quantizer]) -> Iterator[None]:
-    """The INT8 model as the user set it up: calibrating quantizers quantize, bypassed ones stay."""
-    saved = {path: q.mode for path, q in quantizers.items()}
-    try:
-        for q in quantizers.values():
-            if q.mode is QuantMode.CALIBRATE:
-                q.mode = QuantMode.QUANTIZE
-        yield
-    finally:
-        for path, q in quantizers.items():
-            q.mode = saved[path]
