@@ -50,6 +50,15 @@ def test_the_fragile_layer_ranks_first_and_the_model_is_restored() -> None:
     fragile = errors.row("conv2:input")
     assert fragile.score < 25 and errors.row("conv1:input").score > 35
     assert fragile.upstream is not None and fragile.upstream.sqnr_db > 30  # its own Q/DQ did it
+    # isolated (only this Q/DQ, on the FP32 tensor): the fragile point is the worst on its own,
+    # and conv3's damage is inherited (accumulated far below isolated)
+    iso = {r.name: r.isolated.sqnr_db for r in errors.rows if r.isolated is not None}
+    assert min(iso, key=iso.__getitem__) == "conv2:input" and len(iso) == 3
+    assert iso["conv3:input"] > errors.row("conv3:input").score + 5
+    first = errors.row("conv1:input")  # nothing upstream: isolated is accumulated
+    assert first.isolated is not None
+    assert first.isolated.sqnr_db == pytest.approx(first.score)
+    assert "isolated" in errors.format() and "sqnr_db" in errors.to_dict()["rows"][0]["isolated"]
     assert errors.batches == 2 and errors.samples == 8
     worst = errors.rows[0]
     assert worst.histogram is not None and all(r.histogram is None for r in errors.rows[1:])
@@ -83,7 +92,7 @@ def test_json_and_format() -> None:
     errors = layer_errors(m, data, num_batches=1)
     d = json.loads(errors.to_json())
     assert [r["name"] for r in d["rows"]] == [r.name for r in errors.rows]
-    assert d["rows"][0]["isolated"] is None and d["rows"][0]["histogram"]["method"] == "max"
+    assert d["rows"][0]["isolated"]["numel"] > 0 and d["rows"][0]["histogram"]["method"] == "max"
     assert d["rows"][-1]["upstream"]["sqnr_db"] is None  # the network input arrives exact
     assert errors.rows[0].name in errors.format(top=1) and "model output" in errors.format()
 

@@ -15,8 +15,9 @@ Errors are summed over every call of a quantizer and every batch, as
 * ``cosine`` = Σxy / √(Σx²·Σy²) over the whole tensor;
 * ``rel_mse`` = Σ(x − y)² / Σx² (= 10^(−SQNR/10)).
 
-The *isolated* error of a point (only this point quantized) is left to a later pass
-(``LayerError.isolated`` is ``None`` here).
+The *isolated* error of a point (only this point quantized) comes from the same pass: in the FP32
+run, each activation quantizer's Q/DQ is applied to the FP32 tensor on the side and compared with it
+(``LayerError.isolated``). Isolated far above accumulated: the damage comes from upstream.
 
 Example:
     >>> import torch, qdq

@@ -44,7 +44,9 @@ class LayerError:
         output: the output of ``owner`` when it is a module, INT8 vs FP32 (weights, input and
             everything upstream quantized); ``None`` otherwise.
         weight: the fake-quantized weight of ``owner`` vs its float weight, when it has one.
-        isolated: only this point quantized (not measured by :func:`layer_errors`: ``None``).
+        isolated: only this point quantized: this Q/DQ applied to the FP32 tensor (everything
+            upstream float), against that tensor. ``accumulated`` far below ``isolated`` means the
+            damage comes from upstream; close to it, from this point's own scale.
         histogram: for the worst points, the calibration histogram and every method's amax.
     """
 
@@ -137,14 +139,16 @@ class LayerErrors:
         width = max([len(r.name) for r in rows] + [5])
         lines = [
             f"layer errors on {self.samples} samples ({self.batches} batches), worst first",
-            f"{'point':<{width}}  {'SQNR dB':>8}  {'cosine':>8}  {'clipped':>8}  {'weight dB':>9}",
+            f"{'point':<{width}}  {'SQNR dB':>8}  {'isolated':>8}  {'cosine':>8}  {'clipped':>8}"
+            f"  {'weight dB':>9}",
         ]
         for r in rows:
             clipped = "-" if r.clipped is None else f"{100 * r.clipped:.3f}%"
             weight = "-" if r.weight is None else f"{r.weight.sqnr_db:.1f}"
+            iso = "-" if r.isolated is None else f"{r.isolated.sqnr_db:.2f}"
             lines.append(
-                f"{r.name:<{width}}  {r.accumulated.sqnr_db:>8.2f}  {r.accumulated.cosine:>8.5f}"
-                f"  {clipped:>8}  {weight:>9}"
+                f"{r.name:<{width}}  {r.accumulated.sqnr_db:>8.2f}  {iso:>8}"
+                f"  {r.accumulated.cosine:>8.5f}  {clipped:>8}  {weight:>9}"
             )
         if self.output is not None:
             lines.append(f"model output: SQNR {self.output.sqnr_db:.2f} dB, cosine "
@@ -245,6 +249,7 @@ def _result(
         per_tensor = q.amax.numel() == 1
         out = taps.sums.get(f"module:{owner}")
         upstream = taps.sums.get(f"in:{path}")
+        isolated = taps.sums.get(f"iso:{path}")
         rows.append(
             LayerError(
                 name=q.name,
@@ -258,6 +263,7 @@ def _result(
                 accumulated=sums.stats(),
                 clipped=sums.clipped / sums.numel if per_tensor and sums.numel else None,
                 upstream=None if upstream is None else upstream.stats(),
+                isolated=None if isolated is None else isolated.stats(),
                 output=None if out is None else out.stats(),
                 weight=weight_of.get(owner),
             )

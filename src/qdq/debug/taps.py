@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from qdq.debug.stats import ErrorSums
 from qdq.quant import Quantizer, QuantMode
+from qdq.quant.primitives import fake_quant_unchecked
 
 __all__ = ["Taps", "first_tensor", "int8_modes", "is_weight"]
 
@@ -63,7 +64,9 @@ class Taps:
             elif self.phase == "fp32":
                 if path not in self.order:
                     self.order.append(path)
-                self._fp32.setdefault(path, []).append(output.detach().clone())
+                x = output.detach().clone()
+                self._fp32.setdefault(path, []).append(x)
+                self._sums(f"iso:{path}").add(x, _fake_quant(self.quantizers[path], x))
             else:
                 calls = self._fp32.get(path, [])
                 k = self._calls.get(path, 0)
@@ -114,6 +117,13 @@ class Taps:
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
+
+
+def _fake_quant(q: Quantizer, x: torch.Tensor) -> torch.Tensor:
+    """``x`` through ``q``'s Q/DQ whatever its mode (the FP32 run bypasses every quantizer)."""
+    return fake_quant_unchecked(
+        x, q.amax, num_bits=q.spec.num_bits, axis=q.spec.axis, narrow_range=q.spec.narrow_range
+    )
 
 
 def first_tensor(value: Any) -> torch.Tensor | None:

@@ -217,8 +217,11 @@ def _error_row(e: Mapping[str, Any]) -> dict[str, Any]:
 
     acc = e["accumulated"]
     weight, output, upstream = e.get("weight"), e.get("output"), e.get("upstream")
+    isolated = e.get("isolated")
     return {
         **e,
+        "isolated_sqnr": None if isolated is None else isolated["sqnr_db"],
+        "has_isolated": isolated is not None,
         "upstream_sqnr": None if upstream is None else upstream["sqnr_db"],
         "has_upstream": upstream is not None,
         "sqnr": acc["sqnr_db"],
