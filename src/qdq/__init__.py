@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from qdq import debug, lint, nn
 from qdq._version import __version__
+from qdq.accuracy import AutoQuantResult, Sensitivity, auto_quantize, sensitivity
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
     CalibrationError,
@@ -27,6 +28,7 @@ from qdq.pipeline import QuantizeResult, quantize
 from qdq.quant import Quantizer, QuantMode, fake_quant, quantizer_mode, scale_from_amax
 
 __all__ = [
+    "AutoQuantResult",
     "CalibSpec",
     "CalibrationError",
     "Calibrator",
@@ -40,7 +42,9 @@ __all__ = [
     "QuantSpec",
     "QuantizeResult",
     "Quantizer",
+    "Sensitivity",
     "__version__",
+    "auto_quantize",
     "calibrate",
     "debug",
     "export_onnx",
@@ -56,4 +60,5 @@ __all__ = [
     "quantizers_of",
     "recompute_amax",
     "scale_from_amax",
+    "sensitivity",
 ]

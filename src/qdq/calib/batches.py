@@ -99,8 +99,8 @@ def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype | None, torch.dev
     return None, None
 
 
-def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> None:
-    """Check ``batch`` against ``expected`` and run ``model`` on it.
+def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> Any:
+    """Check ``batch`` against ``expected``, run ``model`` on it and return its output.
 
     Raises:
         TypeError: the batch (or one of its inputs) is not a tensor / tuple / list / dict.
@@ -125,7 +125,7 @@ def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> 
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stderr(buffer):  # fx prints the generated code on errors
-            model(*args, **kwargs)
+            output = model(*args, **kwargs)
     except CalibrationError:
         raise
     except Exception as err:
@@ -139,8 +139,8 @@ def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> 
             f"calibration batch {index}: the model expects {want}, got {got}; it fails on this "
             f"shape ({type(err).__name__}: {first_line})"
         ) from None
-    else:
-        sys.stderr.write(buffer.getvalue())
+    sys.stderr.write(buffer.getvalue())
+    return output
 
 
 def _arguments(
