@@ -5,7 +5,7 @@
    the cheap proxy — :func:`qdq.sensitivity` one-off on a few batches, one forward per unit —, then
    confirm the ``candidates`` best with the user's metric (everything INT8 but that unit).
 3. Fall back units greedily, confirmed gains first, then the proxy order: keep a unit in float,
-   measure, keep it only if the metric did not get worse, stop once the drop is within budget.
+   measure, keep it only if the metric improved, stop once the drop is within budget.
 4. Re-plan: :func:`qdq.prepare` again with the fallen units' ops excluded (rule ``USER``, so the
    plan, the export and its manifest all say so), calibrate again, measure the final metric.
 5. Predict the TensorRT cost (``lint_cost``): export the full-INT8 model, the final model and the
@@ -102,7 +102,7 @@ class FallbackStep:
         proxy_damage: its one-off proxy damage (output relative MSE that goes away).
         confirmed_gain: metric gain with only this unit in float (``None``: not confirmed).
         metric: the metric with this and every earlier kept unit in float.
-        kept: whether the unit stayed in float (it did not make the metric worse).
+        kept: whether the unit stayed in float (the metric improved: a unit that gains nothing stays INT8).
         cost: the predicted TensorRT cost of this unit alone (with ``lint_cost``).
     """
 
@@ -255,6 +255,8 @@ def auto_quantize(
     exporter: str = "auto",
     target: str = "trt10",
     show_progress: bool = True,
+    prepared: nn.Module | None = None,
+    fp32_metric: float | None = None,
 ) -> AutoQuantResult:
     """Quantize ``model`` to INT8, keeping in float only what the ``max_drop`` budget needs.
 
@@ -280,6 +282,9 @@ def auto_quantize(
         exporter: the exporter for ``lint_cost``.
         target: the TensorRT version for ``lint_cost``.
         show_progress: progress bars.
+        prepared: start from this calibrated (and improved) ``qdq.prepare(model, example_inputs,
+            config)`` instead of preparing and calibrating again.
+        fp32_metric: the float model's metric when already known (else measured).
 
     Raises:
         ValueError: bad ``max_drop``/``candidates``/``max_fallback``, one-shot or empty data, a
@@ -302,8 +307,9 @@ def auto_quantize(
     data = _reiterable(data, "data")
     cfg = config if config is not None else QuantConfig.tensorrt()
     score = _checked(metric if metric is not None else agreement_metric(model, eval_data or data))
-    prepared = _quantized(model, example_inputs, data, cfg, method, improve, show_progress)
-    fp32 = score(model)
+    if prepared is None:
+        prepared = _quantized(model, example_inputs, data, cfg, method, improve, show_progress)
+    fp32 = score(model) if fp32_metric is None else float(fp32_metric)
     full = score(prepared)
     if fp32 - full <= max_drop:
         return AutoQuantResult(prepared, (), fp32, full, full, float(max_drop), config=cfg,
@@ -329,7 +335,7 @@ def auto_quantize(
         trial = [*off, units[name]]
         with units_off(prepared, trial):
             got = score(prepared)
-        kept = got >= best
+        kept = got > best
         if kept:
             off, best = trial, got
         unit = units[name]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qdq._version import __version__
+from qdq.cli.accuracy import add_accuracy_parsers, run_debug, run_sensitivity
 from qdq.cli.quantize import add_quantize_parser, add_zoo_parser, run_quantize, run_zoo
 
 __all__ = ["main"]
@@ -37,6 +38,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_quantize_parser(sub)
     add_zoo_parser(sub)
+    add_accuracy_parsers(sub)
     lint = sub.add_parser(
         "lint",
         help="predict what TensorRT does with a Q/DQ ONNX (no GPU needed)",
@@ -131,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "quantize":
         return run_quantize(args)
+    if args.command == "debug":
+        return run_debug(args)
+    if args.command == "sensitivity":
+        return run_sensitivity(args)
     if args.command == "zoo":
         return run_zoo(args.action)
     if args.command == "lint":

@@ -7,7 +7,16 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_quantize_parser", "add_zoo_parser", "print_summary", "run_quantize", "run_zoo"]
+__all__ = [
+    "add_data_options",
+    "add_quantize_parser",
+    "add_zoo_parser",
+    "data_options",
+    "one_line",
+    "print_summary",
+    "run_quantize",
+    "run_zoo",
+]
 
 
 def add_quantize_parser(sub: Any) -> None:
@@ -45,6 +54,14 @@ def add_quantize_parser(sub: Any) -> None:
         help="also measure every calibration method (torch fake-quant)",
     )
     p.add_argument(
+        "--max-drop",
+        type=float,
+        metavar="X",
+        help="keep in float the fewest layers that bring the metric within X of FP32 (metric "
+        "units: 0.01 = one point of accuracy); ranked by a cheap proxy, confirmed with the "
+        "metric on the evaluation data, each fallback's TensorRT cost predicted by the linter",
+    )
+    p.add_argument(
         "--exporter",
         default="auto",
         choices=("auto", "dynamo", "torchscript"),
@@ -56,6 +73,13 @@ def add_quantize_parser(sub: Any) -> None:
         default="trt10",
         help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11",
     )
+    add_data_options(p)
+    p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_data_options(p: Any) -> None:
+    """The data flags shared by quantize, debug and sensitivity."""
     p.add_argument(
         "--calib-samples",
         type=int,
@@ -74,8 +98,21 @@ def add_quantize_parser(sub: Any) -> None:
     p.add_argument("--mean", metavar="M[,M,M]", help="image folders: per-channel mean (0)")
     p.add_argument("--std", metavar="S[,S,S]", help="image folders: per-channel std (1)")
     p.add_argument("--channels", type=int, choices=(1, 3), help="image folders: 1 gray, 3 RGB")
-    p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def data_options(args: argparse.Namespace) -> Any:
+    """A :class:`qdq.pipeline.DataOptions` from the data flags."""
+    from qdq.pipeline import DataOptions
+
+    return DataOptions(
+        calib_samples=args.calib_samples,
+        eval_samples=args.eval_samples,
+        image_size=_size(args.image_size),
+        mean=_floats(args.mean, "--mean"),
+        std=_floats(args.std, "--std"),
+        channels=args.channels,
+        seed=args.seed,
+    )
 
 
 def add_zoo_parser(sub: Any) -> None:
@@ -114,7 +151,7 @@ def one_line(err: BaseException) -> str:
 
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
-    from qdq.pipeline import DataOptions, quantize
+    from qdq.pipeline import quantize
     from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
@@ -122,15 +159,7 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             print(f"  {STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
 
     try:
-        options = DataOptions(
-            calib_samples=args.calib_samples,
-            eval_samples=args.eval_samples,
-            image_size=_size(args.image_size),
-            mean=_floats(args.mean, "--mean"),
-            std=_floats(args.std, "--std"),
-            channels=args.channels,
-            seed=args.seed,
-        )
+        options = data_options(args)
         if not args.json:
             print(f"{prog}: {args.model} on {args.data or 'its own data'} → {args.out}", flush=True)
         result = quantize(
@@ -145,6 +174,7 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             data_options=options,
             batch_size=args.batch_size,
             compare_methods=args.compare_methods,
+            max_drop=args.max_drop,
             overwrite=args.overwrite,
             show_progress=not args.no_progress,
             on_stage=stage,
@@ -191,6 +221,7 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
                 f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
                 f"{s['cosine_mean']:>10.5f}{mark}"
             )
+    _print_fallback(r.get("fallback"))
     lint = r["lint"]
     print(
         f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
@@ -212,6 +243,29 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
     print(f"time: {r['total_s']:.1f} s ({times})")
     print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")
+
+
+def _print_fallback(fb: dict[str, Any] | None) -> None:
+    if fb is None:
+        return
+    verdict = "within" if fb["within_budget"] else "NOT within"
+    print(
+        f"fallback (--max-drop {fb['max_drop']:g}, torch fake-quant on the evaluation data): "
+        f"full INT8 {fb['full_int8_metric']:.4f} → {fb['int8_metric']:.4f}, {verdict} budget; "
+        f"kept in float: {', '.join(fb['fallback']) or 'nothing'}"
+    )
+    for step in fb["steps"]:
+        if step["kept"]:
+            cost = step["cost"]
+            extra = (
+                ""
+                if cost is None
+                else (
+                    f"; TensorRT: {cost['int8_layers_lost']} weighted layer(s) leave INT8, "
+                    f"{cost['float_islands']:+d} float island(s), {cost['unfused_qdq']:+d} unfused Q/DQ"
+                )
+            )
+            print(f"  float: {step['unit']} → metric {step['metric']:.4f}{extra}")
 
 
 def _db(value: float | None) -> str:

@@ -10,8 +10,9 @@ cosine vs FP32), ``calibration_methods`` (per method, torch fake-quant; ``null``
 scale group, calibration method and amax; per-channel weights as min/max), ``lint_verdict``,
 ``lint_findings``, ``predicted_layers`` (the linter's engine prediction), ``plan`` (every Q/DQ
 decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
-:meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``warnings``, ``files`` (names
-inside OUT).
+:meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
+``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
+without it), ``warnings``, ``files`` (names inside OUT).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ STAGE_LABELS = {
     "int8_eval": "INT8 (ONNX Runtime)",
     "layer_errors": "per-layer error",
     "compare_methods": "every method",
+    "fallback": "fallback search",
     "lint": "lint",
 }
 
@@ -56,6 +58,7 @@ def build_report(
     methods: dict[str, dict[str, Any]] | None,
     layer_errors: dict[str, Any] | None,
     settings: dict[str, Any],
+    fallback: dict[str, Any] | None = None,
     timings: dict[str, float],
     warnings: list[str],
     files: dict[str, str],
@@ -126,6 +129,7 @@ def build_report(
         "predicted_layers": lint_dict["layers"],
         "plan": plan.to_dict(),
         "layer_errors": layer_errors,
+        "fallback": fallback,
         "warnings": sorted(set(warnings)),
         "files": files,
     }

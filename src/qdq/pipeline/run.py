@@ -98,6 +98,7 @@ def quantize(
     data_options: DataOptions | None = None,
     batch_size: int = 32,
     compare_methods: bool = False,
+    max_drop: float | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     on_stage: StageCallback | None = None,
@@ -124,6 +125,10 @@ def quantize(
         batch_size: samples per batch for calibration and evaluation (a ``.pt2`` with a static
             batch dimension uses its own).
         compare_methods: also measure every calibration method in torch fake-quant.
+        max_drop: keep in float the fewest units (scale groups) that bring the metric's drop
+            from FP32 within this budget (metric units: 0.01 is one point of accuracy), chosen
+            on the evaluation data in torch fake-quant (:func:`qdq.auto_quantize`); ``None``:
+            everything planned stays INT8.
         overwrite: replace an existing non-empty ``out``.
         show_progress: progress bars.
         on_stage: called after every stage with its name, seconds and a one-line detail.
@@ -147,6 +152,12 @@ def quantize(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     from qdq.config import CALIBRATION_METHODS
 
+    if max_drop is not None and (
+        isinstance(max_drop, bool)
+        or not isinstance(max_drop, (int, float))
+        or not 0 <= max_drop < float("inf")
+    ):
+        raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
     if calib not in CALIBRATION_METHODS:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
@@ -204,6 +215,19 @@ def quantize(
                 show_progress=show_progress,
             )
             st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
+        fallback = None
+        if max_drop is not None:
+            with stages("fallback") as st:
+                fallback = _fallback(source, qdata, example, prepared, calib_batches, max_drop,
+                                     calib, percentile, exporter, target, size, static,
+                                     show_progress)  # fmt: skip
+                prepared = fallback.model
+                st.detail = (
+                    f"{len(fallback.fallback)} op(s) kept in float, metric "
+                    f"{fallback.full_int8_metric:.4f} → {fallback.int8_metric:.4f} (FP32 "
+                    f"{fallback.fp32_metric:.4f}, budget {max_drop:g}"
+                    f"{'' if fallback.within_budget else ', NOT met'})"
+                )
         result = _export_and_measure(
             prepared,
             source,
@@ -224,6 +248,7 @@ def quantize(
                 static,
             ),
             caught,
+            fallback,
         )
     return result
 
@@ -251,6 +276,7 @@ def _export_and_measure(
     overwrite: bool,
     s: _Settings,
     caught: list[warnings.WarningMessage],
+    fallback: Any = None,
 ) -> QuantizeResult:
     import qdq
     from qdq.lint import lint
@@ -334,7 +360,9 @@ def _export_and_measure(
             int8_torch=int8_torch,
             methods=methods,
             layer_errors=errors.to_dict(),
+            fallback=None if fallback is None else fallback.to_dict(),
             settings={
+                "max_drop": None if fallback is None else fallback.max_drop,
                 "method": s.calib,
                 "percentile": s.percentile,
                 "batch_size": size,
@@ -364,6 +392,50 @@ def _export_and_measure(
         report=json.loads(text),
         prepared=prepared,
         html_path=out_dir / HTML_FILE,
+    )
+
+
+def _fallback(
+    source: ModelSource,
+    qdata: QuantData,
+    example: torch.Tensor,
+    prepared: nn.Module,
+    calib_batches: list[torch.Tensor],
+    max_drop: float,
+    calib: str,
+    percentile: float | None,
+    exporter: str,
+    target: str,
+    size: int,
+    static: bool,
+    show: bool,
+) -> Any:
+    """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch."""
+    from qdq.accuracy import auto_quantize
+    from qdq.config import QuantConfig
+
+    every = qdata.metric is not None
+    ref = torch_outputs(source.module, qdata.evaluation, size, static=static, desc="FP32",
+                        show=False, every=every)  # fmt: skip
+
+    def metric(model: nn.Module) -> float:
+        outs = torch_outputs(model, qdata.evaluation, size, static=static, desc="INT8",
+                             show=False, every=every)  # fmt: skip
+        return float(score(outs, ref, qdata.labels, qdata.metric, qdata.targets)["metric"])
+
+    cfg = QuantConfig.tensorrt(method=calib, percentile=99.99 if percentile is None else percentile)
+    return auto_quantize(
+        source.module,
+        (example,),
+        calib_batches,
+        metric=metric,
+        max_drop=max_drop,
+        config=cfg,
+        prepared=prepared,
+        fp32_metric=metric(source.module),
+        exporter=exporter,
+        target=target,
+        show_progress=show,
     )
 
 

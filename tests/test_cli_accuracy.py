@@ -1,0 +1,125 @@
+"""``qdq debug``, ``qdq sensitivity`` and ``qdq quantize --max-drop`` on a model with one fragile layer."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from qdq.cli.main import main
+
+pytest.importorskip("onnxruntime")
+
+MODEL_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Fragile(nn.Module):
+        # conv2 ignores channel 0, which carries huge spikes: its per-tensor max scale crushes
+        # every other channel
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
+            self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+            self.conv3 = nn.Conv2d(32, 32, 3, padding=1)
+            self.fc = nn.Linear(32 * 36, 16)
+            with torch.no_grad():
+                self.conv2.weight[:, 0] = 0.0
+
+        def forward(self, x):
+            y = torch.relu(self.conv1(x))
+            spikes = torch.zeros_like(y)
+            spikes[:, 0, 0, 0] = 200.0
+            y = torch.relu(self.conv2(y + spikes))
+            y = torch.relu(self.conv3(y))
+            return self.fc(nn.functional.avg_pool2d(y, 2).flatten(1))
+
+
+    def build():
+        torch.manual_seed(0)
+        return Fragile().eval()
+    """
+)
+COMMON = ("--calib", "max", "--calib-samples", "64", "--batch-size", "16", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("accuracy")
+    (root / "fragile.py").write_text(MODEL_PY)
+    x = torch.randn(192, 3, 12, 12, generator=torch.Generator().manual_seed(0)).numpy()
+    np.save(root / "x.npy", x)
+    return {"model": f"{root / 'fragile.py'}:build", "data": str(root / "x.npy")}
+
+
+def test_debug_ranks_the_fragile_layer_first(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sub" / "errors.json"
+    args = ["debug", "--model", inputs["model"], "--data", inputs["data"], *COMMON]
+    assert main([*args, "--top", "2", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[2].split()[0] in ("conv2:input", "conv3:input") and "isolated" in lines[1]
+    assert f"wrote {out}" in text
+    saved = json.loads(out.read_text())
+    iso = {r["name"]: r["isolated"]["sqnr_db"] for r in saved["rows"]}
+    assert min(iso, key=iso.__getitem__) == "conv2:input"  # on its own, conv2 is the damage
+    assert saved["samples"] == 64 and saved["calibration"] == "max"
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["name"] == saved["rows"][0]["name"]
+
+
+@pytest.mark.parametrize("metric", ["proxy", "task"])
+def test_sensitivity_ranks_the_fragile_layer_first(inputs, capsys, metric: str) -> None:
+    args = ["sensitivity", "--model", inputs["model"], "--data", inputs["data"], *COMMON]
+    assert main([*args, "--metric", metric, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["rows"][0]["name"] == "conv2:input" and result["mode"] == "one-off"
+    assert result["scored_by"] == ("metric" if metric == "task" else "output_sqnr_db")
+    assert len(result["rows"]) == 5
+
+
+def test_quantize_max_drop_falls_back_the_fragile_layer_only(
+    inputs, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "out"
+    args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
+            "--exporter", "torchscript", *COMMON]  # fmt: skip
+    assert main([*args, "--max-drop", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "kept in float: conv2" in text and "float: conv2:input" in text
+    report = json.loads((out / "report.json").read_text())
+    fb = report["fallback"]
+    assert fb["fallback"] == ["conv2"] and fb["within_budget"]
+    assert fb["full_int8_metric"] < fb["int8_metric"]
+    # the published figure is the exported model's: within the budget in ONNX Runtime too
+    assert report["fp32_metric"] - report["int8_metric"] <= 0.05 + 1e-9
+    assert report["settings"]["max_drop"] == 0.05
+    assert {s["name"]: s["rule"] for s in report["skipped_layers"]} == {"conv2": "USER"}
+    graph = onnx.load(str(out / "model.qdq.onnx")).graph
+    conv_inputs = {n.input[0] for n in graph.node if n.op_type == "Conv"}
+    fed_by_dq = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    assert len(conv_inputs & fed_by_dq) == 2  # conv1 and conv3 read Q/DQ, conv2 reads float
+    html = (out / "report.html").read_text()
+    assert "conv2" in html
+
+
+def test_bad_arguments_are_one_line(inputs, capsys) -> None:
+    args = ["sensitivity", "--model", inputs["model"], "--data", inputs["data"], *COMMON]
+    assert main([*args, "--samples", "0"]) == 2
+    assert "--samples must be >= 1" in capsys.readouterr().err
+    assert main(["debug", "--model", "nowhere.py:build", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qdq debug: error:") and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["quantize", "--model", inputs["model"], "--max-drop", "lots"])
+    capsys.readouterr()
+    assert main(["quantize", "--model", inputs["model"], "--data", inputs["data"],
+                 "--max-drop", "-1", "--no-progress"]) == 2  # fmt: skip
+    assert "max_drop must be a number >= 0" in capsys.readouterr().err
