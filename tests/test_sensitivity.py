@@ -160,7 +160,7 @@ def test_a_budget_that_cannot_be_met_is_reported_not_hidden(setup) -> None:
     res = qdq.auto_quantize(net, (data[0][:1],), data, metric=metric, max_drop=0.1, method="max",
                             max_fallback=2, lint_cost=False, show_progress=False)  # fmt: skip
     assert not res.within_budget and "NOT within" in res.format()
-    assert len(res.steps) == 2 and res.int8_metric == 0.5
+    assert 1 <= len(res.steps) <= 2 and res.int8_metric == 0.5
 
 
 def test_bad_arguments(setup) -> None:
@@ -187,3 +187,31 @@ def test_bad_arguments(setup) -> None:
         qdq.auto_quantize(net, (data[0][:1],), data, max_drop=-0.1)
     with pytest.raises(ValueError, match="holds no batch"):
         qdq.auto_quantize(net, (data[0][:1],), [])
+
+
+def test_the_search_puts_back_in_int8_what_the_budget_does_not_need(setup) -> None:
+    from qdq.accuracy.fallback import _Search
+
+    net, data, _ = setup
+    m = _calibrated(net, data)
+    units = {u.name: u for u in units_of(m)}
+    proxy = qdq.sensitivity(m, data, show_progress=False)
+
+    def metric(model: nn.Module) -> float:  # only conv2 in float matters
+        return (
+            1.0 if qdq.quantizers_of(model)["conv2.input_quantizer"].mode.value == "bypass" else 0.5
+        )
+
+    search = _Search(m, units, metric, fp32=1.0, full=0.5, max_drop=0.1)
+    steps, off = search.run(["conv1:input", "fc:input", "conv2:input", "conv3:input"], proxy, {},
+                            patience=5, show_progress=False)  # fmt: skip
+    assert [u.name for u in off] == ["conv2:input"]
+    assert [(s.unit, s.kept, s.restored) for s in steps] == [
+        ("conv1:input", False, True),  # the metric did not get worse: kept for now, then put back
+        ("fc:input", False, True),
+        ("conv2:input", True, False),  # within budget: the search stops here
+    ]
+    patient = _Search(m, units, lambda model: 0.5, fp32=1.0, full=0.5, max_drop=0.1)
+    steps, off = patient.run(list(units), proxy, {}, patience=2, show_progress=False)
+    assert len(steps) == 2 and off == []  # two units without a gain: stop; neither stays float
+    assert all(s.restored for s in steps)

@@ -4,8 +4,12 @@
 2. Within ``max_drop``: done. Otherwise rank every unit (scale group, :mod:`qdq.accuracy.units`) by
    the cheap proxy — :func:`qdq.sensitivity` one-off on a few batches, one forward per unit —, then
    confirm the ``candidates`` best with the user's metric (everything INT8 but that unit).
-3. Fall back units greedily, confirmed gains first, then the proxy order: keep a unit in float,
-   measure, keep it only if the metric improved, stop once the drop is within budget.
+3. Fall back units greedily, confirmed gains first, then the proxy order (units that lost metric
+   alone, or whose float version does not bring the outputs closer to FP32, are not tried): put a
+   unit in float, measure, keep it there unless the metric got worse (several units may be needed
+   before a coarse metric moves); stop once the drop is within budget, or after ``patience``
+   units in a row without a gain. Then put back in INT8 every unit the budget does not need (or,
+   budget not met, that gains nothing), latest first.
 4. Re-plan: :func:`qdq.prepare` again with the fallen units' ops excluded (rule ``USER``, so the
    plan, the export and its manifest all say so), calibrate again, measure the final metric.
 5. Predict the TensorRT cost (``lint_cost``): export the full-INT8 model, the final model and the
@@ -102,7 +106,8 @@ class FallbackStep:
         proxy_damage: its one-off proxy damage (output relative MSE that goes away).
         confirmed_gain: metric gain with only this unit in float (``None``: not confirmed).
         metric: the metric with this and every earlier kept unit in float.
-        kept: whether the unit stayed in float (the metric improved: a unit that gains nothing stays INT8).
+        kept: whether the unit stays in float.
+        restored: kept at first, then put back in INT8 because the budget holds without it.
         cost: the predicted TensorRT cost of this unit alone (with ``lint_cost``).
     """
 
@@ -112,6 +117,7 @@ class FallbackStep:
     confirmed_gain: float | None
     metric: float
     kept: bool
+    restored: bool = False
     cost: LintCost | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +129,7 @@ class FallbackStep:
             "confirmed_gain": self.confirmed_gain,
             "metric": self.metric,
             "kept": self.kept,
+            "restored": self.restored,
             "cost": None if self.cost is None else self.cost.__dict__,
         }
 
@@ -200,7 +207,7 @@ class AutoQuantResult:
             why = f"proxy {s.proxy_damage:.3g}"
             if s.confirmed_gain is not None:
                 why += f", alone {s.confirmed_gain:+.4f}"
-            state = "float" if s.kept else "kept INT8 (no gain)"
+            state = "float" if s.kept else "INT8 (not needed)" if s.restored else "INT8 (no gain)"
             cost = f"; {s.cost.describe()}" if s.cost is not None else ""
             lines.append(f"  {s.unit}: {state}, metric {s.metric:.4f} ({why}){cost}")
         if self.cost is not None:
@@ -250,6 +257,7 @@ def auto_quantize(
     improve: Improve | None = None,
     candidates: int = 8,
     max_fallback: int | None = None,
+    patience: int = 6,
     num_batches: int = 4,
     lint_cost: bool = True,
     exporter: str = "auto",
@@ -275,7 +283,9 @@ def auto_quantize(
         improve: called with each calibrated model before it is measured (PTQ steps of
             :mod:`qdq.ptq`).
         candidates: units confirmed with the metric before the greedy search.
-        max_fallback: at most this many units tried in the greedy search (default: all).
+        max_fallback: at most this many units tried in the greedy search (default: every unit
+            that gained alone or whose proxy damage is positive).
+        patience: stop the search after this many units in a row that did not improve the metric.
         num_batches: proxy batches.
         lint_cost: predict the TensorRT cost of the fallback (exports to a temporary directory
             and lints; needs onnx).
@@ -297,7 +307,11 @@ def auto_quantize(
         or not (math.isfinite(max_drop) and max_drop >= 0)
     ):
         raise ValueError(f"max_drop must be a finite number >= 0, got {max_drop!r}")
-    for name, value, low in (("candidates", candidates, 0), ("num_batches", num_batches, 1)):
+    for name, value, low in (
+        ("candidates", candidates, 0),
+        ("num_batches", num_batches, 1),
+        ("patience", patience, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if max_fallback is not None and (
@@ -322,27 +336,15 @@ def auto_quantize(
     for name in progress(top, total=len(top), desc="confirming", enabled=show_progress):
         with units_off(prepared, [units[name]]):
             confirmed[name] = score(prepared) - full
-    order = sorted(confirmed, key=lambda n: -confirmed[n])
-    order = [n for n in order if confirmed[n] > 0]
-    order += [r.name for r in proxy.rows if r.name not in confirmed or confirmed[r.name] <= 0]
+    # confirmed gains first, then the proxy order (only units whose float version brings the
+    # outputs closer to FP32, and none that lost metric when tried alone)
+    order = [n for n in sorted(confirmed, key=lambda n: -confirmed[n]) if confirmed[n] > 0]
+    order += [r.name for r in proxy.rows
+              if r.damage > 0 and confirmed.get(r.name, 0.0) == 0.0]  # fmt: skip
     if max_fallback is not None:
         order = order[:max_fallback]
-    damage = {r.name: r.damage for r in proxy.rows}
-    steps: list[FallbackStep] = []
-    off: list[Unit] = []
-    best = full
-    for name in progress(order, total=len(order), desc="fallback", enabled=show_progress):
-        trial = [*off, units[name]]
-        with units_off(prepared, trial):
-            got = score(prepared)
-        kept = got > best
-        if kept:
-            off, best = trial, got
-        unit = units[name]
-        steps.append(FallbackStep(name, unit.owners, damage[name], confirmed.get(name), got,
-                                  kept))  # fmt: skip
-        if kept and fp32 - best <= max_drop:
-            break
+    search = _Search(prepared, units, score, fp32, full, max_drop)
+    steps, off = search.run(order, proxy, confirmed, patience, show_progress)
     owners = tuple(dict.fromkeys(o for u in off for o in u.owners))
     final_cfg = cfg
     for owner in owners:
@@ -373,6 +375,63 @@ def auto_quantize(
         cost=cost,
         seconds=time.perf_counter() - start,
     )
+
+
+class _Search:
+    """The greedy fallback search on one prepared model, by bypassing units."""
+
+    def __init__(
+        self,
+        prepared: nn.Module,
+        units: dict[str, Unit],
+        score: Callable[[nn.Module], float],
+        fp32: float,
+        full: float,
+        max_drop: float,
+    ) -> None:
+        self.prepared, self.units, self.score = prepared, units, score
+        self.fp32, self.full, self.max_drop = fp32, full, max_drop
+
+    def metric(self, off: list[Unit]) -> float:
+        with units_off(self.prepared, off):
+            return self.score(self.prepared)
+
+    def run(
+        self,
+        order: list[str],
+        proxy: Sensitivity,
+        confirmed: dict[str, float],
+        patience: int,
+        show_progress: bool,
+    ) -> tuple[list[FallbackStep], list[Unit]]:
+        """Forward: add units while the metric does not get worse, until the budget holds or
+        ``patience`` units in a row bring no gain. Backward: put back in INT8 every unit the
+        budget does not need (budget not met: every unit whose float version gains nothing),
+        latest first."""
+        damage = {r.name: r.damage for r in proxy.rows}
+        steps: list[FallbackStep] = []
+        off: list[Unit] = []
+        best, idle = self.full, 0
+        for name in progress(order, total=len(order), desc="fallback", enabled=show_progress):
+            unit = self.units[name]
+            got = self.metric([*off, unit])
+            kept = got >= best
+            idle = 0 if got > best else idle + 1
+            if kept:
+                off, best = [*off, unit], got
+            steps.append(FallbackStep(name, unit.owners, damage[name], confirmed.get(name), got,
+                                      kept))  # fmt: skip
+            if self.fp32 - best <= self.max_drop or idle >= patience:
+                break
+        met = self.fp32 - best <= self.max_drop
+        for unit in reversed(list(off)):
+            rest = [u for u in off if u is not unit]
+            got = self.metric(rest)
+            if (self.fp32 - got <= self.max_drop) if met else got >= best:
+                off = rest
+                steps = [replace(s, kept=False, restored=True) if s.unit == unit.name else s
+                         for s in steps]  # fmt: skip
+        return steps, off
 
 
 def _quantized(
