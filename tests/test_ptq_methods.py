@@ -150,6 +150,27 @@ def test_never_worse_layer_by_layer(method: str) -> None:
         assert max(r.gain_db for r in choice.rows) > 10
 
 
+class SamePadConv(nn.Conv2d):
+    """EfficientNet's ``Conv2dStaticSamePadding``: a ZeroPad2d module, then ``F.conv2d``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels, channels, 3, groups=channels)
+        self.static_padding = nn.ZeroPad2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.static_padding(x)
+        return F.conv2d(
+            x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
+        )
+
+
+class PadThenConv(nn.Conv2d):
+    """``F.pad`` with zeros in front of the conv."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, (1, 2, 1, 0)))
+
+
 @pytest.mark.parametrize(
     "layer",
     [
@@ -157,8 +178,10 @@ def test_never_worse_layer_by_layer(method: str) -> None:
         nn.Conv2d(32, 32, 3, groups=32),
         nn.ConvTranspose2d(16, 16, 2, stride=2),
         nn.Linear(32, 32),
+        SamePadConv(32),
+        PadThenConv(16, 32, 3),
     ],
-    ids=["conv", "depthwise", "conv_transpose", "linear"],
+    ids=["conv", "depthwise", "conv_transpose", "linear", "same_pad_module", "functional_pad"],
 )
 def test_a_one_layer_model_measures_its_own_int8_output(layer: nn.Module) -> None:
     """The layer output is re-run with the fake-quantized weight: on a one-layer model, each
@@ -171,6 +194,11 @@ def test_a_one_layer_model_measures_its_own_int8_output(layer: nn.Module) -> Non
     q = m[0].input_quantizer
     choice = choose_methods(m, data)
     row = choice.row("0.input_quantizer")
+    assert row.measured == "layer output" and len(choice.rows) == 1
+    if not isinstance(layer, (SamePadConv, PadThenConv)):
+        assert qdq.plan_of(m).point("0:input").rule == "P01"
+    else:  # the quantizer sits in front of the pad (P08); its layer is still the conv
+        assert qdq.plan_of(m).point("0:input").rule == "P08"
     for label, amax in (("max", row.amax_started), (row.chosen, row.amax_chosen)):
         q.set_amax(amax)
         with torch.no_grad():

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from qdq.graph.calls import CallTracker, SiteKey
-from qdq.graph.runtime import ArgRef, Site, SiteRuntime
+from qdq.graph.runtime import ArgRef, SiteRuntime
 from qdq.quant import Quantizer, QuantMode, fake_quant_unchecked
 
 __all__ = [
@@ -108,6 +109,8 @@ class LayerCall:
         func: the function to re-run, ``None`` when only the tensors at ``refs`` are kept.
         output: the FP32 output of ``func`` (its first tensor).
         others: the site's other quantizers and where they act (the weight quantizer ...).
+        superseded: the quantizer's layer is a later call (the conv after a zero pad): do not
+            measure this one.
     """
 
     key: SiteKey
@@ -118,6 +121,7 @@ class LayerCall:
     func: Callable[..., Any] | None = None
     output: torch.Tensor | None = None
     others: tuple[tuple[ArgRef, Quantizer], ...] = ()
+    superseded: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         """The FP32 tensors the quantizer reads in this call."""
@@ -152,6 +156,11 @@ class LayerCalls(CallTracker):
 
     Install it (:meth:`install`, default order) on a prepared model after its runtime and run the
     model with every quantizer bypassed; read :attr:`calls`, then clear it for the next batch.
+
+    A quantizer the plan moved in front of a zero Pad (rule P08: ``Conv2dStaticSamePadding``,
+    explicit ``F.pad`` before a conv) acts on the pad's input; Q/DQ commutes exactly with zero
+    padding, so the weighted call reading the padded tensor is kept as that quantizer's layer, and
+    the pad's own record is marked :attr:`LayerCall.superseded`.
     """
 
     def __init__(self, root: nn.Module, runtime: SiteRuntime, targets: set[Quantizer]) -> None:
@@ -161,10 +170,16 @@ class LayerCalls(CallTracker):
         self.calls: list[LayerCall] = []
         #: tensors copied in this forward: id → (tensor, its version when copied, copy)
         self._copies: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        #: zero-padded outputs of target sites in this forward: id → (tensor, the pad's records)
+        self._padded: dict[int, tuple[torch.Tensor, list[LayerCall]]] = {}
+        self._pending_pad: tuple[nn.Module, list[LayerCall]] | None = None
 
-    def _site(self, key: SiteKey) -> Site | None:
+    def _actions(self, key: SiteKey) -> list[tuple[ArgRef, Quantizer]]:
         sites = self.runtime.sites
-        return sites.get(key) or sites.get((key[0], key[1], None))
+        site = sites.get(key) or sites.get((key[0], key[1], None))
+        if site is None:
+            return []
+        return [(ref, q) for ref, q in site.actions if isinstance(q, Quantizer)]
 
     def on_call(
         self,
@@ -175,50 +190,78 @@ class LayerCalls(CallTracker):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        site = self._site(key)
-        if site is None or not any(q in self.targets for _, q in site.actions):
+        actions = self._actions(key)
+        weighted = any(is_weight_quantizer(q) for _, q in actions)
+        if weighted and self._padded:
+            actions += self._moved_in_front_of_pad(args)
+        if not any(q in self.targets for _, q in actions):
             return func(*args, **kwargs)
-        weighted = any(isinstance(q, Quantizer) and is_weight_quantizer(q) for _, q in site.actions)
         # copied before the call, which may work in place
         if weighted:
             kept_args, kept_kwargs = self._copy_all(args), self._copy_all(kwargs)
         else:
-            kept_args, kept_kwargs = self._copy_refs(site, args, kwargs)
+            kept_args, kept_kwargs = self._copy_refs(actions, args, kwargs)
         out = func(*args, **kwargs)
         fp32 = _first_tensor(out) if weighted else None
         if fp32 is not None:
-            self._keep(site, key, kept_args, kept_kwargs, func, fp32.detach().clone())
-        else:  # a weighted call without a tensor output is measured on its input
-            self._keep(site, key, kept_args, kept_kwargs, None, None)
+            self._keep(actions, key, kept_args, kept_kwargs, func, fp32.detach().clone())
+            return out
+        # a weighted call without a tensor output is measured on its input
+        calls = self._keep(actions, key, kept_args, kept_kwargs, None, None)
+        if isinstance(out, torch.Tensor) and _is_zero_pad_call(func, args, kwargs):
+            self._padded[id(out)] = (out, calls)
         return out
 
     def on_leaf_enter(
         self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        site = self._site(key)
-        if site is not None and any(q in self.targets for _, q in site.actions):
-            kept_args, kept_kwargs = self._copy_refs(site, args, kwargs)
-            self._keep(site, key, kept_args, kept_kwargs, None, None)
+        actions = self._actions(key)
+        if any(q in self.targets for _, q in actions):
+            kept_args, kept_kwargs = self._copy_refs(actions, args, kwargs)
+            calls = self._keep(actions, key, kept_args, kept_kwargs, None, None)
+            if isinstance(module, _CONSTANT_PADS) and float(module.value) == 0.0:
+                self._pending_pad = (module, calls)
         return None
+
+    def on_leaf_exit(self, module: nn.Module, output: Any) -> None:
+        pending, self._pending_pad = self._pending_pad, None
+        if pending is not None and pending[0] is module and isinstance(output, torch.Tensor):
+            self._padded[id(output)] = (output, pending[1])
 
     def on_deactivate(self) -> None:
         self._copies.clear()
+        self._padded.clear()
+        self._pending_pad = None
 
     # ---------------------------------------------------------------- helpers
+    def _moved_in_front_of_pad(self, args: tuple[Any, ...]) -> list[tuple[ArgRef, Quantizer]]:
+        """``(position, quantizer)`` of the arguments that are zero-padded quantized tensors."""
+        moved: list[tuple[ArgRef, Quantizer]] = []
+        for pos, value in enumerate(args):
+            hit = self._padded.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if hit is None or hit[0] is not value:
+                continue
+            for call in hit[1]:
+                call.superseded = True
+                moved.append((pos, call.quantizer))
+        return moved
+
     def _keep(
         self,
-        site: Site,
+        actions: list[tuple[ArgRef, Quantizer]],
         key: SiteKey,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         func: Callable[..., Any] | None,
         output: torch.Tensor | None,
-    ) -> None:
-        actions = [(ref, q) for ref, q in site.actions if isinstance(q, Quantizer)]
+    ) -> list[LayerCall]:
+        kept = []
         for target in dict.fromkeys(q for _, q in actions if q in self.targets):
             refs = tuple(ref for ref, q in actions if q is target)
             others = tuple((ref, q) for ref, q in actions if q is not target)
-            self.calls.append(LayerCall(key, target, refs, args, kwargs, func, output, others))
+            kept.append(LayerCall(key, target, refs, args, kwargs, func, output, others))
+        self.calls.extend(kept)
+        return kept
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, nn.Parameter):
@@ -234,7 +277,7 @@ class LayerCalls(CallTracker):
         return tree_map(lambda v: self._copy(v) if isinstance(v, torch.Tensor) else v, value)
 
     def _copy_refs(
-        self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, actions: list[tuple[ArgRef, Quantizer]], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` holding only copies of the tensors the targets read."""
 
@@ -243,13 +286,27 @@ class LayerCalls(CallTracker):
 
         kept_args: tuple[Any, ...] = tuple(blank(a) for a in args)
         kept_kwargs: dict[str, Any] = {k: blank(v) for k, v in kwargs.items()}
-        for ref, q in site.actions:
+        for ref, q in actions:
             if q not in self.targets:
                 continue
             value = get_arg(args, kwargs, ref)
             if isinstance(value, torch.Tensor):
                 kept_args, kept_kwargs = set_arg(kept_args, kept_kwargs, ref, self._copy(value))
         return kept_args, kept_kwargs
+
+
+_CONSTANT_PADS = (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d)  # ZeroPad*d included
+
+
+def _is_zero_pad_call(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """``F.pad(x, pad)`` with constant zeros (Q/DQ commutes with it exactly)."""
+    if func is not F.pad:
+        return False
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+    value = kwargs.get("value", args[3] if len(args) > 3 else None)
+    return mode == "constant" and not value
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:

@@ -7,7 +7,8 @@ every amax the quantizer's calibrator computes from the histogram it already col
 calibration pass) and keeps, per quantizer, the one whose *layer output* is closest to FP32:
 
 * for an input of a weighted layer (Conv, ConvTranspose, Linear, a MatMul with a parameter; module
-  or functional, any ``groups``, every call of a module called several times): the layer's output
+  or functional, any ``groups``, every call of a module called several times, a quantizer moved in
+  front of the layer's zero Pad by rule P08): the layer's output
   with this input fake-quantized by the candidate amax and its weight fake-quantized as exported,
   against the FP32 output, on the FP32 input (isolated: upstream stays float);
 * for any other consumer (Add, Concat, pooling, an activation MatMul ...): the Q/DQ'd tensor
@@ -398,6 +399,8 @@ def _measure(
 ) -> None:
     """Add every candidate's squared error on one batch's calls."""
     for call in calls:
+        if call.superseded:
+            continue
         t = by_q[call.quantizer]
         if call.func is not None and call.output is not None:
             try:
