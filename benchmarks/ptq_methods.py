@@ -16,7 +16,7 @@ figures; asserts nothing. On a 2-core CPU (64 calibration, 32 choice, 128 evalua
 
 Each layer's isolated output error goes down (by at most 0.18 dB), yet the model's logit cosine
 does not rise: the isolated criterion does not see how errors add up through the network (global
-max, worse layer by layer than mse, is the best of all on the model output).
+max, worse than mse in isolation on 39 of 51 layers, is the best on the model output).
 """
 
 from __future__ import annotations
