@@ -123,3 +123,18 @@ def test_bad_arguments_are_one_line(inputs, capsys) -> None:
     assert main(["quantize", "--model", inputs["model"], "--data", inputs["data"],
                  "--max-drop", "-1", "--no-progress"]) == 2  # fmt: skip
     assert "max_drop must be a number >= 0" in capsys.readouterr().err
+
+
+def test_quantize_with_the_method_per_quantizer(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
+            "--exporter", "torchscript", "--calib-per-quantizer", *COMMON]  # fmt: skip
+    assert main(args) == 0
+    assert "PTQ: method per quantizer" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    choice = report["ptq"]["method_per_quantizer"]
+    assert report["settings"]["ptq"] == "method per quantizer" and choice["rows"]
+    methods = {q["name"]: q["method"] for q in report["quantizers"] if "input" in q["name"]}
+    chosen = {r["name"]: r["chosen"].split()[0] for r in choice["rows"]}
+    assert set(chosen) <= set(methods)
+    assert all(methods[n] == m for n, m in chosen.items())

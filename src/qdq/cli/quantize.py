@@ -62,6 +62,22 @@ def add_quantize_parser(sub: Any) -> None:
         "metric on the evaluation data, each fallback's TensorRT cost predicted by the linter",
     )
     p.add_argument(
+        "--calib-per-quantizer",
+        action="store_true",
+        help="choose each activation quantizer's method (max/entropy/mse/percentile) from its "
+        "histogram by its layer's output error",
+    )
+    p.add_argument(
+        "--rounding",
+        default="nearest",
+        choices=("nearest", "adaround"),
+        help="weight rounding: nearest (default) or adaround (learned on the calibration data; "
+        "only the INT8 codes change)",
+    )
+    p.add_argument(
+        "--bias-correction", action="store_true", help="correct each weighted layer's bias"
+    )
+    p.add_argument(
         "--exporter",
         default="auto",
         choices=("auto", "dynamo", "torchscript"),
@@ -151,7 +167,7 @@ def one_line(err: BaseException) -> str:
 
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
-    from qdq.pipeline import quantize
+    from qdq.pipeline import PtqOptions, quantize
     from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
@@ -175,6 +191,11 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             batch_size=args.batch_size,
             compare_methods=args.compare_methods,
             max_drop=args.max_drop,
+            ptq=PtqOptions(
+                method_per_quantizer=args.calib_per_quantizer,
+                rounding=args.rounding,
+                bias_correction=args.bias_correction,
+            ),
             overwrite=args.overwrite,
             show_progress=not args.no_progress,
             on_stage=stage,
@@ -221,6 +242,12 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
                 f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
                 f"{s['cosine_mean']:>10.5f}{mark}"
             )
+    ptq = r.get("ptq")
+    if ptq:
+        print(f"PTQ: {ptq['steps']}")
+        for name, rep in ptq.items():
+            if isinstance(rep, dict) and rep.get("summary"):
+                print(f"  {name}: {rep['summary']}")
     _print_fallback(r.get("fallback"))
     lint = r["lint"]
     print(

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
+from qdq.pipeline.improve import PtqOptions
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.run import (
     HTML_FILE,
@@ -32,6 +33,7 @@ __all__ = [
     "REPORT_FILE",
     "DataOptions",
     "ModelSource",
+    "PtqOptions",
     "QuantData",
     "QuantizeResult",
     "quantize",

@@ -12,7 +12,9 @@ scale group, calibration method and amax; per-channel weights as min/max), ``lin
 decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
 ``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
-without it), ``warnings``, ``files`` (names inside OUT).
+without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
+``method_per_quantizer``, ``adaround``, ``bias_correction``; ``null`` when none ran),
+``warnings``, ``files`` (names inside OUT).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ STAGE_LABELS = {
     "layer_errors": "per-layer error",
     "compare_methods": "every method",
     "fallback": "fallback search",
+    "ptq": "PTQ improvements",
     "lint": "lint",
 }
 
@@ -59,6 +62,7 @@ def build_report(
     layer_errors: dict[str, Any] | None,
     settings: dict[str, Any],
     fallback: dict[str, Any] | None = None,
+    ptq: dict[str, Any] | None = None,
     timings: dict[str, float],
     warnings: list[str],
     files: dict[str, str],
@@ -130,6 +134,7 @@ def build_report(
         "plan": plan.to_dict(),
         "layer_errors": layer_errors,
         "fallback": fallback,
+        "ptq": ptq,
         "warnings": sorted(set(warnings)),
         "files": files,
     }

@@ -36,6 +36,7 @@ from qdq.pipeline.evaluate import (
     score,
     torch_outputs,
 )
+from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.report import build_report
@@ -99,6 +100,7 @@ def quantize(
     batch_size: int = 32,
     compare_methods: bool = False,
     max_drop: float | None = None,
+    ptq: PtqOptions | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     on_stage: StageCallback | None = None,
@@ -129,6 +131,9 @@ def quantize(
             from FP32 within this budget (metric units: 0.01 is one point of accuracy), chosen
             on the evaluation data in torch fake-quant (:func:`qdq.auto_quantize`); ``None``:
             everything planned stays INT8.
+        ptq: PTQ improvements after calibration (:class:`~qdq.pipeline.improve.PtqOptions`:
+            method per quantizer, AdaRound, bias correction); also applied to every model the
+            fallback search re-plans.
         overwrite: replace an existing non-empty ``out``.
         show_progress: progress bars.
         on_stage: called after every stage with its name, seconds and a one-line detail.
@@ -215,12 +220,20 @@ def quantize(
                 show_progress=show_progress,
             )
             st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
+        options = ptq if ptq is not None else PtqOptions()
+        improve, ptq_reports = improver(options, calib_batches, show_progress)
+        if options.active:
+            with stages("ptq") as st:
+                improve(prepared)
+                st.detail = "; ".join(
+                    str(r.get("summary", name)) for name, r in ptq_reports.items()
+                )
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
                 fallback = _fallback(source, qdata, example, prepared, calib_batches, max_drop,
                                      calib, percentile, exporter, target, size, static,
-                                     show_progress)  # fmt: skip
+                                     show_progress, improve if options.active else None)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -249,6 +262,7 @@ def quantize(
             ),
             caught,
             fallback,
+            {"steps": options.describe(), **ptq_reports} if options.active else None,
         )
     return result
 
@@ -277,6 +291,7 @@ def _export_and_measure(
     s: _Settings,
     caught: list[warnings.WarningMessage],
     fallback: Any = None,
+    ptq: dict[str, Any] | None = None,
 ) -> QuantizeResult:
     import qdq
     from qdq.lint import lint
@@ -361,7 +376,9 @@ def _export_and_measure(
             methods=methods,
             layer_errors=errors.to_dict(),
             fallback=None if fallback is None else fallback.to_dict(),
+            ptq=ptq,
             settings={
+                "ptq": "none" if ptq is None else ptq["steps"],
                 "max_drop": None if fallback is None else fallback.max_drop,
                 "method": s.calib,
                 "percentile": s.percentile,
@@ -409,6 +426,7 @@ def _fallback(
     size: int,
     static: bool,
     show: bool,
+    improve: Any,
 ) -> Any:
     """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch."""
     from qdq.accuracy import auto_quantize
@@ -432,6 +450,7 @@ def _fallback(
         max_drop=max_drop,
         config=cfg,
         prepared=prepared,
+        improve=improve,
         fp32_metric=metric(source.module),
         exporter=exporter,
         target=target,
