@@ -197,8 +197,19 @@ def test_conv1d_conv3d_and_a_shared_module_are_rounded() -> None:
     assert set(rows) == {"c1:weight", "block:weight", "c3:weight"}
     assert rows["block:weight"].calls == 2 and rows["block:weight"].applied
     assert all(r.mse_adaround <= r.mse_nearest for r in report.rows)
+    bias = {r.name: r for r in correct_bias(m, data).rows}
+    assert set(bias) == set(rows) and bias["block:weight"].calls == 2
+    assert all(r.sqnr_after_db >= r.sqnr_before_db for r in bias.values())
     with torch.no_grad(), quantizer_mode(m, QuantMode.BYPASS):
         assert torch.equal(m(*data[0]), model(*data[0]))
+
+
+def test_data_of_another_size_than_the_example(net: nn.Module) -> None:
+    data = [torch.randn(8, 3, 16, 16) for _ in range(2)]
+    m = qdq.prepare(net, (torch.randn(2, 3, 12, 12),))
+    qdq.calibrate(m, data, show_progress=False)
+    assert len(adaround(m, data, num_samples=8, iters=5, show_progress=False).rows) == 4
+    assert len(correct_bias(m, data).rows) == 4
 
 
 def test_conv_transpose_is_skipped_with_a_note() -> None:
@@ -222,6 +233,8 @@ def test_bad_arguments(net: nn.Module) -> None:
         adaround(m, data, iters=0)
     with pytest.raises(ValueError, match="num_batches"):
         correct_bias(m, data, num_batches=0)
+    with pytest.raises(ValueError, match="error must be one of"):
+        correct_bias(m, data, error="input")
     with pytest.raises(ValueError, match="no batches"):
         correct_bias(m, [])
     with pytest.raises(ValueError, match="not returned by qdq.prepare"):
@@ -243,7 +256,8 @@ def _biased_depthwise() -> nn.Module:
     return nn.Sequential(conv).eval()
 
 
-def test_bias_correction_removes_a_biased_quantization_error() -> None:
+@pytest.mark.parametrize("error", ["output", "weight"])
+def test_bias_correction_removes_a_biased_quantization_error(error: str) -> None:
     model = _biased_depthwise()
     g = torch.Generator().manual_seed(2)
     data = [torch.rand(16, 16, 10, 10, generator=g) for _ in range(4)]
@@ -255,7 +269,7 @@ def test_bias_correction_removes_a_biased_quantization_error() -> None:
             return (m(test) - model(test)).mean(dim=(0, 2, 3)).abs()
 
     before = channel_mean_error()
-    report = correct_bias(m, data, num_batches=4)
+    report = correct_bias(m, data, num_batches=4, error=error)
     after = channel_mean_error()
     assert after.mean() < 0.1 * before.mean()
     (row,) = report.rows
@@ -263,9 +277,10 @@ def test_bias_correction_removes_a_biased_quantization_error() -> None:
     assert row.sqnr_after_db > row.sqnr_before_db + 3
     assert row.mean_abs_delta > 0 and report.batches == 4 and report.samples == 64
     info = m[0].weight_quantizer.learned["bias_correction"]
-    assert info["method"] == "empirical" and info["num_batches"] == 4
+    assert info["method"] == "empirical" and info["num_batches"] == 4 and info["error"] == error
+    assert report.error == error and report.to_dict()["error"] == error
     assert "0:weight" in report.format() and json.loads(json.dumps(report.to_dict()))["rows"]
-    again = correct_bias(m, data, num_batches=4)  # a second pass replaces the delta
+    again = correct_bias(m, data, num_batches=4, error=error)  # a second run replaces the delta
     assert abs(again.rows[0].mean_abs_delta - row.mean_abs_delta) < 1e-3 * row.mean_abs_delta
     assert again.rows[0].sqnr_before_db == pytest.approx(row.sqnr_after_db, abs=0.05)
 

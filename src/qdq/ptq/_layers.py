@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from qdq.api import plan_of, quantizers_of
+from qdq.calib import CalibrationError
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import ArgRef, Call, Site, Tap, runtime_of
@@ -45,8 +46,14 @@ SUPPORTED = ("conv1d", "conv2d", "conv3d", "linear")
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
-class Stop(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by a tap to end a forward early (everything it needs was seen)."""
+class Stop(CalibrationError):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a tap to end a forward early (everything it needs was seen).
+
+    An ``Exception`` (so that ``nn.Module`` still runs the call trackers' always-called exit
+    hooks while it unwinds) and a :class:`~qdq.calib.CalibrationError`, which
+    :func:`~qdq.calib.batches.run_batch` passes through unchanged (it rewords other exceptions
+    when the batch's shape differs from the example's).
+    """
 
 
 @dataclass

@@ -222,7 +222,11 @@ def adaround(
     rows = []
     for i, layer in enumerate(reached):
         desc = f"adaround {i + 1}/{len(reached)} {layer.name}"
-        rows.append(_round_layer(prepared, layer, batches, samples, iters, desc, show_progress))
+        row = _round_layer(prepared, layer, batches, samples, iters, desc, show_progress)
+        if isinstance(row, str):
+            notes.append(row)
+        else:
+            rows.append(row)
     return Rounding(tuple(rows), samples, iters, tuple(notes))
 
 
@@ -261,12 +265,15 @@ def _round_layer(
     iters: int,
     desc: str,
     show_progress: bool,
-) -> RoundingRow:
+) -> RoundingRow | str:
+    """Learn one layer's rounding; a note instead when its calls differ between the passes."""
     per_sample = max(1, math.ceil(MAX_ROWS / (samples * max(1, layer.calls))))
     with eval_no_grad(prepared):
         with quantizer_mode(prepared, QuantMode.BYPASS):
             x_fp, weight = _capture(prepared, layer, batches, per_sample)
         x_q, _ = _capture(prepared, layer, batches, per_sample)
+    if weight is None or x_fp.shape != x_q.shape:
+        return f"{layer.name}: its calls differ between the FP32 and INT8 runs; left as it was"
     q = layer.quantizer
     w = weight.detach().to(torch.float32)
     groups = x_q.shape[0]
@@ -357,7 +364,7 @@ def _mse(x: torch.Tensor, wg: torch.Tensor, target: torch.Tensor) -> float:
 
 def _capture(
     prepared: nn.Module, layer: Layer, batches: list[Any], per_sample: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layer's input rows ``(groups, rows, K)`` over ``batches`` (at positions drawn from a
     fixed seed, so the FP32 and INT8 passes take the same ones) and its float weight."""
     index = _layers.index_of([layer])
@@ -386,6 +393,8 @@ def _capture(
         for batch in batches:
             calls = 0
             _layers.run_batches(prepared, [batch])
+    if not parts:
+        return torch.empty(0), None
     rows = torch.cat(parts).to(torch.float32)
     return rows.transpose(0, 1).contiguous(), weight[0]
 

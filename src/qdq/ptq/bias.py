@@ -1,20 +1,35 @@
-"""Bias correction: remove the mean output shift that weight quantization adds to each channel.
+"""Bias correction: remove the mean shift quantization adds to each output channel of a layer.
 
-Quantizing a weight changes a layer's output by ``conv(x, W_q) − conv(x, W)``. Its mean over the
-data is, per output channel, a constant shift (large for depthwise convolutions and other layers
-with few weights per channel, whose rounding errors do not average out). Bias correction (Nagel et
-al. 2019, "Data-Free Quantization Through Weight Equalization and Bias Correction", empirical
-variant) adds the opposite of that mean to the layer's bias::
+Quantization changes a layer's output by an error whose mean over the data is, per output
+channel, a constant shift: large for depthwise convolutions and other layers with few weights per
+channel (their rounding errors do not average out), and after ReLU-clipped or otherwise skewed
+activations upstream. Bias correction adds the opposite of that mean to the layer's bias. Two
+variants (``error=``), both empirical (measured on ``num_batches`` batches):
 
-    delta_c = −E[conv(x, W_q) − conv(x, W)]_c      (over samples and spatial positions)
+* ``"output"`` (default; AIMET's empirical bias correction): the whole error of the layer's output
+  in the INT8 model against the same output in the FP32 model::
 
-``x`` is the layer's own input **in the INT8 model** — everything upstream quantized, the layer's
-input Q/DQ applied — i.e. what the deployed layer reads. So ``delta`` corrects the shift the
-weight quantization makes on deployment inputs; it does not try to undo errors made upstream.
-All layers are measured in one pass over ``num_batches`` batches (a layer's input is that of the
-INT8 model before this pass's corrections; their effect on a downstream layer's input is of second
-order). ``W_q`` is the weight as the model quantizes it now, so run :func:`correct_bias` after
-:func:`qdq.ptq.adaround.adaround` (AdaRound drops an earlier correction, with a warning).
+      delta_c = E[conv(x_fp, W) + b]_c − E[conv(x_q, W_q) + b]_c
+
+  ``x_fp`` is the layer's input in the FP32 model (every quantizer bypassed), ``x_q`` in the INT8
+  model (upstream quantized and already corrected, the layer's input Q/DQ applied). Layers are
+  corrected one after the other in forward order, each on the INT8 model with every upstream
+  correction in place (two forwards per layer and batch, stopped after the layer). This is the
+  error AdaRound's objective measures too, so the two compose.
+* ``"weight"`` (Nagel et al. 2019, "Data-Free Quantization Through Weight Equalization and Bias
+  Correction", empirical form): only the error of the weight quantization, on the layer's own
+  INT8 input::
+
+      delta_c = −E[conv(x_q, W_q) − conv(x_q, W)]_c
+
+  All layers in one INT8 pass (a layer's input is that of the INT8 model before this pass's
+  corrections; their effect downstream is of second order). After AdaRound it undoes part of
+  what AdaRound learned (AdaRound's codes deliberately compensate upstream error, which this
+  variant counts as weight error and removes): use ``"output"`` there.
+
+Means are over samples and every spatial position. ``W_q`` is the weight as the model quantizes
+it now, so run :func:`correct_bias` after :func:`qdq.ptq.adaround.adaround` (AdaRound drops an
+earlier correction, with a warning). A second run replaces the correction.
 
 ``delta`` is kept on the weight quantizer (``bias_delta``, see :mod:`qdq.quant.learned`) and added
 to the bias only in ``QUANTIZE`` mode and at export, where both exporters fold ``bias + delta`` into
@@ -57,10 +72,13 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import Call, Site
 from qdq.ptq import _layers
 from qdq.ptq._layers import Layer
+from qdq.quant import QuantMode, quantizer_mode
 
 __all__ = ["BiasCorrection", "BiasRow", "clear_bias_correction", "correct_bias"]
 
 METHOD = "empirical"
+#: what a correction removes (see the module docstring)
+ERRORS = ("output", "weight")
 
 
 @dataclass(frozen=True)
@@ -73,8 +91,9 @@ class BiasRow:
         channels: output channels corrected.
         mean_abs_delta: mean ``|delta|`` over channels.
         max_abs_delta: largest ``|delta|``.
-        sqnr_before_db: the layer's output SQNR (``conv(x, W) + b`` vs the INT8 layer on the same
-            ``x``) before this correction, over the data used.
+        sqnr_before_db: the SQNR of the error the correction targets (``error="output"``: the
+            INT8 layer output vs the FP32 model's; ``"weight"``: vs ``conv(x_q, W) + b``) before
+            this correction, over the data used.
         sqnr_after_db: the same with the correction (in-sample).
         added_bias: the layer had no bias; ``delta`` is its bias in the INT8 model.
         calls: calls of the layer per forward.
@@ -103,6 +122,7 @@ class BiasCorrection:
     batches: int
     samples: int
     notes: tuple[str, ...] = ()
+    error: str = "output"
 
     def summary(self) -> str:
         """One line: layers corrected and the median SQNR gain."""
@@ -111,7 +131,7 @@ class BiasCorrection:
         gains = sorted(r.sqnr_after_db - r.sqnr_before_db for r in self.rows)
         median = gains[len(gains) // 2]
         return (
-            f"bias correction ({METHOD}) on {len(self.rows)} layers from {self.samples} samples: "
+            f"bias correction ({self.error} error) on {len(self.rows)} layers from {self.samples} samples: "
             f"median layer SQNR gain {median:+.2f} dB"
         )
 
@@ -119,6 +139,7 @@ class BiasCorrection:
         """JSON-serialisable."""
         return {
             "method": METHOD,
+            "error": self.error,
             "batches": self.batches,
             "samples": self.samples,
             "rows": [r.to_dict() for r in self.rows],
@@ -151,14 +172,19 @@ def correct_bias(
     data: Iterable[Any],
     *,
     num_batches: int = 4,
+    error: str = "output",
     show_progress: bool = False,
 ) -> BiasCorrection:
     """Correct the bias of every weighted layer of a calibrated model, in place.
 
     Args:
         prepared: a calibrated model from :func:`qdq.prepare`.
-        data: batches as :func:`qdq.calibrate` takes them.
+        data: batches as :func:`qdq.calibrate` takes them (the first ``num_batches`` are kept
+            in memory).
         num_batches: batches to average over.
+        error: ``"output"`` (the layer's whole output error against FP32, layer by layer) or
+            ``"weight"`` (the weight-quantization error on the layer's INT8 input, one pass);
+            see the module docstring.
         show_progress: a progress bar.
 
     Returns:
@@ -166,51 +192,114 @@ def correct_bias(
 
     Raises:
         ValueError: not a prepared call-site model, a quantizer without amax, a bad
-            ``num_batches``, or no batch in ``data``.
+            ``num_batches`` or ``error``, or no batch in ``data``.
         qdq.quant.StaleStateError: learned state of a layer no longer fits its weight.
     """
     _layers.check_ready(prepared, "correct_bias")
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
+    if error not in ERRORS:
+        raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
+    batches: list[Any] = []
+    for batch in data:
+        batches.append(batch)
+        if len(batches) >= num_batches:
+            break
+    if not batches:
+        raise ValueError("correct_bias saw no batches: the data is empty")
+    samples = sum(_layers.batch_size(b) for b in batches)
     layers, notes = _layers.find_layers(prepared)
+    settings = {"method": METHOD, "error": error, "num_batches": len(batches),
+                "samples": samples}  # fmt: skip
+    if error == "weight":
+        sums = _weight_pass(prepared, layers, batches, show_progress)
+        rows = [_apply(layer, s, settings, len(batches)) for layer, s in sums]
+    else:
+        with eval_no_grad(prepared):
+            _layers.survey(prepared, batches[0], layers)
+        ordered = sorted((x for x in layers if x.order is not None), key=lambda x: x.order or 0)
+        rows = []
+        for layer in progress(ordered, total=len(ordered), desc="bias correction",
+                              enabled=show_progress):  # fmt: skip
+            s = _output_error(prepared, layer, batches)
+            if s.count is None:
+                notes.append(f"{layer.name}: its calls differ between the FP32 and INT8 runs")
+                continue
+            rows.append(_apply(layer, s, settings, len(batches)))
+    done = {r.quantizer for r in rows}
+    unreached = [layer.name for layer in layers if layer.path not in done]
+    if unreached:
+        notes.append(f"{len(unreached)} layer(s) were not called on this data: {unreached[:5]}")
+    return BiasCorrection(tuple(rows), len(batches), samples, tuple(notes), error)
+
+
+def _weight_pass(
+    prepared: nn.Module, layers: list[Layer], batches: list[Any], show_progress: bool
+) -> list[tuple[Layer, _ChannelSums]]:
+    """``error="weight"``: every layer's weight error in one INT8 pass, in forward order."""
     index = _layers.index_of(layers)
-    sums: dict[str, _ChannelSums] = {}
-    order: list[str] = []
-    samples = 0
+    sums: dict[str, tuple[Layer, _ChannelSums]] = {}
 
     def tap(key: SiteKey, site: Site, func: Any, raw: Call, applied: Call) -> Any:
         out = _layers.invoke(func, applied)
         hit = _layers.lookup(index, key)
         if hit is not None and isinstance(out, torch.Tensor):
             layer, ref = hit
-            if layer.path not in sums:
-                order.append(layer.path)
-            _measure(sums.setdefault(layer.path, _ChannelSums()), layer, ref, func, raw, applied)
+            entry = sums.setdefault(layer.path, (layer, _ChannelSums()))
+            w, w_q = _layers.weight_of(raw, ref), _layers.weight_of(applied, ref)
+            err = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q - w, None))
+            bias = _layers.bias_of(raw)
+            reference = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w, bias))
+            entry[1].add(err, reference, layer, w, bias)
         return out
 
     with eval_no_grad(prepared), _layers.tapped(prepared, tap):
-        batches = []
-        for batch in progress(
-            data, total=num_batches, desc="bias correction", enabled=show_progress
-        ):
-            batches.append(batch)
-            samples += _layers.batch_size(batch)
+        for batch in progress(batches, total=len(batches), desc="bias correction",
+                              enabled=show_progress):  # fmt: skip
             _layers.run_batches(prepared, [batch])
-            if len(batches) >= num_batches:
-                break
-    if not batches:
-        raise ValueError("correct_bias saw no batches: the data is empty")
-    by_path = {layer.path: layer for layer in layers}
-    settings = {"method": METHOD, "num_batches": len(batches), "samples": samples,
-                "input": "int8"}  # fmt: skip
-    rows = []
-    for path in order:
-        layer, s = by_path[path], sums[path]
-        rows.append(_apply(layer, s, settings, max(1, s.calls // len(batches))))
-    unreached = [layer.name for layer in layers if layer.path not in sums]
-    if unreached:
-        notes.append(f"{len(unreached)} layer(s) were not called on this data: {unreached[:5]}")
-    return BiasCorrection(tuple(rows), len(batches), samples, tuple(notes))
+    return list(sums.values())
+
+
+def _output_error(prepared: nn.Module, layer: Layer, batches: list[Any]) -> _ChannelSums:
+    """``error="output"``: the layer's INT8 output (its own correction left out) minus its FP32
+    output, batch by batch (two forwards, each stopped after the layer's last call)."""
+    sums = _ChannelSums()
+    with eval_no_grad(prepared):
+        for batch in batches:
+            with quantizer_mode(prepared, QuantMode.BYPASS):
+                fp32 = _outputs(prepared, layer, batch)
+            int8 = _outputs(prepared, layer, batch)
+            if len(fp32) != len(int8):
+                continue
+            for (ref, w, bias), (out, _, _) in zip(fp32, int8, strict=True):
+                if out.shape == ref.shape:
+                    sums.add(out - ref, ref, layer, w, bias)
+    return sums
+
+
+def _outputs(
+    prepared: nn.Module, layer: Layer, batch: Any
+) -> list[tuple[torch.Tensor, torch.Tensor, Any]]:
+    """``(output, float weight, float bias)`` of each call of ``layer`` on ``batch``; the output
+    with the float bias (the layer's own bias correction left out)."""
+    index = _layers.index_of([layer])
+    seen: list[tuple[torch.Tensor, torch.Tensor, Any]] = []
+
+    def tap(key: SiteKey, site: Site, func: Any, raw: Call, applied: Call) -> Any:
+        hit = _layers.lookup(index, key)
+        if hit is None:
+            return _layers.invoke(func, applied)
+        ref = hit[1]
+        w, bias = _layers.weight_of(raw, ref), _layers.bias_of(raw)
+        plain = _layers.replace_weight_bias(applied, ref, _layers.weight_of(applied, ref), bias)
+        seen.append((_layers.invoke(func, plain), w, bias))
+        if len(seen) >= layer.calls:
+            raise _layers.Stop
+        return _layers.invoke(func, applied)
+
+    with _layers.tapped(prepared, tap):
+        _layers.run_batches(prepared, [batch])
+    return seen
 
 
 def clear_bias_correction(prepared: nn.Module) -> list[str]:
@@ -236,7 +325,12 @@ class _ChannelSums:
         self.weight: torch.Tensor | None = None
         self.calls = 0
 
-    def add(self, err: torch.Tensor, ref: torch.Tensor, dim: int) -> None:
+    def add(
+        self, err: torch.Tensor, ref: torch.Tensor, layer: Layer, weight: torch.Tensor, bias: Any
+    ) -> None:
+        """Add one call: its error, its FP32 reference output, and the layer's float weight and
+        bias as passed to the call."""
+        dim = _layers.channel_dim(err, weight, layer.family)
         e = err.detach().to(torch.float64).movedim(dim, 0).reshape(err.shape[dim], -1)
         count = torch.full((e.shape[0],), float(e.shape[1]), dtype=torch.float64)
         part = (count, e.sum(dim=1).cpu(), (e * e).sum(dim=1).cpu())
@@ -244,33 +338,19 @@ class _ChannelSums:
             self.count, self.sum, self.sq = part
         else:
             self.count, self.sum, self.sq = (
-                self.count + part[0],
-                self.sum + part[1],
-                self.sq + part[2],
+                a + b for a, b in zip((self.count, self.sum, self.sq), part, strict=True)
             )
         self.ref_sq += float((ref.detach().to(torch.float64) ** 2).sum())
+        self.added_bias = bias is None
+        self.weight = weight
+        self.calls += 1
+        delta = layer.quantizer._buffers.get("bias_delta")
+        self.old_delta = (
+            delta.detach().to(torch.float64).cpu() if isinstance(delta, torch.Tensor) else None
+        )
 
 
-def _measure(
-    sums: _ChannelSums, layer: Layer, ref: Any, func: Any, raw: Call, applied: Call
-) -> None:
-    """The weight-quantization error of one call, on the call's INT8 input."""
-    w = _layers.weight_of(raw, ref)
-    w_q = _layers.weight_of(applied, ref)
-    bias = _layers.bias_of(raw)
-    err = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q - w, None))
-    reference = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w, bias))
-    sums.add(err, reference, _layers.channel_dim(err, w, layer.family))
-    sums.calls += 1
-    sums.added_bias = bias is None
-    sums.weight = w
-    delta = layer.quantizer._buffers.get("bias_delta")
-    sums.old_delta = (
-        delta.detach().to(torch.float64).cpu() if isinstance(delta, torch.Tensor) else None
-    )
-
-
-def _apply(layer: Layer, sums: _ChannelSums, settings: dict[str, Any], calls: int) -> BiasRow:
+def _apply(layer: Layer, sums: _ChannelSums, settings: dict[str, Any], batches: int) -> BiasRow:
     """Set ``delta = −mean(e)`` per channel; the row with the layer's SQNR before and after."""
     assert sums.count is not None and sums.sum is not None and sums.sq is not None
     assert sums.weight is not None
@@ -292,7 +372,7 @@ def _apply(layer: Layer, sums: _ChannelSums, settings: dict[str, Any], calls: in
         sqnr_before_db=_sqnr(sums.ref_sq, energy(old)),
         sqnr_after_db=_sqnr(sums.ref_sq, max(energy(delta), 0.0)),
         added_bias=sums.added_bias,
-        calls=calls,
+        calls=max(1, sums.calls // batches),
     )
 
 
