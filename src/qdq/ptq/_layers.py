@@ -27,9 +27,14 @@ from qdq.quant import Quantizer, QuantMode
 
 __all__ = [
     "SUPPORTED",
+    "Index",
     "Layer",
     "Stop",
+    "batch_size",
+    "bias_of",
+    "channel_dim",
     "check_ready",
+    "conv_params",
     "find_layers",
     "index_of",
     "invoke",
@@ -38,6 +43,7 @@ __all__ = [
     "run_batches",
     "survey",
     "tapped",
+    "weight_of",
 ]
 
 #: call families (``SiteKey[1]``) whose weight is ``(out, in/groups, *kernel)`` and bias the third
@@ -218,18 +224,13 @@ def survey(prepared: nn.Module, batch: Any, layers: list[Layer]) -> None:
         run_batches(prepared, [batch])
 
 
-def run_batches(prepared: nn.Module, batches: Iterable[Any], *, limit: int | None = None) -> int:
+def run_batches(prepared: nn.Module, batches: Iterable[Any]) -> None:
     """Run ``prepared`` on each batch (as :func:`qdq.calibrate` takes them); a :class:`Stop`
-    raised by a tap ends that batch's forward. Returns the number of batches run."""
+    raised by a tap ends that batch's forward."""
     expected = expected_inputs(prepared)
-    seen = 0
-    for batch in batches:
+    for i, batch in enumerate(batches):
         with contextlib.suppress(Stop):
-            run_batch(prepared, batch, seen, expected)
-        seen += 1
-        if limit is not None and seen >= limit:
-            break
-    return seen
+            run_batch(prepared, batch, i, expected)
 
 
 def batch_size(batch: Any) -> int:
