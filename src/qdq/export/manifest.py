@@ -1,6 +1,13 @@
 """The quantization manifest: every quantizer's module path, rule, group, calibration, amax, scale
 and ONNX node names, as versioned JSON beside the ONNX file; ``load_calibration`` restores amax.
 
+A weight quantizer with state learned by :mod:`qdq.ptq` (AdaRound codes, a bias correction) also
+has a ``"learned"`` entry: per part the settings, the SHA-256 of the codes / delta, and a short
+figure (see :func:`qdq.quant.learned.manifest_entry`). The codes themselves are in the ONNX (the
+weight initializer is ``scale · code``) and in the prepared model's ``state_dict``, not in the
+manifest, so ``load_calibration`` does not restore them: it checks that the model holds the same
+learned state as the manifest records, and refuses otherwise.
+
 A manifest belongs to exactly one ONNX file: it is named after the full file name
 (``m.onnx`` → ``m.onnx.manifest.json``, so ``m.onnx`` and ``m.bin`` never share one), it records that
 file's name and the SHA-256 of its bytes (``"onnx": {"file": ..., "sha256": ...}``), and
@@ -23,6 +30,7 @@ from qdq._version import __version__
 from qdq.api import plan_of, quantizers_of
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
+from qdq.quant.learned import manifest_entry
 
 __all__ = [
     "MANIFEST_NAME",
@@ -136,6 +144,7 @@ def build_manifest(
                 "amax": _values(q.amax),
                 "scale": _values(scale_from_amax(q.amax)),
                 "onnx_nodes": nodes.get(path, []),
+                **_learned(q),
             }
         )
     doc: dict[str, Any] = {
@@ -162,7 +171,10 @@ def load_calibration(
       beside the manifest — its SHA-256 must equal the manifest's (the pair was written together);
     * every quantizer of the model has exactly one entry (and the manifest no extra ones), with
       the same name, axis and channel count, and a finite, non-negative amax (a number per tensor,
-      a list per channel).
+      a list per channel);
+    * the state learned by :mod:`qdq.ptq` (AdaRound codes, bias corrections) that the manifest
+      records is exactly the one the model holds (same SHA-256): the manifest cannot restore it,
+      so load the prepared model's ``state_dict`` first.
 
     Args:
         prepared: a model from :func:`qdq.prepare` with the same plan as the exported one.
@@ -171,8 +183,9 @@ def load_calibration(
 
     Raises:
         FileNotFoundError: no manifest (or no ``onnx_path``) at that path.
-        ValueError: not JSON, wrong schema, a malformed entry, a hash mismatch, or a manifest that
-            does not match the model; the message names the file and the quantizer.
+        ValueError: not JSON, wrong schema, a malformed entry, a hash mismatch, a manifest that
+            does not match the model, or learned state that differs between the two; the
+            message names the file and the quantizer.
 
     Example:
         >>> import qdq, torch, tempfile, os
@@ -210,6 +223,7 @@ def load_calibration(
             "another model"
         )
     amax = {path: _entry_amax(p, path, entries[path], q) for path, q in quantizers.items()}
+    _check_learned(p, entries, quantizers)
     for path, q in quantizers.items():
         q.set_amax(amax[path])
         method = entries[path].get("method")
@@ -218,6 +232,44 @@ def load_calibration(
             pct = entries[path].get("percentile")
             q.amax_percentile = float(pct) if isinstance(pct, (int, float)) else None
     return prepared
+
+
+def _learned(q: Quantizer) -> dict[str, Any]:
+    entry = manifest_entry(dict(q._buffers))
+    return {} if entry is None else {"learned": entry}
+
+
+def _check_learned(
+    p: Path, entries: dict[str, dict[str, Any]], quantizers: dict[str, Quantizer]
+) -> None:
+    """The model holds exactly the learned state (rounding, bias correction) the manifest records:
+    a manifest restores amax only, so anything else would silently give another model."""
+    problems = []
+    for path, q in quantizers.items():
+        saved = entries[path].get("learned") or {}
+        held = manifest_entry(dict(q._buffers)) or {}
+        if not isinstance(saved, dict):
+            raise ValueError(f"{p}: quantizer {path!r} has a malformed 'learned' entry")
+        for part in ("rounding", "bias_correction"):
+            want, have = saved.get(part), held.get(part)
+            want_sha = want.get("sha256") if isinstance(want, dict) else None
+            have_sha = have.get("sha256") if have is not None else None
+            if want_sha == have_sha:
+                continue
+            if have is None:
+                problems.append(f"{path}: the manifest records {part}, the model has none")
+            elif want is None:
+                problems.append(f"{path}: the model has {part}, the manifest records none")
+            else:
+                problems.append(f"{path}: the model's {part} differs from the manifest's")
+    if problems:
+        raise ValueError(
+            f"{p} and the model disagree on state learned by qdq.ptq ({'; '.join(problems[:4])}"
+            f"{'; ...' if len(problems) > 4 else ''}). A manifest restores amax only: load the "
+            "prepared model's state_dict saved after qdq.ptq (its weight quantizers carry the "
+            "AdaRound codes and bias corrections) before the manifest, or clear the model's "
+            "learned state (Quantizer.clear_learned) to load a manifest without it"
+        )
 
 
 def _check_onnx_hash(p: Path, doc: dict[str, Any], onnx_path: str | Path | None) -> None:

@@ -391,7 +391,8 @@ def _clean_failure(model: nn.Module) -> Iterator[None]:
 def _export_state(
     model: nn.Module, quantizers: dict[str, Quantizer], opset: int, scale_dtype: torch.dtype
 ) -> Iterator[None]:
-    """Attach export scales/zero points, eval mode, no grad; undo everything afterwards."""
+    """Attach export scales/zero points (and learned weights, :meth:`Quantizer.export_constants`),
+    eval mode, no grad; undo everything afterwards."""
     was_training = model.training
     try:
         for q in quantizers.values():
@@ -400,13 +401,15 @@ def _export_state(
             q.register_buffer(
                 "export_zero_point", torch.zeros(scale.shape, dtype=torch.int8, device=scale.device)
             )
+            for name, value in q.export_constants(scale).items():  # AdaRound: scale·code
+                q.register_buffer(name, value)
             q.export_opset = opset
         model.eval()
         with torch.no_grad():
             yield
     finally:
         for q in quantizers.values():
-            for buf in ("export_scale", "export_zero_point"):
+            for buf in ("export_scale", "export_zero_point", "export_weight"):
                 if buf in q._buffers:
                     del q._buffers[buf]
         model.train(was_training)

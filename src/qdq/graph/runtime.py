@@ -6,7 +6,9 @@ keys the plan names, replaces arguments with their quantized values:
 
 * an activation argument → ``quantizer(x)`` (a tensor read by several quantized consumers is
   quantized once per forward and shared, as one Q with one scale — rule S01);
-* the weight of a planned Conv/Linear/MatMul call → ``weight_quantizer(weight)``.
+* the weight of a planned Conv/Linear/MatMul call → ``weight_quantizer(weight)``, and, when
+  that quantizer holds a bias correction (:mod:`qdq.ptq.bias`), the call's bias (third argument
+  of ``F.conv*``/``F.linear``, or ``bias=``) → ``weight_quantizer.corrected_bias(bias, weight)``.
 
 Because it acts on calls, not on a traced graph, the prepared model keeps everything the float one
 had: its ``forward`` signature and outputs, ``train()``/``eval()`` branches, attributes
@@ -24,11 +26,14 @@ import torch
 from torch import nn
 
 from qdq.graph.calls import CallTracker, SiteKey
+from qdq.quant import Quantizer
 
-__all__ = ["ArgRef", "Site", "SiteRuntime", "runtime_of"]
+__all__ = ["ArgRef", "Call", "Site", "SiteRuntime", "Tap", "runtime_of"]
 
 #: where an argument sits: a position, a keyword, or ``(position, index)`` inside a list argument
 ArgRef = int | str | tuple[int, int]
+#: the arguments of one call: ``(args, kwargs)``
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 _RUNTIME_ATTR = "qdq_runtime"
 
 
@@ -38,6 +43,12 @@ class Site:
 
     actions: list[tuple[ArgRef, nn.Module]] = field(default_factory=list)
     hits: int = 0
+
+
+#: an observer of planned calls (:attr:`SiteRuntime.tap`): ``tap(key, site, func, raw, applied)``
+#: runs the call itself and returns its result; ``raw`` are the arguments as the model passed
+#: them, ``applied`` the ones with the quantizers applied
+Tap = Callable[[SiteKey, Site, Callable[..., Any], Call, Call], Any]
 
 
 class SiteRuntime(CallTracker):
@@ -59,6 +70,8 @@ class SiteRuntime(CallTracker):
         #: ``(name, shape, dtype)`` of the example inputs the plan was recorded with
         self.inputs = inputs
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        #: set by :mod:`qdq.ptq` while it measures layers (inside a try/finally); else ``None``
+        self.tap: Tap | None = None
 
     # ---------------------------------------------------------------- apply
     def _quantize(self, quantizer: nn.Module, x: Any, fresh: bool = False) -> Any:
@@ -95,6 +108,13 @@ class SiteRuntime(CallTracker):
                         new_args[pos] = items
             elif ref < len(new_args):
                 new_args[ref] = self._quantize(quantizer, new_args[ref], fresh and ref == 0)
+        for ref, quantizer in site.actions:
+            if (
+                ref in (1, "weight")
+                and isinstance(quantizer, Quantizer)
+                and quantizer.has_bias_delta
+            ):
+                _correct_bias(quantizer, new_args, new_kwargs)
         site.hits += 1
         return tuple(new_args), new_kwargs
 
@@ -118,8 +138,10 @@ class SiteRuntime(CallTracker):
             # left as it was (code that calls x.add_(y) and then reads x would see the old x)
             args, kwargs = self._apply(site, args, kwargs, fresh=True)
             return getattr(torch.Tensor, _OUT_OF_PLACE[str(target)])(*args, **kwargs)
-        args, kwargs = self._apply(site, args, kwargs)
-        return func(*args, **kwargs)
+        new_args, new_kwargs = self._apply(site, args, kwargs)
+        if self.tap is not None:
+            return self.tap(key, site, func, (args, kwargs), (new_args, new_kwargs))
+        return func(*new_args, **new_kwargs)
 
     def on_leaf_enter(
         self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -151,6 +173,18 @@ _OUT_OF_PLACE = {
     "sub_": "sub",
     "__isub__": "__sub__",
 }
+
+
+def _correct_bias(quantizer: Quantizer, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Replace the bias of an ``F.conv*``/``F.linear`` call (third argument or ``bias=``) by the
+    weight quantizer's corrected bias (:meth:`~qdq.quant.Quantizer.corrected_bias`)."""
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    if len(args) > 2:
+        args[2] = quantizer.corrected_bias(args[2], weight)
+    else:
+        bias = quantizer.corrected_bias(kwargs.get("bias"), weight)
+        if bias is not None:
+            kwargs["bias"] = bias
 
 
 def _in_place(op: str, target: Any) -> bool:

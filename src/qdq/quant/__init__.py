@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qdq.quant.learned import StaleStateError
 from qdq.quant.primitives import (
     MIN_AMAX,
     MIN_SCALE,
@@ -18,6 +19,7 @@ __all__ = [
     "QuantMode",
     "Quantizer",
     "ScaleShapeError",
+    "StaleStateError",
     "fake_quant",
     "fake_quant_unchecked",
     "quant_range",
