@@ -138,3 +138,20 @@ def test_quantize_with_the_method_per_quantizer(inputs, tmp_path: Path, capsys) 
     chosen = {r["name"]: r["chosen"].split()[0] for r in choice["rows"]}
     assert set(chosen) <= set(methods)
     assert all(methods[n] == m for n, m in chosen.items())
+
+
+def test_quantize_with_adaround_and_bias_correction(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
+            "--exporter", "torchscript", "--rounding", "adaround", "--bias-correction",
+            "--calib", "mse", "--calib-samples", "32", "--batch-size", "16",
+            "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "PTQ: AdaRound + bias correction" in text and "adaround on" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["ptq"]["adaround"]["rows"] and report["ptq"]["bias_correction"]["rows"]
+    manifest = (out / "manifest.json").read_text()
+    assert "adaround" in manifest  # the manifest says which weights carry learned rounding
+    # the exported model passed the export's ORT verification; its metric is the ORT one
+    assert report["int8_metric"] >= report["int8_torch"]["metric"] - 0.02

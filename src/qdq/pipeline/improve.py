@@ -78,18 +78,18 @@ def improver(
         if options.rounding == "adaround":
             from qdq.ptq.adaround import adaround
 
-            reports["adaround"] = adaround(
+            rounding = adaround(
                 prepared,
                 batches,
                 num_samples=options.adaround_samples,
                 iters=options.adaround_iters,
                 show_progress=show_progress,
-            ).to_dict()
+            )
+            reports["adaround"] = {"summary": rounding.summary(), **rounding.to_dict()}
         if options.bias_correction:
             from qdq.ptq.bias import correct_bias
 
-            reports["bias_correction"] = correct_bias(
-                prepared, batches, show_progress=show_progress
-            ).to_dict()
+            bias = correct_bias(prepared, batches, show_progress=show_progress)
+            reports["bias_correction"] = {"summary": bias.summary(), **bias.to_dict()}
 
     return improve, reports
