@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
-from qdq.accuracy.sensitivity import Metric, Sensitivity, sensitivity
+from qdq.accuracy.sensitivity import Metric, Sensitivity, checked_metric, sensitivity
 from qdq.accuracy.units import Unit, units_of, units_off
 from qdq.api import calibrate, plan_of, prepare
 from qdq.calib.batches import expected_inputs, run_batch
@@ -320,7 +320,9 @@ def auto_quantize(
         raise ValueError(f"max_fallback must be an int >= 1 or None, got {max_fallback!r}")
     data = _reiterable(data, "data")
     cfg = config if config is not None else QuantConfig.tensorrt()
-    score = _checked(metric if metric is not None else agreement_metric(model, eval_data or data))
+    score = checked_metric(
+        metric if metric is not None else agreement_metric(model, eval_data or data)
+    )
     if prepared is None:
         prepared = _quantized(model, example_inputs, data, cfg, method, improve, show_progress)
     fp32 = score(model) if fp32_metric is None else float(fp32_metric)
@@ -506,30 +508,6 @@ def _lint_costs(
         kept = [o for s in steps if s.kept for o in s.owners]
         total = LintCost.between(base, summary(kept, "final"))
     return out, total
-
-
-def _checked(metric: Metric) -> Callable[[nn.Module], float]:
-    if not callable(metric):
-        raise TypeError(f"metric must be a callable model -> float, got {type(metric).__name__}")
-
-    def score(model: nn.Module) -> float:
-        was_training = model.training
-        try:
-            with torch.no_grad():
-                value = metric(model)
-        finally:
-            model.train(was_training)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"the metric must return a number, got {type(value).__name__}: {value!r}"
-            ) from None
-        if not math.isfinite(number):
-            raise ValueError(f"the metric returned {number}: it must be finite")
-        return number
-
-    return score
 
 
 def _reiterable(data: Iterable[Any] | None, what: str) -> list[Any]:

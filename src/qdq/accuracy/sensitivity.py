@@ -52,7 +52,15 @@ from qdq.calib.batches import expected_inputs, run_batch
 from qdq.debug.stats import ErrorStats, ErrorSums, finite
 from qdq.quant import QuantMode, quantizer_mode
 
-__all__ = ["MODES", "Metric", "Sensitivity", "SensitivityRow", "output_error", "sensitivity"]
+__all__ = [
+    "MODES",
+    "Metric",
+    "Sensitivity",
+    "SensitivityRow",
+    "checked_metric",
+    "output_error",
+    "sensitivity",
+]
 
 MODES = ("one-off", "one-on")
 #: the user's evaluation: the model in → a figure out (higher is better)
@@ -197,8 +205,6 @@ def sensitivity(
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
-    if metric is not None and not callable(metric):
-        raise TypeError(f"metric must be a callable model -> float, got {type(metric).__name__}")
     if metric is None and data is None:
         raise ValueError("sensitivity needs data (for the output proxy) or a metric")
     missing = [p for p, q in quantizers_of(prepared).items()
@@ -213,7 +219,8 @@ def sensitivity(
         proxy = _Proxy(prepared, data, num_batches)
         score, scored_by, samples, fp32 = proxy.score, "output_sqnr_db", proxy.samples, math.inf
     else:
-        score, scored_by, samples = _metric_score(prepared, metric), "metric", None
+        checked = checked_metric(metric)
+        score, scored_by, samples = (lambda: (checked(prepared), None)), "metric", None
         with quantizer_mode(prepared, QuantMode.BYPASS):
             fp32 = score()[0]
     int8 = score()[0]
@@ -291,13 +298,19 @@ class _Proxy:
         return stats.sqnr_db, stats.cosine
 
 
-def _metric_score(prepared: nn.Module, metric: Metric) -> Callable[[], tuple[float, float | None]]:
-    def score() -> tuple[float, float | None]:
-        was_training = prepared.training
+def checked_metric(metric: Metric) -> Callable[[nn.Module], float]:
+    """``metric`` called without autograd, the model's train/eval mode restored, and its result
+    checked: a finite number (else ``ValueError``)."""
+    if not callable(metric):
+        raise TypeError(f"metric must be a callable model -> float, got {type(metric).__name__}")
+
+    def score(model: nn.Module) -> float:
+        was_training = model.training
         try:
-            value = metric(prepared)
+            with torch.no_grad():
+                value = metric(model)
         finally:
-            prepared.train(was_training)
+            model.train(was_training)
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -306,6 +319,6 @@ def _metric_score(prepared: nn.Module, metric: Metric) -> Callable[[], tuple[flo
             ) from None
         if not math.isfinite(number):
             raise ValueError(f"the metric returned {number}: it must be finite")
-        return number, None
+        return number
 
     return score
