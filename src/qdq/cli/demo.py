@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from qdq.cli.quantize import run_quantize
+from qdq.cli.quantize import add_quantize_parser, run_quantize
 
 __all__ = ["DEMO_MODEL", "run_demo"]
 
@@ -30,26 +30,18 @@ def run_demo(
 ) -> int:
     """Run the demo, print the summary, write ``<out_dir>/report.{json,html}``; return an exit code."""
     out = Path(out_dir)
-    args = argparse.Namespace(
-        model=DEMO_MODEL,
-        data=None,
-        out=str(out),
-        overwrite=overwrite or (out / "report.json").is_file(),
-        calib="mse",
-        percentile=None,
-        compare_methods=True,
-        exporter="auto",
-        opset=17,
-        target="trt10",
-        calib_samples=calib_samples,
-        eval_samples=limit,
-        batch_size=500,
-        seed=0,
-        image_size=None,
-        mean=None,
-        std=None,
-        channels=None,
-        json=as_json,
-        no_progress=not show_progress,
-    )
+    argv = ["quantize", "--model", DEMO_MODEL, "--out", str(out), "--compare-methods",
+            "--calib", "mse", "--batch-size", "500", "--calib-samples", str(calib_samples)]  # fmt: skip
+    if limit is not None:
+        argv += ["--eval-samples", str(limit)]
+    if overwrite or (out / "report.json").is_file():
+        argv.append("--overwrite")
+    if as_json:
+        argv.append("--json")
+    if not show_progress:
+        argv.append("--no-progress")
+    # parsed by the quantize command's own parser: every option it has keeps its default
+    parser = argparse.ArgumentParser(prog="qdq")
+    add_quantize_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
     return run_quantize(args, prog="qdq demo")
