@@ -68,6 +68,7 @@ from torch import nn
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import quantizers_of
+from qdq.debug.stats import finite
 from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import Call, Site
 from qdq.ptq import _layers
@@ -111,7 +112,7 @@ class BiasRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a non-finite number is ``null``)."""
-        return {k: _finite(v) for k, v in asdict(self).items()}
+        return {k: finite(v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,3 @@ def _sqnr(signal: float, noise: float) -> float:
     if signal <= 0.0:
         return -math.inf
     return 10.0 * math.log10(signal / noise)
-
-
-def _finite(value: Any) -> Any:
-    return value if not isinstance(value, float) or math.isfinite(value) else None

@@ -59,6 +59,7 @@ from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import CALIBRATION_METHODS
+from qdq.debug.stats import finite
 from qdq.graph.runtime import runtime_of
 from qdq.ptq._layer_calls import LayerCall, LayerCalls, fake_quantize, is_weight_quantizer
 from qdq.quant import Quantizer, QuantMode, quantizer_mode
@@ -125,8 +126,8 @@ class MethodRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable (a non-finite number is ``null``)."""
-        out = {k: _finite(v) for k, v in asdict(self).items()}
-        out["errors"] = {k: _finite(v) for k, v in self.errors.items()}
+        out = {k: finite(v) for k, v in asdict(self).items()}
+        out["errors"] = {k: finite(v) for k, v in self.errors.items()}
         return out
 
 
@@ -483,7 +484,3 @@ def _check_candidates(
 def _batch_size(batch: Any) -> int:
     leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
-
-
-def _finite(value: Any) -> Any:
-    return value if not isinstance(value, float) or math.isfinite(value) else None
