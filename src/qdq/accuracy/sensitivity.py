@@ -48,7 +48,7 @@ from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.accuracy.units import Unit, units_of, units_off, units_only
 from qdq.api import plan_of, quantizers_of
-from qdq.calib.batches import expected_inputs, run_batch
+from qdq.calib.batches import batch_samples, expected_inputs, run_batch
 from qdq.debug.stats import ErrorStats, ErrorSums, finite
 from qdq.quant import QuantMode, quantizer_mode
 
@@ -282,10 +282,7 @@ class _Proxy:
                     break
                 self.batches.append(batch)
                 self.references.append(run_batch(prepared, batch, i, self.expected))
-                first = next(
-                    (t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)), None
-                )
-                self.samples += int(first.shape[0]) if first is not None and first.dim() else 1
+                self.samples += batch_samples(batch)
         if not self.batches:
             raise ValueError("sensitivity saw no batches: the data is empty")
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from qdq.calib.base import CalibrationError
 
-__all__ = ["InputSpec", "expected_inputs", "run_batch"]
+__all__ = ["InputSpec", "batch_samples", "expected_inputs", "run_batch"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype | None, torch.dev
         if t.is_floating_point():
             return t.dtype, t.device
     return None, None
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a batch: dimension 0 of its first tensor (1 for a scalar or no tensor)."""
+    leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
 
 
 def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> Any:

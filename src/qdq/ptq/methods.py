@@ -52,12 +52,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
-from qdq.calib.batches import expected_inputs, run_batch
+from qdq.calib.batches import batch_samples, expected_inputs, run_batch
 from qdq.config import CALIBRATION_METHODS
 from qdq.debug.stats import finite
 from qdq.graph.runtime import runtime_of
@@ -285,7 +284,7 @@ def choose_methods(
                     calls, capture.calls = capture.calls, []
                     _measure(calls, by_q, modes)
                     seen += 1
-                    samples += _batch_size(batch)
+                    samples += batch_samples(batch)
                     if seen >= num_batches:
                         break
         finally:
@@ -479,8 +478,3 @@ def _check_candidates(
     if not out:
         raise ValueError("candidates is empty: give at least one (method, percentile) pair")
     return tuple(out.values())
-
-
-def _batch_size(batch: Any) -> int:
-    leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
-    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
