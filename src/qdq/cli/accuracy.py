@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,31 +133,24 @@ def run_debug(args: argparse.Namespace) -> int:
     """``qdq debug``: print the per-layer error table (or JSON); return the exit code."""
     from qdq.debug import layer_errors
 
-    try:
+    def measure() -> Any:
         loaded = _load(args)
         data = _eval_batches(loaded, args.samples)
-        errors = layer_errors(
+        return layer_errors(
             loaded.prepared, data, num_batches=len(data), show_progress=not args.no_progress
         )
-    except KeyboardInterrupt:
-        print("qdq debug: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # user code and files: one line, never a traceback
-        print(f"qdq debug: error: {one_line(err)}", file=sys.stderr)
-        return 2
-    payload = {"model": args.model, "calibration": args.calib, **errors.to_dict()}
-    _emit(args, payload, errors.format(top=args.top or None))
-    return 0
+
+    return _run("qdq debug", args, measure)
 
 
 def run_sensitivity(args: argparse.Namespace) -> int:
     """``qdq sensitivity``: print the ranking (or JSON); return the exit code."""
     import qdq
 
-    try:
+    def measure() -> Any:
         loaded = _load(args)
         metric = _task_metric(loaded, args.samples) if args.metric == "task" else None
-        result = qdq.sensitivity(
+        return qdq.sensitivity(
             loaded.prepared,
             _eval_batches(loaded, args.samples) if metric is None else None,
             metric,
@@ -164,11 +158,19 @@ def run_sensitivity(args: argparse.Namespace) -> int:
             num_batches=10**9,
             show_progress=not args.no_progress,
         )
+
+    return _run("qdq sensitivity", args, measure)
+
+
+def _run(prog: str, args: argparse.Namespace, measure: Callable[[], Any]) -> int:
+    """Run ``measure``; print its result (``.to_dict()`` / ``.format(top)``) or one error line."""
+    try:
+        result = measure()
     except KeyboardInterrupt:
-        print("qdq sensitivity: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # user code and files: one line, never a traceback
-        print(f"qdq sensitivity: error: {one_line(err)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return 2
     payload = {"model": args.model, "calibration": args.calib, **result.to_dict()}
     _emit(args, payload, result.format(top=args.top or None))
