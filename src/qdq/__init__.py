@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from qdq import debug, lint, nn
+from qdq import debug, lint, nn, qat
 from qdq._version import __version__
 from qdq.accuracy import AutoQuantResult, Sensitivity, auto_quantize, sensitivity
 from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
@@ -55,6 +55,7 @@ __all__ = [
     "nn",
     "plan_of",
     "prepare",
+    "qat",
     "quantize",
     "quantizer_mode",
     "quantizers_of",

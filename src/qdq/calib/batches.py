@@ -150,6 +150,13 @@ def run_batch(model: nn.Module, batch: Any, index: int, expected: _Expected) -> 
     return output
 
 
+def batch_arguments(
+    batch: Any, index: int, expected: _Expected
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The model's ``(args, kwargs)`` in ``batch`` (labels dropped), as :func:`run_batch` calls it."""
+    return _arguments(batch, index, expected)
+
+
 def _arguments(
     batch: Any, index: int, expected: _Expected
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:

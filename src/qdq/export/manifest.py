@@ -112,8 +112,13 @@ def build_manifest(
     opset: int,
     onnx_file: str | None = None,
     onnx_sha256: str | None = None,
+    qat: dict[str, Any] | None = None,
 ) -> str:
     """The manifest JSON text for an export.
+
+    ``qat`` (:meth:`qdq.qat.QatState.to_dict`) records quantization-aware training: the
+    ``"qat"`` entry (epochs, steps, recipe, learned amax or not, BatchNorm handling); a
+    quantizer whose amax was trained has ``"amax_grad"`` (``"lsq"``/``"pact"``).
 
     ``onnx_file`` (the ONNX file's name) and ``onnx_sha256`` (the hash of its bytes) tie the
     manifest to that one file; :func:`load_calibration` checks them.
@@ -144,6 +149,7 @@ def build_manifest(
                 "amax": _values(q.amax),
                 "scale": _values(scale_from_amax(q.amax)),
                 "onnx_nodes": nodes.get(path, []),
+                **({"amax_grad": q.amax_grad} if q.amax_grad is not None else {}),
                 **_learned(q),
             }
         )
@@ -156,6 +162,8 @@ def build_manifest(
     }
     if onnx_file is not None:
         doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}
+    if qat is not None:
+        doc["qat"] = qat
     doc["quantizers"] = entries
     return json.dumps(doc, indent=2) + "\n"
 

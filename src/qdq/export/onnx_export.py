@@ -29,6 +29,8 @@ from qdq._io import atomic_write_files
 from qdq.api import plan_of, quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.exporters import run_exporter
+from qdq.qat.distill import has_distill_hooks
+from qdq.qat.prepare import qat_state
 from qdq.quant import MIN_AMAX, Quantizer, QuantMode, ScaleShapeError, scale_from_amax
 from qdq.quant.primitives import check_amax_values
 
@@ -159,6 +161,12 @@ def export_onnx(
         for existing in (target, manifest_file):
             if existing.exists():
                 raise FileExistsError(f"{existing} exists; pass overwrite=True to replace it")
+    hooked = has_distill_hooks(prepared)
+    if hooked:
+        raise ValueError(
+            f"a qdq.qat.Distiller is still attached to {hooked[:3]}: call its close() (or use it "
+            "in a with block) before exporting, so that no training hook is exported"
+        )
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
     _check_forward(prepared, tuple(example_inputs))
@@ -225,9 +233,11 @@ def export_onnx(
             data, export_model, checks, to_model=_caster(fp16), fp16=fp16, error=ExportError
         )
     seconds = time.perf_counter() - start
+    state = qat_state(prepared)
     manifest = build_manifest(
         plan, quantizers, model_proto, exporter=used, opset=opset,
         onnx_file=target.name, onnx_sha256=sha256_of(data),
+        qat=state.to_dict() if state is not None else None,
     )  # fmt: skip
     atomic_write_files({target: data, manifest_file: manifest.encode("utf-8")}, overwrite=overwrite)
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
@@ -358,7 +368,7 @@ def _half_copy(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, t
     for name, q in quantizers_of(half).items():
         original = prepared.get_submodule(name)
         assert isinstance(original, Quantizer)
-        q.amax = original.amax.detach().clone()
+        q._assign_amax(original.amax.detach().clone())
     cast = tuple(
         a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )

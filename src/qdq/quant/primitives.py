@@ -13,7 +13,9 @@ The numerics contract (design.md) in one place:
 
 The straight-through estimator (STE) passes the gradient for ``x`` inside ``[-amax, amax]`` and zeroes
 it outside. When ``amax`` requires grad, its gradient is the LSQ one: ``(q - x/scale)`` inside the
-range and ``q`` outside, times ``d scale / d amax = 1/qmax``, reduced to ``amax``'s shape.
+range and ``q`` outside, times ``d scale / d amax = 1/qmax``, reduced to ``amax``'s shape; with
+``amax_grad="pact"`` only the clipped values contribute (``q/qmax``, about ``±1``: PACT's clip gradient).
+:func:`grad_scale` multiplies a gradient without touching the value (LSQ's step-size gradient scale).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import torch
 from qdq._validate import normalize_axis
 
 __all__ = [
+    "AMAX_GRADS",
     "MIN_AMAX",
     "MIN_SCALE",
     "fake_quant",
+    "grad_scale",
     "quant_range",
     "scale_from_amax",
 ]
@@ -36,6 +40,9 @@ __all__ = [
 MIN_AMAX = 2.0**-24
 #: The smallest scale we ever use or export (MIN_AMAX / 127): positive, a normal float32.
 MIN_SCALE = MIN_AMAX / 127.0
+#: How a learned ``amax`` gets its gradient: LSQ (rounding error inside, clip outside) or PACT
+#: (clipped values only).
+AMAX_GRADS = ("lsq", "pact")
 
 
 def quant_range(num_bits: int = 8, narrow_range: bool = False) -> tuple[int, int]:
@@ -109,15 +116,32 @@ def fake_quant_unchecked(
     num_bits: int = 8,
     axis: int | None = None,
     narrow_range: bool = False,
+    amax_grad: str = "lsq",
 ) -> torch.Tensor:
     """:func:`fake_quant` without the value checks on ``amax`` (no host sync, export-friendly).
 
     For callers that validated ``amax`` once when it was set (the :class:`~qdq.quant.Quantizer`).
-    Shapes are still checked, since that costs nothing.
+    Shapes are still checked, since that costs nothing. ``amax_grad`` picks the gradient of an
+    ``amax`` that requires grad (:data:`AMAX_GRADS`); the forward is the same either way.
     """
+    if amax_grad not in AMAX_GRADS:
+        raise ValueError(f"amax_grad must be one of {AMAX_GRADS}, got {amax_grad!r}")
     amax_t = _as_amax_tensor(x, amax, axis)
     qmin, qmax = quant_range(num_bits, narrow_range)
-    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax)
+    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact")
+
+
+def grad_scale(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """Return ``t`` unchanged (the same values, bit for bit) whose gradient is multiplied by
+    ``factor`` on the way back (LSQ scales its step-size gradient by ``1/sqrt(n·qmax)``).
+
+    Example:
+        >>> a = torch.tensor(2.0, requires_grad=True)
+        >>> (grad_scale(a, 0.5) * 3).backward()
+        >>> a.grad
+        tensor(1.5000)
+    """
+    return _GradScale.apply(t, float(factor))
 
 
 def check_amax_values(amax: torch.Tensor, *, what: str) -> None:
@@ -174,7 +198,13 @@ class _FakeQuantSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, amax: torch.Tensor, axis: int | None, qmin: int, qmax: int
+        ctx: Any,
+        x: torch.Tensor,
+        amax: torch.Tensor,
+        axis: int | None,
+        qmin: int,
+        qmax: int,
+        pact: bool = False,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
         x32 = x.to(torch.float32)
@@ -191,6 +221,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         ctx.qmax = qmax
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
+        ctx.pact = pact
         if ctx.amax_needs_grad:
             ctx.save_for_backward(x32, scale, q, scaled)
         else:
@@ -211,8 +242,23 @@ class _FakeQuantSTE(torch.autograd.Function):
             grad_x = torch.where(inside, grad_out, torch.zeros_like(grad_out))
         grad_amax = None
         if ctx.amax_needs_grad:
-            dscale = torch.where(inside, q - scaled, q) * grad_out.to(torch.float32)
+            inner = torch.zeros_like(q) if ctx.pact else q - scaled
+            dscale = torch.where(inside, inner, q) * grad_out.to(torch.float32)
             dims = [d for d in range(x32.dim()) if d != ctx.axis]
             red = dscale.sum(dim=dims) if dims else dscale
             grad_amax = (red / ctx.qmax).to(ctx.amax_dtype)
-        return grad_x, grad_amax, None, None, None
+        return grad_x, grad_amax, None, None, None, None
+
+
+class _GradScale(torch.autograd.Function):
+    """Identity forward; the gradient is multiplied by a constant."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        (grad,) = grads
+        return grad * ctx.factor, None

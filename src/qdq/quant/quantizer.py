@@ -17,8 +17,11 @@ from qdq.config import CalibSpec, QuantSpec
 from qdq.quant import learned as learned_state
 from qdq.quant.onnx_qdq import current_exporter, emit_qdq
 from qdq.quant.primitives import (
+    AMAX_GRADS,
+    MIN_AMAX,
     check_amax_values,
     fake_quant_unchecked,
+    grad_scale,
     quant_range,
     scale_from_amax,
 )
@@ -99,6 +102,8 @@ class Quantizer(nn.Module):
         self.register_buffer("amax", torch.empty(0))
         #: (weight, amax) tensor identities and versions the learned state was last checked for
         self._learned_key: tuple[Any, ...] | None = None
+        #: ``"lsq"``/``"pact"`` when amax is a trained ``nn.Parameter`` (:meth:`learn_amax`)
+        self._amax_grad: str | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -180,9 +185,62 @@ class Quantizer(nn.Module):
         t = self.check_amax_shape(t)
         if self.spec.axis is not None and self._channels is None:
             self._channels = t.numel()
-        self.amax = t.to(self.amax.device)
+        self._assign_amax(t.to(self.amax.device))
         self.amax_method, self.amax_percentile = "set", None
         self._learned_key = None
+
+    def _assign_amax(self, value: torch.Tensor) -> None:
+        """Store ``value`` as amax: the buffer, or the data of the learned parameter (whose
+        identity an optimizer holds)."""
+        param = self._parameters.get("amax")
+        if param is not None:
+            param.data = value.detach().to(torch.float32)
+        else:
+            self.amax = value
+
+    # ------------------------------------------------------------- learned amax (qdq.qat)
+    @property
+    def amax_grad(self) -> str | None:
+        """``"lsq"`` or ``"pact"`` when amax is trained (an ``nn.Parameter``), else ``None``."""
+        return self._amax_grad
+
+    def learn_amax(self, how: str | None = "lsq") -> None:
+        """Train amax (``how="lsq"`` or ``"pact"``) as an ``nn.Parameter``, or freeze it (``None``).
+
+        The state-dict key stays ``amax`` either way, so checkpoints load across the two. A
+        learned amax is kept at or above ``2**-24`` before each use (the exporter's floor), so
+        it never turns negative. LSQ scales the gradient by ``1/sqrt(n·qmax)`` (``n`` values per
+        amax entry), as its paper does; PACT passes the clip gradient unscaled.
+
+        Raises:
+            ValueError: an unknown ``how``, or no amax yet (calibrate first).
+        """
+        if how is not None and how not in AMAX_GRADS:
+            raise ValueError(
+                f"quantizer {self.name!r}: learn_amax how must be one of {AMAX_GRADS} or None, "
+                f"got {how!r}"
+            )
+        if how is not None and not self.is_calibrated:
+            raise ValueError(f"quantizer {self.name!r} has no amax: calibrate before learning it")
+        value = self.amax.detach().clone()
+        if how is None:
+            if "amax" in self._parameters:
+                del self._parameters["amax"]
+                self.register_buffer("amax", value)
+        elif "amax" not in self._parameters:
+            del self._buffers["amax"]
+            self.register_parameter("amax", nn.Parameter(value))
+        self._amax_grad = how
+        self._learned_key = None
+
+    def _learned_amax(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.amax.data.clamp_(min=MIN_AMAX)
+        if self._amax_grad != "lsq":
+            return self.amax
+        _, qmax = quant_range(self.spec.num_bits, self.spec.narrow_range)
+        per_entry = max(1, x.numel() // max(1, self.amax.numel()))
+        return grad_scale(self.amax, (per_entry * qmax) ** -0.5)
 
     def load_calib_amax(
         self, method: str | None = None, *, percentile: float | None = None
@@ -242,6 +300,15 @@ class Quantizer(nn.Module):
             self._check_learned(x)
             if "rounding_codes" in self._buffers:
                 return self._rounded_weight(x)
+        if self._amax_grad is not None:
+            return fake_quant_unchecked(
+                x,
+                self._learned_amax(x),
+                num_bits=self.spec.num_bits,
+                axis=self.spec.axis,
+                narrow_range=self.spec.narrow_range,
+                amax_grad=self._amax_grad,
+            )
         return fake_quant_unchecked(
             x,
             self.amax,
@@ -486,7 +553,7 @@ class Quantizer(nn.Module):
                     state_dict = {**state_dict, key: saved.reshape(shaped.shape)}
                 if self.spec.axis is not None and self._channels is None:
                     self._channels = shaped.numel()
-            self.amax = torch.empty_like(state_dict[key], device=self.amax.device)
+            self._assign_amax(torch.empty_like(state_dict[key], device=self.amax.device))
             for name in learned_state.LEARNED_BUFFERS:  # the learned state travels with its amax
                 value = state_dict.get(prefix + name)
                 if isinstance(value, torch.Tensor):
@@ -511,11 +578,13 @@ class Quantizer(nn.Module):
         if not self.is_calibrated:
             parts.append("amax=None")
         elif self.amax.dim() == 0:
-            parts.append(f"amax={float(self.amax):.6g}")
+            parts.append(f"amax={float(self.amax.detach()):.6g}")
         else:
-            lo, hi = float(self.amax.min()), float(self.amax.max())
+            lo, hi = float(self.amax.detach().min()), float(self.amax.detach().max())
             parts.append(f"amax=[{self.amax.numel()}] {lo:.4g}..{hi:.4g}")
         parts.append(f"calib={self.calib.calibrator}/{self.calib.method}")
+        if self._amax_grad is not None:
+            parts.append(f"amax_grad={self._amax_grad}")
         parts.extend(
             label
             for label, present in (("rounding=learned", self.has_rounding),
