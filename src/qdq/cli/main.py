@@ -10,7 +10,13 @@ from typing import Any
 
 from qdq._version import __version__
 from qdq.cli.accuracy import add_accuracy_parsers, run_debug, run_sensitivity
-from qdq.cli.quantize import add_quantize_parser, add_zoo_parser, run_quantize, run_zoo
+from qdq.cli.quantize import (
+    add_qat_parser,
+    add_quantize_parser,
+    add_zoo_parser,
+    run_quantize,
+    run_zoo,
+)
 
 __all__ = ["main"]
 
@@ -37,6 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print report.json instead")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_quantize_parser(sub)
+    add_qat_parser(sub)
     add_zoo_parser(sub)
     add_accuracy_parsers(sub)
     lint = sub.add_parser(
@@ -133,6 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "quantize":
         return run_quantize(args)
+    if args.command == "qat":
+        if args.qat_epochs < 1:
+            print("qdq qat: error: --qat-epochs must be >= 1 (use qdq quantize without QAT)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        return run_quantize(args, prog="qdq qat")
     if args.command == "debug":
         return run_debug(args)
     if args.command == "sensitivity":

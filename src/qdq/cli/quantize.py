@@ -37,6 +37,24 @@ def add_quantize_parser(sub: Any) -> None:
         "(+ y/labels). User data is split by a seeded permutation: "
         "calibration min(--calib-samples, N/2) samples, evaluation the others.",
     )
+    add_quantize_arguments(p)
+
+
+def add_qat_parser(sub: Any) -> None:
+    """The ``qat`` sub-command: ``quantize`` with quantization-aware fine-tuning on."""
+    p = sub.add_parser(
+        "qat",
+        help="quantize, then fine-tune with fake quantization (QAT) before export",
+        description="qdq quantize with --qat-epochs (default 2): calibrate, PTQ options, "
+        "fallback, then fine-tune the INT8 model by distillation against its FP32 copy on the "
+        "calibration samples (no labels needed), export and measure in ONNX Runtime. The "
+        "report gives the PTQ metric (torch fake-quant) before fine-tuning next to the result.",
+    )
+    add_quantize_arguments(p, qat_epochs=2)
+
+
+def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
+    """The arguments of ``quantize`` (and ``qat``, whose ``--qat-epochs`` defaults to 2)."""
     p.add_argument("--model", required=True, metavar="SPEC", help="the float model (see below)")
     p.add_argument("--data", metavar="SPEC", help="the data (default: a zoo model's own)")
     p.add_argument("--out", default="qdq-out", metavar="DIR", help="output directory (qdq-out)")
@@ -76,6 +94,28 @@ def add_quantize_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--bias-correction", action="store_true", help="correct each weighted layer's bias"
+    )
+    p.add_argument(
+        "--qat-epochs",
+        type=int,
+        default=qat_epochs,
+        metavar="N",
+        help="fine-tune with fake quantization for N passes over the calibration samples, by "
+        f"distillation against the FP32 model (default {qat_epochs}: "
+        f"{'on' if qat_epochs else 'off'})",
+    )
+    p.add_argument("--qat-lr", type=float, default=1e-5, help="QAT learning rate (Adam; 1e-5)")
+    p.add_argument(
+        "--qat-learn-amax",
+        choices=("lsq", "pact"),
+        help="train the clipping ranges too (default: frozen, as pytorch-quantization does)",
+    )
+    p.add_argument(
+        "--qat-bn",
+        default="freeze",
+        choices=("freeze", "fold", "train"),
+        help="BatchNorm during QAT: freeze its statistics (default), fold it into the conv "
+        "first, or train it",
     )
     p.add_argument(
         "--exporter",
@@ -167,7 +207,7 @@ def one_line(err: BaseException) -> str:
 
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
-    from qdq.pipeline import PtqOptions, quantize
+    from qdq.pipeline import PtqOptions, QatOptions, quantize
     from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
@@ -195,6 +235,12 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
                 method_per_quantizer=args.calib_per_quantizer,
                 rounding=args.rounding,
                 bias_correction=args.bias_correction,
+            ),
+            qat=QatOptions(
+                epochs=args.qat_epochs,
+                lr=args.qat_lr,
+                learn_amax=args.qat_learn_amax,
+                bn=args.qat_bn,
             ),
             overwrite=args.overwrite,
             show_progress=not args.no_progress,
@@ -249,6 +295,17 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             if isinstance(rep, dict) and rep.get("summary"):
                 print(f"  {name}: {rep['summary']}")
     _print_fallback(r.get("fallback"))
+    qat = r.get("qat")
+    if qat:
+        before = qat.get("ptq_metric_torch")
+        gain = (
+            ""
+            if before is None
+            else (
+                f"; {name} (torch fake-quant) PTQ {before:.4f} → QAT {r['int8_torch']['metric']:.4f}"
+            )
+        )
+        print(f"QAT: {qat['summary']}, {qat['seconds_per_epoch']:.1f} s/epoch{gain}")
     lint = r["lint"]
     print(
         f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"

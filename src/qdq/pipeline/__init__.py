@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
-from qdq.pipeline.improve import PtqOptions
+from qdq.pipeline.improve import PtqOptions, QatOptions
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.run import (
     HTML_FILE,
@@ -34,6 +34,7 @@ __all__ = [
     "DataOptions",
     "ModelSource",
     "PtqOptions",
+    "QatOptions",
     "QuantData",
     "QuantizeResult",
     "quantize",

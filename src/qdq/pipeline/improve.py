@@ -1,8 +1,13 @@
-"""The PTQ switches of ``qdq quantize``: method per quantizer, AdaRound, bias correction.
+"""What ``qdq quantize`` does after calibration to improve the INT8 model.
 
-Run after calibration, in that order — activation ranges first, then the weights' rounding on
-those inputs, then the bias for what error remains — on the calibration batches. Each step's
-report goes into ``report.json["ptq"]`` under its name.
+PTQ switches: method per quantizer, AdaRound, bias correction. Run after calibration, in that
+order — activation ranges first, then the weights' rounding on those inputs, then the bias for
+what error remains — on the calibration batches. Each step's report goes into
+``report.json["ptq"]`` under its name.
+
+QAT (``--qat-epochs N``, :class:`QatOptions`): after PTQ and fallback, the model is fine-tuned by
+distillation against its FP32 copy on the calibration batches (no labels needed), with
+:func:`qdq.qat.finetune`; its report goes into ``report.json["qat"]``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["ROUNDINGS", "PtqOptions", "improver"]
+__all__ = ["ROUNDINGS", "PtqOptions", "QatOptions", "improver", "run_qat"]
 
 ROUNDINGS = ("nearest", "adaround")
 
@@ -93,3 +98,80 @@ def improver(
             reports["bias_correction"] = {"summary": bias.summary(), **bias.to_dict()}
 
     return improve, reports
+
+
+@dataclass(frozen=True)
+class QatOptions:
+    """Quantization-aware fine-tuning in ``qdq quantize`` (off when ``epochs`` is 0).
+
+    Attributes:
+        epochs: passes over the calibration batches.
+        lr: Adam's starting learning rate (cosine decay to 1 %).
+        learn_amax: ``None`` (frozen), ``"lsq"`` or ``"pact"``.
+        bn: ``"freeze"``, ``"fold"`` or ``"train"`` (:func:`qdq.qat.prepare`).
+        distill_output: the output term, ``"mse"`` or ``"kl"`` (logits).
+    """
+
+    epochs: int = 0
+    lr: float = 1e-5
+    learn_amax: str | None = None
+    bn: str = "freeze"
+    distill_output: str = "mse"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
+            raise ValueError(f"qat epochs must be an int >= 0, got {self.epochs!r}")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
+            raise ValueError(f"qat lr must be a positive number, got {self.lr!r}")
+        if self.learn_amax not in (None, "lsq", "pact"):
+            raise ValueError(f"learn_amax must be None, 'lsq' or 'pact', got {self.learn_amax!r}")
+        if self.bn not in ("freeze", "fold", "train"):
+            raise ValueError(f"bn must be 'freeze', 'fold' or 'train', got {self.bn!r}")
+        if self.distill_output not in ("mse", "kl"):
+            raise ValueError(f"distill_output must be 'mse' or 'kl', got {self.distill_output!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether QAT runs."""
+        return self.epochs > 0
+
+
+def run_qat(
+    prepared: nn.Module,
+    batches: list[Any],
+    example: Any,
+    options: QatOptions,
+    show_progress: bool,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Fine-tune a copy of ``prepared``; return it and its report (``report.json["qat"]``)."""
+    import qdq
+
+    model = qdq.qat.prepare(
+        prepared, learn_amax=options.learn_amax, bn=options.bn, example_inputs=(example,)
+    )
+    result = qdq.qat.finetune(
+        model,
+        batches,
+        epochs=options.epochs,
+        lr=options.lr,
+        distill_output=options.distill_output,
+        show_progress=show_progress,
+    )
+    model.eval()
+    state = qdq.qat.qat_state(model)
+    report = {
+        "summary": (
+            f"{result.steps} steps over {options.epochs} epoch(s) on {len(batches)} calibration "
+            f"batches, distillation loss {result.losses[0]:.4g} → {result.losses[-1]:.4g}"
+        ),
+        "epochs": options.epochs,
+        "steps": result.steps,
+        "lr": options.lr,
+        "seconds": result.seconds,
+        "seconds_per_epoch": result.seconds / options.epochs,
+        "first_loss": result.losses[0],
+        "last_loss": result.losses[-1],
+        "losses": result.losses,
+        "state": state.to_dict() if state is not None else None,
+    }
+    return model, report

@@ -13,7 +13,9 @@ decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-l
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
 ``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
 without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
-``method_per_quantizer``, ``adaround``, ``bias_correction``; ``null`` when none ran),
+``method_per_quantizer``, ``adaround``, ``bias_correction``; ``null`` when none ran), ``qat``
+(``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from, and what
+:func:`qdq.qat.prepare` did; ``null`` without it),
 ``warnings``, ``files`` (names inside OUT).
 """
 
@@ -43,6 +45,7 @@ STAGE_LABELS = {
     "compare_methods": "every method",
     "fallback": "fallback search",
     "ptq": "PTQ improvements",
+    "qat": "QAT fine-tuning",
     "lint": "lint",
 }
 
@@ -63,6 +66,7 @@ def build_report(
     settings: dict[str, Any],
     fallback: dict[str, Any] | None = None,
     ptq: dict[str, Any] | None = None,
+    qat: dict[str, Any] | None = None,
     timings: dict[str, float],
     warnings: list[str],
     files: dict[str, str],
@@ -135,6 +139,7 @@ def build_report(
         "layer_errors": layer_errors,
         "fallback": fallback,
         "ptq": ptq,
+        "qat": qat,
         "warnings": sorted(set(warnings)),
         "files": files,
     }

@@ -36,7 +36,7 @@ from qdq.pipeline.evaluate import (
     score,
     torch_outputs,
 )
-from qdq.pipeline.improve import PtqOptions, improver
+from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.report import build_report
@@ -101,6 +101,7 @@ def quantize(
     compare_methods: bool = False,
     max_drop: float | None = None,
     ptq: PtqOptions | None = None,
+    qat: QatOptions | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     on_stage: StageCallback | None = None,
@@ -134,6 +135,9 @@ def quantize(
         ptq: PTQ improvements after calibration (:class:`~qdq.pipeline.improve.PtqOptions`:
             method per quantizer, AdaRound, bias correction); also applied to every model the
             fallback search re-plans.
+        qat: quantization-aware fine-tuning after PTQ and fallback
+            (:class:`~qdq.pipeline.improve.QatOptions`: distillation against the FP32 copy on the
+            calibration batches); the exported model is the fine-tuned one.
         overwrite: replace an existing non-empty ``out``.
         show_progress: progress bars.
         on_stage: called after every stage with its name, seconds and a one-line detail.
@@ -241,6 +245,12 @@ def quantize(
                     f"{fallback.fp32_metric:.4f}, budget {max_drop:g}"
                     f"{'' if fallback.within_budget else ', NOT met'})"
                 )
+        qat_run = None
+        if qat is not None and qat.active:
+            with stages("qat") as st:
+                trained, qat_report = run_qat(prepared, calib_batches, example, qat, show_progress)
+                qat_run, prepared = (qat_report, prepared), trained
+                st.detail = qat_report["summary"]
         result = _export_and_measure(
             prepared,
             source,
@@ -263,6 +273,7 @@ def quantize(
             caught,
             fallback,
             {"steps": options.describe(), **ptq_reports} if options.active else None,
+            qat_run,
         )
     return result
 
@@ -292,6 +303,7 @@ def _export_and_measure(
     caught: list[warnings.WarningMessage],
     fallback: Any = None,
     ptq: dict[str, Any] | None = None,
+    qat: tuple[dict[str, Any], nn.Module] | None = None,
 ) -> QuantizeResult:
     import qdq
     from qdq.lint import lint
@@ -347,6 +359,12 @@ def _export_and_measure(
             )
             int8_torch = score(fq, ref, qdata.labels, task, targets)
             int8_torch["vs_onnxruntime"] = score(fq, ort, None)
+            if qat is not None:  # the PTQ model QAT started from, for the comparison
+                fq_ptq = torch_outputs(qat[1], qdata.evaluation, size, static=s.static,
+                                       desc="PTQ before QAT (torch)", show=show, every=every)  # fmt: skip
+                qat[0]["ptq_metric_torch"] = score(fq_ptq, ref, qdata.labels, task, targets)[
+                    "metric"
+                ]
             st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
         with stages("layer_errors") as st:
             errors = _layer_errors(prepared, qdata, s)
@@ -377,8 +395,10 @@ def _export_and_measure(
             layer_errors=errors.to_dict(),
             fallback=None if fallback is None else fallback.to_dict(),
             ptq=ptq,
+            qat=None if qat is None else qat[0],
             settings={
                 "ptq": "none" if ptq is None else ptq["steps"],
+                "qat_epochs": 0 if qat is None else qat[0]["epochs"],
                 "max_drop": None if fallback is None else fallback.max_drop,
                 "method": s.calib,
                 "percentile": s.percentile,
