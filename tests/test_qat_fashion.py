@@ -12,6 +12,7 @@ import torch
 import qdq
 from qdq.zoo import fashion_mnist as fm
 
+
 def test_short_qat_beats_ptq_and_exports_what_it_trained(tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)

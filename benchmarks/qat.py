@@ -1,0 +1,110 @@
+"""PTQ vs QAT on the zoo, every figure measured through the export in ONNX Runtime.
+
+For each model, on its own calibration and evaluation data, at full INT8 coverage
+(``QuantConfig.tensorrt(disable=("performance",))``):
+
+* PTQ: mse calibration (the default), exported, measured in ONNX Runtime (``ORT_ENABLE_BASIC``);
+* QAT: :func:`qdq.qat.prepare` on that PTQ model, :func:`qdq.qat.finetune` by distillation
+  against the FP32 copy on the calibration samples (no labels: the "calibration-style data"),
+  amax frozen and amax learned (LSQ), exported and measured the same way;
+* wall time per QAT epoch vs one epoch of the float model trained by the same loop (same
+  batches, same Distiller loss, same optimizer), as a ratio within this run.
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/qat.py [--models a,b] [--epochs N] [--lr X]``.
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import qdq  # noqa: E402
+from ptq import FULL, Bench, _figures, log, quiet  # noqa: E402
+
+MODELS = ("fashion-mnist-resnet", "efficientnet-lite0")
+
+
+def float_epoch_seconds(b: Bench, output: str, lr: float) -> float:
+    """One epoch of the float model over the calibration batches, trained like QAT trains."""
+    model = copy.deepcopy(b.source.module).train()
+    for m in model.modules():  # the same frozen BatchNorm as qdq.qat.prepare's default
+        if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+            m.register_forward_pre_hook(lambda mod, args: setattr(mod, "training", False))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    with qdq.qat.Distiller(model, output=output) as d:
+        start = time.perf_counter()
+        for x in b.calib:
+            loss = d.loss(model(x), x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return time.perf_counter() - start
+
+
+def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    b = Bench(name, args.batch)
+    output = "kl" if b.data.labels is not None or name == "efficientnet-lite0" else "mse"
+    log(f"== {name}: FP32 {b.fp32['metric']:.4f}; {len(b.calib)} calibration batches")
+    prepared = quiet(lambda: qdq.prepare(b.source.module, (b.example,), FULL))
+    quiet(lambda: qdq.calibrate(prepared, b.calib, show_progress=False))
+    out: dict[str, Any] = {"model": name, "fp32": _figures(b.fp32)}
+    out["ptq"] = _figures(b.through_export(prepared, tmp, "ptq"))
+    log(f"  PTQ (mse)            {out['ptq']['metric']:.4f}  agree {out['ptq']['agreement']}  "
+        f"cos {out['ptq']['cosine']:.5f}")  # fmt: skip
+    float_s = float_epoch_seconds(b, output, args.lr)
+    for label, learn in (("QAT frozen amax", None), ("QAT LSQ amax", "lsq")):
+        qat = quiet(lambda learn=learn: qdq.qat.prepare(prepared, learn_amax=learn))
+        result = quiet(lambda qat=qat: qdq.qat.finetune(
+            qat, b.calib, epochs=args.epochs, lr=args.lr, distill_output=output,
+            show_progress=False))  # fmt: skip
+        got = _figures(b.through_export(qat, tmp, label.split()[-2]))
+        per_epoch = result.seconds / args.epochs
+        got.update(
+            epochs=args.epochs,
+            steps=result.steps,
+            first_loss=result.losses[0],
+            last_loss=result.losses[-1],
+            seconds_per_epoch=round(per_epoch, 2),
+            float_epoch_seconds=round(float_s, 2),
+            x_float_epoch=round(per_epoch / float_s, 2),
+        )
+        out[label] = got
+        log(f"  {label:<20} {got['metric']:.4f}  agree {got['agreement']}  cos "
+            f"{got['cosine']:.5f}  loss {result.losses[0]:.4g} → {result.losses[-1]:.4g}  "
+            f"{per_epoch:.1f} s/epoch = {per_epoch / float_s:.2f}× float")  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            results.append(run_model(name, args, Path(tmp)))
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
