@@ -372,3 +372,19 @@ def test_export_after_qat_matches_torch_and_records_the_training(
     manifest_amax = {e["path"]: e["amax"] for e in doc["quantizers"]}
     for path, q in qdq.quantizers_of(qat).items():
         assert np.allclose(manifest_amax[path], q.amax.detach().numpy().tolist())
+
+
+def test_qat_exports_the_same_qdq_set_as_ptq(calibrated: nn.Module, tmp_path: Path) -> None:
+    x = torch.randn(2, 3, 8, 8)
+    ptq = qdq.export_onnx(calibrated, (x,), tmp_path / "ptq.onnx", verify=False)
+    qat = qdq.qat.prepare(calibrated, learn_amax="pact")
+    finetune(qat, _batches(2), _ce, lr=1e-3, show_progress=False)
+    trained = qdq.export_onnx(qat, (x,), tmp_path / "qat.onnx", verify=False)
+    assert (trained.num_quantize, trained.num_dequantize) == (ptq.num_quantize, ptq.num_dequantize)
+    docs = [json.loads(r.manifest_path.read_text()) for r in (ptq, trained)]
+    keys = [[(e["path"], e["group"], tuple(e["members"])) for e in d["quantizers"]] for d in docs]
+    assert keys[0] == keys[1]
+    fresh = qdq.prepare(Net().eval(), (x,))  # a trained manifest loads like any other
+    qdq.load_calibration(fresh, trained.manifest_path)
+    for path, q in qdq.quantizers_of(fresh).items():
+        assert torch.equal(q.amax, qat.get_submodule(path).amax.detach()), path
