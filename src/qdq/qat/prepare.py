@@ -272,6 +272,9 @@ def _conv_bn_pairs(
         if isinstance(m, _CONV_TYPES) and not isinstance(m, Quantizer):
             handles.append(m.register_forward_hook(conv_hook(path)))
         elif isinstance(m, _BN_TYPES):
+            if type(m) not in _BN_TYPES:  # timm's BatchNormAct2d: its forward does more
+                unpaired[path] = f"{type(m).__name__} has its own forward (not a plain BatchNorm)"
+                continue
             if not (m.affine and m.track_running_stats and m.running_mean is not None):
                 unpaired[path] = "it has no affine parameters or running statistics"
                 continue
