@@ -35,8 +35,9 @@ from ptq import FULL, Bench, _figures, log, quiet  # noqa: E402
 MODELS = ("fashion-mnist-resnet", "efficientnet-lite0")
 
 
-def float_epoch_seconds(b: Bench, output: str, lr: float) -> float:
-    """One epoch of the float model over the calibration batches, trained like QAT trains."""
+def float_epoch_seconds(b: Bench, output: str, lr: float, epochs: int) -> float:
+    """Seconds per epoch of the float model over the calibration batches, trained like QAT
+    trains (timed right before each QAT run, over as many epochs, so the ratio is fair)."""
     model = copy.deepcopy(b.source.module).train()
     for m in model.modules():  # the same frozen BatchNorm as qdq.qat.prepare's default
         if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
@@ -44,12 +45,13 @@ def float_epoch_seconds(b: Bench, output: str, lr: float) -> float:
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     with qdq.qat.Distiller(model, output=output) as d:
         start = time.perf_counter()
-        for x in b.calib:
-            loss = d.loss(model(x), x)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return time.perf_counter() - start
+        for _ in range(epochs):
+            for x in b.calib:
+                loss = d.loss(model(x), x)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return (time.perf_counter() - start) / epochs
 
 
 def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -62,8 +64,8 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out["ptq"] = _figures(b.through_export(prepared, tmp, "ptq"))
     log(f"  PTQ (mse)            {out['ptq']['metric']:.4f}  agree {out['ptq']['agreement']}  "
         f"cos {out['ptq']['cosine']:.5f}")  # fmt: skip
-    float_s = float_epoch_seconds(b, output, args.lr)
     for label, learn in (("QAT frozen amax", None), ("QAT LSQ amax", "lsq")):
+        float_s = float_epoch_seconds(b, output, args.lr, args.epochs)
         qat = quiet(lambda learn=learn: qdq.qat.prepare(prepared, learn_amax=learn))
         result = quiet(lambda qat=qat: qdq.qat.finetune(
             qat, b.calib, epochs=args.epochs, lr=args.lr, distill_output=output,

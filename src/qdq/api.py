@@ -142,6 +142,7 @@ def calibrate(
     *,
     percentile: float | None = None,
     show_progress: bool = True,
+    sync: bool = True,
 ) -> nn.Module:
     """Calibrate the activation quantizers of ``prepared`` in place and return it.
 
@@ -169,6 +170,11 @@ def calibrate(
         percentile: for ``method="percentile"`` only, in (0, 100] (default 99.99 or the
             quantizer's spec).
         show_progress: show a progress bar.
+        sync: under ``torchrun`` (``torch.distributed`` initialised, more than one rank), combine
+            the statistics of every rank before computing amax, so every rank gets identical amax,
+            bit for bit, equal to one process's on the union of the ranks' batches
+            (:func:`qdq.qat.distributed.sync_calibration`; every rank must call ``calibrate``). A
+            rank with no batches is fine as long as some rank has one.
 
     Raises:
         ValueError: unknown ``method``, ``percentile`` out of range or given with another method,
@@ -213,6 +219,13 @@ def calibrate(
                 seen += 1
                 if num_batches is not None and seen >= num_batches:
                     break
+    if sync:
+        from qdq.calib.base import all_reduce, distributed_active
+        from qdq.qat.distributed import sync_calibration
+
+        if distributed_active():
+            seen = int(all_reduce(torch.tensor([seen]), "sum")[0])
+            sync_calibration(prepared)
     if seen == 0:
         raise CalibrationError("calibration saw no batches: the data is empty")
     return recompute_amax(prepared, method, percentile=percentile)

@@ -6,7 +6,7 @@ import abc
 
 import torch
 
-__all__ = ["CalibrationError", "Calibrator"]
+__all__ = ["CalibrationError", "Calibrator", "all_reduce", "distributed_active"]
 
 
 class CalibrationError(ValueError):
@@ -52,6 +52,24 @@ class Calibrator(abc.ABC):
         self._num_batches = 0
         self._reset()
 
+    def sync(self, group: object = None) -> None:
+        """Combine the statistics collected on every rank of a ``torch.distributed`` process
+        group, so that every rank holds what one process would have collected from all batches.
+
+        A no-op without ``torch.distributed`` or with one process. Every rank must call it, in the
+        same order for every calibrator (a collective). Ranks that saw no data take part.
+
+        Raises:
+            CalibrationError: ranks collected tensors of different channel counts.
+        """
+        if not distributed_active(group):
+            return
+        self._sync(group)
+        self._num_batches = int(all_reduce(torch.tensor([self._num_batches]), "sum", group)[0])
+
+    def _sync(self, group: object) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be synchronised across ranks")
+
     @abc.abstractmethod
     def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
         """Return ``amax`` (float32, on the device of the collected data) by ``method``."""
@@ -83,3 +101,24 @@ def nonfinite_error(index: int) -> CalibrationError:
     return CalibrationError(
         f"calibration batch {index} contains NaN or inf values; fix the data or the model upstream"
     )
+
+
+def distributed_active(group: object = None) -> bool:
+    """``torch.distributed`` is initialised and ``group`` (default: the world) has > 1 rank."""
+    d = torch.distributed
+    if not (d.is_available() and d.is_initialized()):
+        return False
+    return bool(d.get_world_size(group) > 1)  # type: ignore[arg-type]
+
+
+def all_reduce(t: torch.Tensor, op: str, group: object = None) -> torch.Tensor:
+    """``t`` reduced over the ranks (``op``: ``"sum"`` or ``"max"``), returned on ``t``'s device.
+
+    Runs on the backend's device: CUDA for nccl, the CPU otherwise (gloo).
+    """
+    d = torch.distributed
+    nccl = d.get_backend(group) == "nccl"  # type: ignore[arg-type]
+    work = t.detach().clone().to("cuda" if nccl else "cpu")
+    reduce_op = d.ReduceOp.SUM if op == "sum" else d.ReduceOp.MAX
+    d.all_reduce(work, op=reduce_op, group=group)  # type: ignore[call-overload]
+    return work.to(t.device)

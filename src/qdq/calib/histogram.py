@@ -35,7 +35,7 @@ import math
 import numpy as np
 import torch
 
-from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
+from qdq.calib.base import CalibrationError, Calibrator, all_reduce, nonfinite_error
 from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
 
 __all__ = ["HistogramCalibrator"]
@@ -133,6 +133,26 @@ class HistogramCalibrator(Calibrator):
         self._exp = _MIN_EXP
         self._max = 0.0
         self._numel = 0
+
+    def _sync(self, group: object) -> None:
+        # the grid is a power of two: grow every rank to the largest range (exact bin merges),
+        # then the int64 counts add up to what one process would have counted
+        exp = int(all_reduce(torch.tensor([self._exp], dtype=torch.int64), "max", group)[0])
+        if self._counts is not None:
+            self._grow(exp)
+        self._exp = exp
+        local = (self._counts if self._counts is not None
+                 else torch.zeros(self._grid, dtype=torch.int64))  # fmt: skip
+        summed = all_reduce(local, "sum", group)
+        seen = int(all_reduce(torch.tensor([0 if self._counts is None else 1]), "sum", group)[0])
+        if seen:
+            self._counts = summed
+        self._max = float(
+            all_reduce(torch.tensor([self._max], dtype=torch.float64), "max", group)[0]
+        )
+        self._numel = int(
+            all_reduce(torch.tensor([self._numel], dtype=torch.int64), "sum", group)[0]
+        )
 
     # ---------------------------------------------------------------- results
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from qdq._validate import normalize_axis
-from qdq.calib.base import CalibrationError, Calibrator, nonfinite_error
+from qdq.calib.base import CalibrationError, Calibrator, all_reduce, nonfinite_error
 
 __all__ = ["MaxCalibrator"]
 
@@ -57,6 +57,26 @@ class MaxCalibrator(Calibrator):
 
     def _reset(self) -> None:
         self._amax = None
+
+    def _sync(self, group: object) -> None:
+        # first agree on the channel count (-1: this rank saw nothing), then take the max
+        n = -1 if self._amax is None else self._amax.numel()
+        low = -(n if n >= 0 else 1 << 62)  # max(-n) over the ranks with data = -min(n)
+        sizes = all_reduce(torch.tensor([n, low], dtype=torch.int64), "max", group)
+        largest, smallest = int(sizes[0]), -int(sizes[1])
+        if largest < 0:
+            return  # no rank collected anything
+        if smallest != largest:
+            raise CalibrationError(
+                f"ranks collected different channel counts along axis {self.axis} "
+                f"(from {smallest} to {largest}; this rank {n})"
+            )
+        local = self._amax if self._amax is not None else torch.zeros(largest)
+        shape = self._amax.shape if self._amax is not None else None
+        reduced = all_reduce(local.to(torch.float32).reshape(-1), "max", group)
+        if shape is None:  # a rank without data adopts the others' layout
+            shape = torch.Size([]) if self.axis is None else torch.Size([largest])
+        self._amax = reduced.reshape(shape)
 
     def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
         """Return the running abs-max (``method`` must be ``"max"``)."""

@@ -29,7 +29,7 @@ from torch import nn
 
 from qdq._progress import progress
 from qdq.calib.batches import batch_arguments, expected_inputs, run_batch
-from qdq.qat import _ddp as dist
+from qdq.qat import distributed as dist
 from qdq.qat.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from qdq.qat.distill import Distiller
 from qdq.qat.prepare import qat_state

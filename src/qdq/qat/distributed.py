@@ -1,4 +1,12 @@
-"""DistributedDataParallel plumbing of :func:`qdq.qat.finetune` (no-ops in a single process)."""
+"""``torch.distributed`` helpers: synchronised calibration and the DDP plumbing of
+:func:`qdq.qat.finetune`. Every function is a no-op (or the identity) in a single process.
+
+Under ``torchrun`` each rank calibrates on its own share of the data; :func:`sync_calibration`
+(called by :func:`qdq.calibrate` itself) all-reduces the statistics so that every rank computes
+identical amax, bit for bit, equal to a single process's on the union of the batches: max
+calibrators take the element-wise max, histograms (whose power-of-two grid makes merging exact)
+add their int64 counts. See ``docs/distributed.md``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from qdq.api import quantizers_of
+from qdq.calib.base import distributed_active
 
 __all__ = [
     "active",
@@ -20,25 +31,41 @@ __all__ = [
 
 def active() -> bool:
     """``torch.distributed`` is initialised with more than one process."""
-    d = torch.distributed
-    return bool(d.is_available() and d.is_initialized() and d.get_world_size() > 1)
+    return distributed_active()
 
 
 def world_size() -> int:
+    """The number of processes (1 when not distributed)."""
     return torch.distributed.get_world_size() if active() else 1
 
 
 def rank() -> int:
+    """This process's rank (0 when not distributed)."""
     return torch.distributed.get_rank() if active() else 0
 
 
 def is_main_process() -> bool:
+    """Rank 0: the one that writes files."""
     return rank() == 0
 
 
 def barrier() -> None:
+    """Wait for every rank."""
     if active():
         torch.distributed.barrier()
+
+
+def sync_calibration(prepared: nn.Module, group: object = None) -> None:
+    """All-reduce the calibration statistics of every activation quantizer of ``prepared``.
+
+    Every rank must call it (it is a collective), after collecting and before computing amax;
+    :func:`qdq.calibrate` does. Quantizers are visited in module-path order on every rank.
+    """
+    if not distributed_active(group):
+        return
+    for _, q in sorted(quantizers_of(prepared).items()):
+        if not q.name.endswith(":weight"):
+            q.calibrator.sync(group)
 
 
 def wrap_ddp(model: nn.Module) -> nn.Module:
