@@ -388,3 +388,23 @@ def test_qat_exports_the_same_qdq_set_as_ptq(calibrated: nn.Module, tmp_path: Pa
     qdq.load_calibration(fresh, trained.manifest_path)
     for path, q in qdq.quantizers_of(fresh).items():
         assert torch.equal(q.amax, qat.get_submodule(path).amax.detach()), path
+
+
+def test_quantizer_learn_amax_round_trip_and_errors() -> None:
+    q = qdq.Quantizer(name="x")
+    with pytest.raises(ValueError, match="calibrate before learning"):
+        q.learn_amax("lsq")
+    q.set_amax(2.0)
+    with pytest.raises(ValueError, match="learn_amax how"):
+        q.learn_amax("sgd")
+    q.learn_amax("lsq")
+    param = q.amax
+    assert isinstance(param, nn.Parameter) and "amax" in dict(q.named_parameters())
+    q.set_amax(3.0)  # the optimizer's parameter object is kept
+    assert q.amax is param and float(q.amax.detach()) == 3.0
+    with torch.no_grad():
+        q.amax.fill_(-1.0)  # an optimizer step past zero
+    y = q(torch.tensor([0.5, -0.5]))  # the forward floors amax, no NaN, no negative scale
+    assert torch.isfinite(y).all() and float(q.amax.detach()) > 0
+    q.learn_amax(None)
+    assert "amax" in dict(q.named_buffers()) and q.amax_grad is None
