@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import qdq  # noqa: E402
-from ptq import FULL, Bench, _figures, log, quiet  # noqa: E402
+import qdq
+from ptq import FULL, Bench, _figures, log, quiet
 
 MODELS = ("fashion-mnist-resnet", "efficientnet-lite0")
 
