@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from qdq.lint.load import load_model
 from qdq.lint.predict import PredictedLayer
 
 __all__ = [
+    "MARK_COLOR",
     "PRECISION_COLORS",
     "DrawError",
     "DrawNode",
@@ -43,6 +44,8 @@ __all__ = [
     "dot_available",
     "draw_svg",
     "layer_graph",
+    "mark_nodes",
+    "module_scope",
     "render_svg",
     "to_dot",
 ]
@@ -55,7 +58,10 @@ PRECISION_COLORS: dict[str, tuple[str, str]] = {
     "fp32": ("#f6c4bd", "#c2412f"),
     "qdq": ("#e6defa", "#7654b8"),
     "io": ("#eceff3", "#6b7684"),
+    "reformat": ("#dbe8fb", "#2f62c4"),
 }
+#: border of a node marked as a disagreement (:attr:`DrawNode.mark`)
+MARK_COLOR = "#d6246e"
 _OTHER = ("#e5e7eb", "#6b7280")
 _SHORT_OPS = {
     "BatchNormalization": "BN",
@@ -78,9 +84,12 @@ class DrawNode:
         id: DOT node id.
         label: text inside the box (lines joined with ``"\\n"``).
         tooltip: shown on hover (the full layer name and the reason it is float).
-        kind: ``"layer"``, ``"qdq"``, ``"group"``, ``"input"`` or ``"output"``.
+        kind: ``"layer"``, ``"qdq"``, ``"reformat"`` (a builder-inserted reformat of a real
+            engine), ``"group"``, ``"input"`` or ``"output"``.
         precisions: compute precision → number of layers (one entry for a single layer).
         scope: module path components of the layer (of the scope for a group).
+        share: fraction of the engine's latency spent in this layer (or group), if profiled.
+        mark: a disagreement to flag (drawn with a thick magenta border, shown in the tooltip).
     """
 
     id: str
@@ -89,14 +98,27 @@ class DrawNode:
     kind: str
     precisions: tuple[tuple[str, int], ...]
     scope: tuple[str, ...] = ()
+    share: float | None = None
+    mark: str = ""
 
 
 @dataclass(frozen=True)
 class LayerGraph:
-    """Predicted layers and the data edges between them (``(src, dst, precision)``)."""
+    """Layers and the data edges between them (``(src, dst, precision)``).
+
+    ``edge_labels`` maps ``(src, dst)`` to the text drawn on that edge (a real engine's tensor
+    shape, precision and format); edges into or out of a collapsed group are drawn unlabelled.
+    """
 
     nodes: tuple[DrawNode, ...]
     edges: tuple[tuple[str, str, str], ...]
+    edge_labels: dict[tuple[str, str], str] = field(default_factory=dict, compare=False)
+
+
+def mark_nodes(graph: LayerGraph, marks: Mapping[str, str]) -> LayerGraph:
+    """``graph`` with :attr:`DrawNode.mark` set on the nodes whose id is in ``marks``."""
+    nodes = tuple(replace(n, mark=marks[n.id]) if n.id in marks else n for n in graph.nodes)
+    return LayerGraph(nodes, graph.edges, graph.edge_labels)
 
 
 def dot_available() -> bool:
@@ -226,7 +248,7 @@ def _reached(g: LintGraph, tensors: list[str], layer_of: dict[str, int], own: in
     return found
 
 
-def _scope(node_name: str) -> tuple[str, ...]:
+def module_scope(node_name: str) -> tuple[str, ...]:
     """Module path components of an exported node name.
 
     ``"layer1.conv1/Conv"`` (dynamo) and ``"/layer1/layer1.0/conv1/Conv"`` (TorchScript) give
@@ -242,7 +264,7 @@ def _scope(node_name: str) -> tuple[str, ...]:
 
 def _layer_node(node_id: str, ly: PredictedLayer, ops: dict[str, str]) -> DrawNode:
     chain = " + ".join(_SHORT_OPS.get(ops.get(n, "?"), ops.get(n, "?")) for n in ly.nodes)
-    scope = _scope(ly.nodes[0]) if ly.nodes else ()
+    scope = module_scope(ly.nodes[0]) if ly.nodes else ()
     where = ".".join(scope)
     if ly.kind == "qdq":
         label = chain if not where else f"{chain}\n{where}"
@@ -275,8 +297,9 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
     """
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 2:
         raise ValueError(f"max_nodes must be an int >= 2, got {max_nodes!r}")
-    layers = [n for n in graph.nodes if n.kind in ("layer", "qdq")]
+    layers = [n for n in graph.nodes if n.kind in _LAYER_KINDS]
     nodes, edges = list(graph.nodes), list(graph.edges)
+    labels = graph.edge_labels
     if len(layers) > max_nodes:
         nodes, edges = _collapse(graph, _collapse_keys(layers, max_nodes))
     lines = [
@@ -285,9 +308,10 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
         ' bgcolor="transparent"' + (f', label="{_esc(title)}", labelloc=t' if title else "") + "];",
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10,'
         ' margin="0.12,0.05", penwidth=1.2];',
-        '  edge [color="#9aa3ad", arrowsize=0.6];',
+        '  edge [color="#9aa3ad", arrowsize=0.6, fontname="Helvetica", fontsize=8,'
+        ' fontcolor="#5b6573"];',
     ]
-    depth = _cluster_depth([n.scope for n in nodes if n.kind in ("layer", "qdq", "group")])
+    depth = _cluster_depth([n.scope for n in nodes if n.kind in (*_LAYER_KINDS, "group")])
     clusters: dict[tuple[str, ...], list[DrawNode]] = {}
     loose: list[DrawNode] = []
     for n in nodes:
@@ -306,22 +330,28 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
         lines.append("  }")
     lines.extend("  " + _node_line(n) for n in loose)
     for src, dst, precision in edges:
-        attrs = ' [color="#2a9158", penwidth=1.6]' if precision == "int8" else ""
-        lines.append(f"  {src} -> {dst}{attrs};")
+        attrs = ['color="#2a9158"', "penwidth=1.6"] if precision == "int8" else []
+        if (src, dst) in labels:
+            attrs.append(f'label="{_esc(labels[src, dst])}"')
+        lines.append(f"  {src} -> {dst}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
+_LAYER_KINDS = ("layer", "qdq", "reformat")
+
+
 def _node_line(n: DrawNode) -> str:
-    attrs = {"label": n.label, "tooltip": n.tooltip}
+    attrs = {"label": n.label, "tooltip": f"{n.mark}: {n.tooltip}" if n.mark else n.tooltip}
     if n.kind in ("input", "output"):
         fill, border = PRECISION_COLORS["io"]
         extra = f'shape=oval, style=filled, fillcolor="{fill}", color="{border}"'
-    elif n.kind == "qdq":
-        fill, border = PRECISION_COLORS["qdq"]
+    elif n.kind in ("qdq", "reformat"):
+        fill, border = PRECISION_COLORS[n.kind]
+        shape = "ellipse" if n.kind == "qdq" else "hexagon"
         extra = (
-            f'shape=ellipse, style="filled,dashed", fillcolor="{fill}", color="{border}",'
-            " fontsize=8, height=0.3"
+            f'shape={shape}, style="filled,dashed", fillcolor="{fill}", color="{border}",'
+            " fontsize=8, height=0.3, penwidth=1.6"
         )
     else:
         total = sum(c for _, c in n.precisions)
@@ -334,6 +364,8 @@ def _node_line(n: DrawNode) -> str:
             extra = f'style="rounded,filled,striped", fillcolor="{stripes}", color="{border}"'
         if n.kind == "group":
             extra += ", penwidth=2"
+    if n.mark:
+        extra += f', color="{MARK_COLOR}", penwidth=3.5'
     label = ", ".join(f'{k}="{_esc(v)}"' for k, v in attrs.items())
     return f"{n.id} [{label}, {extra}];"
 
@@ -343,10 +375,17 @@ def _esc(text: str) -> str:
 
 
 def _cluster_depth(scopes: list[tuple[str, ...]]) -> int:
-    """The first depth at which the scopes differ (so ``model.0``, ``model.1`` cluster apart)."""
+    """The first depth at which the scopes differ (so ``model.0``, ``model.1`` cluster apart), or
+    deeper while one scope still holds most layers (``features`` of a torchvision MobileNet beside
+    its ``classifier``: cluster ``features.0``, ``features.1``, ... instead)."""
     longest = max((len(s) for s in scopes), default=0)
     for d in range(1, longest + 1):
-        if len({s[:d] for s in scopes if len(s) >= d}) > 1:
+        groups = Counter(s[:d] for s in scopes if len(s) >= d)
+        if len(groups) > 1 and (
+            max(groups.values()) <= len(scopes) // 2
+            or d == longest
+            or len(Counter(s[: d + 1] for s in scopes if len(s) > d)) <= len(groups)
+        ):
             return d
     return 0
 
@@ -402,17 +441,26 @@ def _collapse(
 def _group_node(gid: str, key: tuple[str, ...], members: list[DrawNode]) -> DrawNode:
     counts: Counter[str] = Counter()
     for m in members:
-        if m.kind != "qdq":
+        if m.kind not in ("qdq", "reformat"):
             counts.update({p: c for p, c in m.precisions})
     reformats = sum(1 for m in members if m.kind == "qdq")
+    builder = sum(1 for m in members if m.kind == "reformat")
     order = [p for p in PRECISION_COLORS if p in counts] + sorted(
         set(counts) - set(PRECISION_COLORS)
     )
     mix = " · ".join(f"{counts[p]} {p.upper()}" for p in order)
-    extra = f" · {reformats} Q/DQ" if reformats else ""
+    extra = (f" · {reformats} Q/DQ" if reformats else "") + (
+        f" · {builder} reformat{'' if builder == 1 else 's'}" if builder else ""
+    )
     name = ".".join(key)
     total = sum(counts.values())
     label = f"{name}\n{total} layer{'' if total == 1 else 's'}: {mix}{extra}"
+    shares = [m.share for m in members if m.share is not None]
+    share = sum(shares) if shares else None
+    if share is not None:
+        label += f"\n{100 * share:.1f} % of the time"
     tooltip = f"{name}: " + "; ".join(m.tooltip for m in members[:12])
-    precisions = tuple((p, counts[p]) for p in order) or (("qdq", reformats),)
-    return DrawNode(gid, label, tooltip, "group", precisions, key)
+    precisions = tuple((p, counts[p]) for p in order) or (("qdq", reformats + builder),)
+    marks = [m.mark for m in members if m.mark]
+    mark = f"{len(marks)} marked: {marks[0]}" if marks else ""
+    return DrawNode(gid, label, tooltip, "group", precisions, key, share, mark)
