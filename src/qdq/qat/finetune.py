@@ -230,7 +230,7 @@ def finetune(
                 if not bool(torch.isfinite(loss.detach())):
                     raise RuntimeError(
                         f"QAT step {step} (epoch {epoch + 1}, batch {i}): the loss is "
-                        f"{float(loss)}; lower the learning rate or check the data"
+                        f"{float(loss.detach())}; lower the learning rate or check the data"
                     )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
