@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["run_lint"]
@@ -21,20 +22,27 @@ def run_lint(
     strongly_typed: bool | None = None,
     flags: list[str] | None = None,
     show_layers: bool = False,
+    draw: str | None = None,
 ) -> int:
-    """Lint ``model``; return 0 clean, 1 warnings, 2 errors, 3 when an input cannot be read.
+    """Lint ``model``; return 0 clean, 1 warnings, 2 errors, 3 when an input cannot be read (or
+    the ``draw`` SVG of the predicted engine cannot be made).
 
     Every failure is one line on stderr naming the file and what is wrong; the traceback is logged
     at debug level (``qdq -v lint ...``).
     """
     from qdq.lint.diff import diff_engine
+    from qdq.lint.draw import DrawError
     from qdq.lint.engine_report import load_engine_report
     from qdq.lint.report import lint
 
     try:
+        if draw is not None and (Path(draw).suffix.lower() != ".svg" or Path(draw).is_dir()):
+            raise ValueError(f"--draw {draw}: the drawing must be an .svg file")
         report = lint(model, target=target, strongly_typed=strongly_typed, flags=flags)
         diff = diff_engine(report, load_engine_report(engine)) if engine else None
-    except (OSError, ValueError) as err:  # LintInputError, engine report, options
+        if draw is not None:
+            _draw(model, report, diff, draw)
+    except (OSError, ValueError, DrawError) as err:  # LintInputError, engine report, options
         logger.debug("qdq lint %s failed", model, exc_info=True)
         print(f"qdq lint: error: {_one_line(err)}", file=sys.stderr)
         return 3
@@ -56,6 +64,15 @@ def run_lint(
         if diff is not None:
             print(diff.format())
     return report.exit_code
+
+
+def _draw(model: str, report: Any, diff: Any, out: str) -> None:
+    from qdq._io import atomic_write_text
+    from qdq.lint.engine_pages import predicted_svg
+
+    svg = predicted_svg(model, report, diff, title=f"{Path(model).name}: predicted engine")
+    atomic_write_text(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n")
+    logger.info("wrote %s", out)
 
 
 def _one_line(err: BaseException) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from qdq._version import __version__
 from qdq.cli.accuracy import add_accuracy_parsers, run_debug, run_sensitivity
+from qdq.cli.engine import add_engine_parser, run_engine
 from qdq.cli.quantize import (
     add_qat_parser,
     add_quantize_parser,
@@ -72,7 +73,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--layers", action="store_true", help="also print the predicted engine layers"
     )
     lint.add_argument("--engine-report", help="trtexec --exportLayerInfo JSON to compare with")
+    lint.add_argument(
+        "--draw",
+        metavar="OUT.svg",
+        help="draw the predicted engine (Graphviz); with --engine-report, disagreements marked",
+    )
     _add_parity(sub)
+    add_engine_parser(sub)
     return parser
 
 
@@ -163,7 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             strongly_typed=True if args.strongly_typed else None,
             flags=args.flags.split(",") if args.flags is not None else None,
             show_layers=args.layers,
+            draw=args.draw,
         )
+    if args.command == "engine":
+        return run_engine(args)
     if args.command == "parity":
         from qdq.cli.parity import run_parity
 

@@ -17,7 +17,7 @@ from qdq.lint.engine_report import EngineLayer, EngineReport
 from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport
 
-__all__ = ["EngineDiff", "LayerMatch", "diff_engine"]
+__all__ = ["EngineDiff", "LayerMatch", "diff_engine", "engine_kind"]
 
 _IGNORED_TYPES = ("NoOp", "Shuffle", "Constant", "shape_call", "signal", "wait")
 
@@ -98,7 +98,7 @@ class EngineDiff:
 def diff_engine(report: LintReport, engine: EngineReport) -> EngineDiff:
     """Match the predicted layers of ``report`` with ``engine``'s layers and compare."""
     layers, summary = report.layers, report.summary
-    real = [ly for ly in engine.layers if ly.profile == 0 and _engine_kind(ly) is not None]
+    real = [ly for ly in engine.layers if ly.profile == 0 and engine_kind(ly) is not None]
     pairs = _by_name(layers, engine, real)
     matched_by = "name"
     if len(pairs) < len(layers) // 2:
@@ -137,7 +137,7 @@ def _int8(precision: str) -> bool:
     return precision == "int8"
 
 
-def _engine_kind(layer: EngineLayer) -> str | None:
+def engine_kind(layer: EngineLayer) -> str | None:
     """The predicted-layer kind an engine layer corresponds to (``None``: not predicted)."""
     if layer.is_qdq_reformat:
         return "qdq"
@@ -173,7 +173,7 @@ def _by_order(
     """Longest common subsequence of kinds (concat and pointwise predicted as separate layers are
     often fused or eliminated by the builder; the LCS skips them)."""
     a = [p.kind for p in layers]
-    b = [_engine_kind(e) for e in real]
+    b = [engine_kind(e) for e in real]
     n, m = len(a), len(b)
     table = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from qdq.lint.draw import DrawNode, LayerGraph, module_scope, render_svg, to_dot
 from qdq.lint.engine_report import EngineLayer, EngineReport, EngineTensor
 
-__all__ = ["draw_engine_svg", "engine_graph", "short_format"]
+__all__ = ["draw_engine_svg", "engine_graph", "short_format", "short_name"]
 
 _VECTOR_WIDTHS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16, "thirty-two": 32}
 _ENUM_FORMAT = re.compile(r"\(?k(LINEAR|CHW\d+|HWC\d*|DHWC\d*|CDHW\d+|DLA_\w+)\)?")
@@ -177,12 +177,12 @@ def _layer_node(
     )
     if x.is_qdq_reformat or x.is_reformat:
         kind = "qdq" if x.is_qdq_reformat else "reformat"
-        head = _wrap(_names(x)) if kind == "qdq" else "Reformat"
+        head = _wrap(short_name(x)) if kind == "qdq" else "Reformat"
         lines = [head, io, time]
         precision = "qdq"
     else:
         kind = "layer"
-        lines = [_wrap(_names(x)), _type_text(x), io, time]
+        lines = [_wrap(short_name(x)), _type_text(x), io, time]
         compute = x.layer_type not in _NO_COMPUTE
         precision = "int8" if x.weights_dtype == "int8" else (x.input_precision or "other")
         precision = precision if compute else "other"
@@ -190,7 +190,7 @@ def _layer_node(
     return DrawNode(node_id, label, tooltip, kind, ((precision, 1),), scope, share, mark)
 
 
-def _names(x: EngineLayer) -> str:
+def short_name(x: EngineLayer) -> str:
     """The fused ONNX nodes, short: the last path component; weights, biases and TensorRT's own
     nodes (``(Unnamed Layer* 306) [Shuffle]``, ``copied_squeeze_after_...``) left out. A copy the
     builder inserted names the layer it feeds: ``copy → Conv_5 + Add_6``."""

@@ -318,6 +318,14 @@ def parse_engine_report(
         )
     if bad is not None:
         raise ValueError(f"engine layer entries must be JSON objects, got {type(bad).__name__}")
+    nameless = next((x for x in raw_layers if "Name" not in x), None)
+    if nameless is not None:
+        profile_like = "name" in nameless or "count" in nameless or "averageMs" in nameless
+        raise ValueError(
+            "not a trtexec --exportLayerInfo report: a layer entry has no 'Name' (keys: "
+            f"{sorted(nameless)[:6]})"
+            + ("; this looks like the --exportProfile JSON" if profile_like else "")
+        )
     if build_metadata is not None and not isinstance(build_metadata, dict):
         raise ValueError("build metadata JSON must be an object")
     timings, count = _timings(profile)

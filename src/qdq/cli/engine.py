@@ -1,0 +1,186 @@
+"""``qdq engine draw | diff | compare``: views of real TensorRT engine reports.
+
+Exit codes: 0 done (``diff``: and the prediction agrees with the engine), 1 ``diff`` found
+disagreements, 2 bad options (argparse), 3 an input cannot be read or the drawing cannot be made
+(Graphviz missing). Every failure is one line on stderr; ``qdq -v engine ...`` logs the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_engine_parser", "run_engine"]
+
+logger = logging.getLogger(__name__)
+
+
+def add_engine_parser(sub: Any) -> None:
+    """Register ``qdq engine`` and its sub-commands on the ``qdq`` sub-parsers ``sub``."""
+    engine = sub.add_parser(
+        "engine",
+        help="draw, diff and compare real TensorRT engines (trtexec --exportLayerInfo JSON)",
+        description="Views of trtexec --exportLayerInfo (and --exportProfile) JSON, TensorRT "
+        "8.6-11. Exit code: 0 done, 1 diff found disagreements, 3 an input cannot be read or "
+        "Graphviz is missing.",
+    )
+    verbs = engine.add_subparsers(dest="engine_command", required=True)
+    draw = verbs.add_parser(
+        "draw",
+        help="draw an engine: layers by precision, tensors, reformats, latency shares (SVG)",
+        description="Draw the engine with Graphviz: one box per engine layer (fused ONNX nodes, "
+        "type, input/output precision and format, latency share with --profile), filled by "
+        "precision; unfused Q/DQ as violet ellipses, builder reformats as blue hexagons; edges "
+        "labelled with shape, precision and format. Large engines collapse by module scope.",
+    )
+    draw.add_argument("layers", metavar="LAYERS.json", help="trtexec --exportLayerInfo JSON")
+    draw.add_argument("--profile", metavar="PROFILE.json", help="trtexec --exportProfile JSON")
+    draw.add_argument("-o", "--out", required=True, metavar="OUT.svg", help="SVG to write")
+    _common(draw)
+    diff = verbs.add_parser(
+        "diff",
+        help="the linter's predicted engine beside the real one, disagreements marked (HTML)",
+        description="Lint MODEL.onnx, match its predicted layers with the engine's and write one "
+        "HTML page: both drawings side by side, the layers that disagree on INT8 vs float marked "
+        "and listed. Exit code 1 when any layer disagrees.",
+    )
+    diff.add_argument("model", metavar="MODEL.onnx", help="the Q/DQ ONNX the engine was built from")
+    diff.add_argument("layers", metavar="LAYERS.json", help="trtexec --exportLayerInfo JSON")
+    diff.add_argument("--profile", metavar="PROFILE.json", help="trtexec --exportProfile JSON")
+    diff.add_argument("--target", default="trt10", help="linter target (default trt10)")
+    diff.add_argument("-o", "--out", required=True, metavar="OUT.html", help="HTML to write")
+    _common(diff)
+    compare = verbs.add_parser(
+        "compare",
+        help="two engines side by side: latency by layer type, precision mix, top differences",
+        description="Compare engine A with engine B (FP16 vs INT8, --best vs Q/DQ, two "
+        "placements): total latency, latency by layer type, precision mix and the layers that "
+        "differ most, printed as tables; -o writes the charts (.svg) or a page with the charts "
+        "and both engine drawings (.html).",
+    )
+    compare.add_argument("a", metavar="A.json", help="engine A: trtexec --exportLayerInfo JSON")
+    compare.add_argument("b", metavar="B.json", help="engine B: trtexec --exportLayerInfo JSON")
+    compare.add_argument(
+        "--profiles", nargs=2, metavar=("PA.json", "PB.json"), help="their --exportProfile JSON"
+    )
+    compare.add_argument("--names", nargs=2, metavar=("A", "B"), help="names for the tables")
+    compare.add_argument("--top", type=int, default=10, help="most different layers (10)")
+    compare.add_argument("--json", action="store_true", help="print one JSON object")
+    compare.add_argument("-o", "--out", metavar="OUT.svg|OUT.html", help="charts or page")
+    _common(compare)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-nodes", type=int, default=150, help="collapse by module scope past N layers (150)"
+    )
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """Run ``qdq engine <verb>``; see the module docstring for the exit codes."""
+    verbs: dict[str, Callable[[argparse.Namespace], int]] = {
+        "draw": _draw,
+        "diff": _diff,
+        "compare": _compare,
+    }
+    prog = f"qdq engine {args.engine_command}"
+    if args.max_nodes < 2:
+        print(f"{prog}: error: --max-nodes must be >= 2, got {args.max_nodes}", file=sys.stderr)
+        return 2
+    if getattr(args, "top", 0) < 0:
+        print(f"{prog}: error: --top must be >= 0, got {args.top}", file=sys.stderr)
+        return 2
+    from qdq.lint.draw import DrawError
+
+    try:
+        return verbs[args.engine_command](args)
+    except (OSError, ValueError, DrawError) as err:  # unreadable input, LintInputError, no dot
+        logger.debug("%s failed", prog, exc_info=True)
+        print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+        return 3
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _name(path: str) -> str:
+    name = Path(path).name
+    for suffix in (".graph.json", ".layers.json", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _check_out(out: str, suffixes: tuple[str, ...]) -> Path:
+    path = Path(out)
+    if path.suffix.lower() not in suffixes:
+        raise ValueError(f"{out}: the output must end in {' or '.join(suffixes)}")
+    if path.is_dir():
+        raise ValueError(f"{out} is a directory")
+    return path
+
+
+def _draw(args: argparse.Namespace) -> int:
+    from qdq._io import atomic_write_text
+    from qdq.lint.engine_draw import draw_engine_svg
+    from qdq.lint.engine_report import load_engine_report
+
+    out = _check_out(args.out, (".svg",))
+    engine = load_engine_report(args.layers, args.profile)
+    svg = draw_engine_svg(engine, max_nodes=args.max_nodes, title=_name(args.layers))
+    atomic_write_text(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n")
+    print(f"wrote {out} ({len(engine.layers)} engine layers)")
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from qdq._io import atomic_write_text
+    from qdq.lint.diff import diff_engine
+    from qdq.lint.engine_pages import diff_page, engine_svg, predicted_svg
+    from qdq.lint.engine_report import load_engine_report
+    from qdq.lint.report import lint
+
+    out = _check_out(args.out, (".html", ".htm"))
+    engine = load_engine_report(args.layers, args.profile)
+    report = lint(args.model, target=args.target)
+    diff = diff_engine(report, engine)
+    model_name, engine_name = Path(args.model).name, _name(args.layers)
+    predicted = predicted_svg(args.model, report, diff, max_nodes=args.max_nodes)
+    real = engine_svg(engine, diff, max_nodes=args.max_nodes)
+    atomic_write_text(out, diff_page(model_name, engine_name, diff, predicted, real))
+    print(diff.format())
+    print(f"wrote {out}")
+    return 1 if diff.mismatches or diff.only_predicted or diff.only_engine else 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from qdq._io import atomic_write_text
+    from qdq.lint.compare import compare_engines
+    from qdq.lint.compare_draw import comparison_svg
+    from qdq.lint.engine_report import load_engine_report
+
+    out = _check_out(args.out, (".svg", ".html", ".htm")) if args.out else None
+    profiles = args.profiles or (None, None)
+    a = load_engine_report(args.a, profiles[0])
+    b = load_engine_report(args.b, profiles[1])
+    names = tuple(args.names) if args.names else (_name(args.a), _name(args.b))
+    c = compare_engines(a, b, names=(names[0], names[1]), top=args.top)
+    print(c.to_json() if args.json else c.format())
+    if out is not None:
+        charts = comparison_svg(c)
+        if out.suffix.lower() == ".svg":
+            atomic_write_text(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + charts + "\n")
+        else:
+            from qdq.lint.engine_draw import draw_engine_svg
+            from qdq.lint.engine_pages import compare_page
+
+            svgs = [draw_engine_svg(e, max_nodes=args.max_nodes) for e in (a, b)]
+            atomic_write_text(out, compare_page(c, charts, svgs[0], svgs[1]))
+        if not args.json:
+            print(f"wrote {out}")
+    return 0
