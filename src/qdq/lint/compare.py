@@ -310,7 +310,7 @@ def _pairs(la: list[EngineLayer], lb: list[EngineLayer]) -> tuple[list[tuple[int
         sum(1 for k in ka if k not in (None, "qdq")), sum(1 for k in kb if k not in (None, "qdq"))
     )
     if by_name and len(by_name) * 2 >= compute:
-        return by_name, "name"
+        return _same_names(la, lb, by_name), "name"
     ia = [i for i, k in enumerate(ka) if k not in (None, "qdq")]
     ib = [j for j, k in enumerate(kb) if k not in (None, "qdq")]
     n, m = len(ia), len(ib)
@@ -328,7 +328,18 @@ def _pairs(la: list[EngineLayer], lb: list[EngineLayer]) -> tuple[list[tuple[int
             i += 1
         else:
             j += 1
-    return out, "order"
+    return _same_names(la, lb, out), "order"
+
+
+def _same_names(
+    la: list[EngineLayer], lb: list[EngineLayer], pairs: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """``pairs`` plus the unpaired layers of the same name in both (reformats, no-ops)."""
+    paired_a, paired_b = {i for i, _ in pairs}, {j for _, j in pairs}
+    free_b = {x.name: j for j, x in enumerate(lb) if j not in paired_b}
+    extra = [(i, free_b.pop(x.name)) for i, x in enumerate(la)
+             if i not in paired_a and x.name in free_b]  # fmt: skip
+    return sorted([*pairs, *extra])
 
 
 def _deltas(

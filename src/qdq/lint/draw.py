@@ -89,7 +89,7 @@ class DrawNode:
         precisions: compute precision → number of layers (one entry for a single layer).
         scope: module path components of the layer (of the scope for a group).
         share: fraction of the engine's latency spent in this layer (or group), if profiled.
-        mark: a disagreement to flag (drawn with a thick magenta border, shown in the tooltip).
+        mark: a disagreement to flag (a thick magenta border and a last ``≠ mark`` label line).
     """
 
     id: str
@@ -342,7 +342,10 @@ _LAYER_KINDS = ("layer", "qdq", "reformat")
 
 
 def _node_line(n: DrawNode) -> str:
-    attrs = {"label": n.label, "tooltip": f"{n.mark}: {n.tooltip}" if n.mark else n.tooltip}
+    attrs = {
+        "label": f"{n.label}\n≠ {n.mark}" if n.mark else n.label,
+        "tooltip": f"{n.mark}: {n.tooltip}" if n.mark else n.tooltip,
+    }
     if n.kind in ("input", "output"):
         fill, border = PRECISION_COLORS["io"]
         extra = f'shape=oval, style=filled, fillcolor="{fill}", color="{border}"'
@@ -462,5 +465,5 @@ def _group_node(gid: str, key: tuple[str, ...], members: list[DrawNode]) -> Draw
     tooltip = f"{name}: " + "; ".join(m.tooltip for m in members[:12])
     precisions = tuple((p, counts[p]) for p in order) or (("qdq", reformats + builder),)
     marks = [m.mark for m in members if m.mark]
-    mark = f"{len(marks)} marked: {marks[0]}" if marks else ""
+    mark = (marks[0] if len(marks) == 1 else f"{len(marks)} layers differ") if marks else ""
     return DrawNode(gid, label, tooltip, "group", precisions, key, share, mark)

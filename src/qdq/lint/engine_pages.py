@@ -81,7 +81,7 @@ def engine_svg(
 
 
 def _mismatch(src: str, dst: str, side: str = "engine") -> str:
-    return f"differs: {side} {src} → {dst}"
+    return f"{side}: {src.upper()} → {dst.upper()}"
 
 
 _STYLE = """
