@@ -151,3 +151,28 @@ def test_renders_in_headless_chromium(result: Any, tmp_path: Path) -> None:
     )
     assert shot.is_file() and shot.stat().st_size > 20_000, "no screenshot"
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
+
+
+def test_engine_report_adds_the_real_engine(result: Any, tmp_path: Path, capsys) -> None:
+    from qdq.cli.main import main
+    from qdq.lint.draw import MARK_COLOR, dot_available
+
+    if not FIXTURES.is_dir() or not dot_available():
+        pytest.skip("needs the engine-report fixtures and Graphviz dot")
+    out = tmp_path / "out"
+    shutil.copytree(result.out_dir, out)
+    graph = FIXTURES / "resnet18-a100-qat.graph.json"
+    profile = FIXTURES / "resnet18-a100-qat.profile.json"
+    code = main(["engine", "report", str(out), str(graph), "--profile", str(profile)])
+    assert code == 0 and "37-layer engine" in capsys.readouterr().out
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert '<section id="engine">' in html and 'href="#engine"' in html
+    assert "engine report vs prediction" in html and "QuantizeLinear_7 + Conv_9" in html
+    assert MARK_COLOR in html  # another network than this model: the layers disagree
+    assert not _FETCH.search(html)
+    code = main(["engine", "report", str(tmp_path / "none"), str(graph)])
+    err = capsys.readouterr().err
+    assert code == 3 and "no report.json" in err and len(err.strip().splitlines()) == 1

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (``diff``: and the prediction agrees with the engine), 1 ``diff`` found
 disagreements, 2 bad options (argparse), 3 an input cannot be read or the drawing cannot be made
-(Graphviz missing). Every failure is one line on stderr; ``qdq -v engine ...`` logs the traceback.
+(Graphviz missing; ``report``: jinja2 or matplotlib missing). Every failure is one line on
+stderr; ``qdq -v engine ...`` logs the traceback.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def add_engine_parser(sub: Any) -> None:
     compare.add_argument("--json", action="store_true", help="print one JSON object")
     compare.add_argument("-o", "--out", metavar="OUT.svg|OUT.html", help="charts or page")
     _common(compare)
+    report = verbs.add_parser(
+        "report",
+        help="add a real engine to the report.html of qdq quantize",
+        description="Rewrite OUT/report.html of `qdq quantize` (from OUT/report.json and the "
+        "exported ONNX there) with the engine TensorRT built from that ONNX drawn beside the "
+        "prediction, the layers where they disagree marked in both.",
+    )
+    report.add_argument("out_dir", metavar="OUT", help="the output directory of qdq quantize")
+    report.add_argument("layers", metavar="LAYERS.json", help="trtexec --exportLayerInfo JSON")
+    report.add_argument("--profile", metavar="PROFILE.json", help="trtexec --exportProfile JSON")
+    report.add_argument(
+        "--max-nodes", type=int, default=80, help="collapse by module scope past N layers (80)"
+    )
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +100,7 @@ def run_engine(args: argparse.Namespace) -> int:
         "draw": _draw,
         "diff": _diff,
         "compare": _compare,
+        "report": _report,
     }
     prog = f"qdq engine {args.engine_command}"
     if args.max_nodes < 2:
@@ -98,7 +113,7 @@ def run_engine(args: argparse.Namespace) -> int:
 
     try:
         return verbs[args.engine_command](args)
-    except (OSError, ValueError, DrawError) as err:  # unreadable input, LintInputError, no dot
+    except (OSError, ValueError, DrawError, ImportError) as err:  # bad input, no dot / jinja2
         logger.debug("%s failed", prog, exc_info=True)
         print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
         return 3
@@ -183,4 +198,28 @@ def _compare(args: argparse.Namespace) -> int:
             atomic_write_text(out, compare_page(c, charts, svgs[0], svgs[1]))
         if not args.json:
             print(f"wrote {out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from qdq.lint.engine_report import load_engine_report
+    from qdq.report import write_html
+
+    out_dir = Path(args.out_dir)
+    path = out_dir / "report.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{out_dir}: no report.json (the output directory of qdq quantize)")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    onnx_path = out_dir / str((report.get("files") or {}).get("onnx", "model.qdq.onnx"))
+    if not onnx_path.is_file():
+        raise FileNotFoundError(f"{out_dir}: no exported model {onnx_path.name}")
+    engine = load_engine_report(args.layers, args.profile)
+    html = out_dir / str((report.get("files") or {}).get("html", "report.html"))
+    write_html(report, html, onnx_path=onnx_path, max_nodes=args.max_nodes, engine=engine)
+    print(f"wrote {html} (with the {len(engine.layers)}-layer engine {_name(args.layers)})")
     return 0

@@ -46,6 +46,7 @@ __all__ = [
     "layer_graph",
     "mark_nodes",
     "module_scope",
+    "predicted_layer",
     "render_svg",
     "to_dot",
 ]
@@ -185,7 +186,7 @@ def layer_graph(
     """
     proto, _ = load_model(model)
     g = LintGraph(proto)
-    preds = [ly if isinstance(ly, PredictedLayer) else _layer(ly) for ly in layers]
+    preds = [ly if isinstance(ly, PredictedLayer) else predicted_layer(ly) for ly in layers]
     ops = {g.name(n): n.op_type for n in g.nodes}
     layer_of = {name: i for i, ly in enumerate(preds) for name in ly.nodes}
     nodes: list[DrawNode] = []
@@ -212,7 +213,8 @@ def _edge_order(edge: tuple[str, str, str]) -> tuple[str, str]:
     return edge[0], edge[1]
 
 
-def _layer(d: Mapping[str, Any]) -> PredictedLayer:
+def predicted_layer(d: Mapping[str, Any]) -> PredictedLayer:
+    """A :class:`PredictedLayer` from its ``to_dict()`` (an entry of ``report.json``)."""
     return PredictedLayer(
         name=str(d["name"]),
         nodes=tuple(d["nodes"]),

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from qdq._io import atomic_write_text
+from qdq.lint.engine_report import EngineReport
+from qdq.lint.report import LintReport
 from qdq.pipeline.report import STAGE_LABELS
 
 __all__ = ["check_dependencies", "render_html", "write_html"]
@@ -40,6 +42,7 @@ def write_html(
     *,
     onnx_path: str | Path | None = None,
     max_nodes: int = 80,
+    engine: EngineReport | None = None,
 ) -> Path:
     """Write the page for ``report`` to ``path`` and return it.
 
@@ -48,24 +51,60 @@ def write_html(
         path: the ``.html`` file to write.
         onnx_path: the exported Q/DQ ONNX, drawn with the report's ``predicted_layers`` (without
             it, or without Graphviz, the page says why there is no drawing).
-        max_nodes: above this many predicted layers the drawing is collapsed by module scope.
+        max_nodes: above this many layers a drawing is collapsed by module scope.
+        engine: a real engine report of this model (trtexec ``--exportLayerInfo``, parsed by
+            :func:`qdq.lint.load_engine_report`): the page also draws what TensorRT built and
+            marks, in both drawings, the layers where prediction and engine disagree.
     """
+    from qdq.lint.draw import DrawError
+
     svg, note = None, "no ONNX model was given to draw"
+    real: dict[str, Any] | None = None
+    diff = None
+    if engine is not None:
+        from qdq.lint.diff import diff_engine
+        from qdq.lint.engine_pages import engine_svg
+
+        diff = diff_engine(_lint_report(report), engine)
+        real = {"svg": None, "note": "", "summary": diff.format()}
+        try:
+            real["svg"] = engine_svg(engine, diff, max_nodes=max_nodes)
+        except DrawError as err:
+            real["note"] = str(err)
     if onnx_path is not None:
-        from qdq.lint.draw import DrawError, draw_svg
+        from qdq.lint.engine_pages import predicted_svg
 
         try:
-            svg = draw_svg(onnx_path, report.get("predicted_layers") or [], max_nodes=max_nodes)
+            svg = predicted_svg(onnx_path, _lint_report(report), diff, max_nodes=max_nodes)
         except DrawError as err:
             note = str(err)
             _log.warning("report.html without the model drawing: %s", err)
     out = Path(path)
-    atomic_write_text(out, render_html(report, graph_svg=svg, graph_note=note))
+    atomic_write_text(out, render_html(report, graph_svg=svg, graph_note=note, engine=real))
     return out
 
 
+def _lint_report(report: Mapping[str, Any]) -> LintReport:
+    """The prediction of ``report.json`` as a :class:`~qdq.lint.LintReport` (layers, summary)."""
+    from qdq.lint.draw import predicted_layer
+    from qdq.lint.report import LintReport
+
+    settings = report.get("settings") or {}
+    return LintReport(
+        str((report.get("files") or {}).get("onnx", "")),
+        str(settings.get("target", "trt10")),
+        (),
+        dict(report.get("lint") or {}),
+        tuple(predicted_layer(d) for d in report.get("predicted_layers") or []),
+    )
+
+
 def render_html(
-    report: Mapping[str, Any], *, graph_svg: str | None = None, graph_note: str = ""
+    report: Mapping[str, Any],
+    *,
+    graph_svg: str | None = None,
+    graph_note: str = "",
+    engine: Mapping[str, Any] | None = None,
 ) -> str:
     """The page as one string (inline CSS, JavaScript and SVG; it references no URL).
 
@@ -73,6 +112,8 @@ def render_html(
         report: the content of ``report.json``.
         graph_svg: the model drawing (:func:`qdq.lint.draw.draw_svg`), or ``None``.
         graph_note: why there is no drawing (shown instead of it).
+        engine: the real engine section, if an engine report was given: ``svg`` (its drawing,
+            or ``None``), ``note`` (why there is none) and ``summary`` (prediction vs engine).
 
     Raises:
         ImportError: jinja2 or matplotlib is missing.
@@ -92,6 +133,13 @@ def render_html(
     context = _context(report)
     context["graph_svg"] = None if graph_svg is None else jinja2.filters.Markup(graph_svg)
     context["graph_note"] = graph_note
+    context["engine"] = None
+    if engine is not None:
+        context["engine"] = {
+            "svg": None if engine.get("svg") is None else jinja2.filters.Markup(engine["svg"]),
+            "note": str(engine.get("note") or ""),
+            "summary": str(engine.get("summary") or ""),
+        }
     return env.get_template(_TEMPLATE).render(**context)
 
 
