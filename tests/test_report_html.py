@@ -176,3 +176,22 @@ def test_engine_report_adds_the_real_engine(result: Any, tmp_path: Path, capsys)
     code = main(["engine", "report", str(tmp_path / "none"), str(graph)])
     err = capsys.readouterr().err
     assert code == 3 and "no report.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_quantize_with_an_engine_report(tmp_path: Path) -> None:
+    from qdq.lint.draw import dot_available
+
+    if not FIXTURES.is_dir() or not dot_available():
+        pytest.skip("needs the engine-report fixtures and Graphviz dot")
+    (tmp_path / "tiny_model.py").write_text(MODEL_PY)
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0)).numpy()
+    np.savez(tmp_path / "d.npz", x=x)
+    spec, data = f"{tmp_path / 'tiny_model.py'}:build", str(tmp_path / "d.npz")
+    with pytest.raises(FileNotFoundError, match="no layer-information JSON"):
+        quantize(spec, data, out=tmp_path / "bad", engine_report=tmp_path / "none.json")
+    assert not (tmp_path / "bad").exists()  # checked before anything runs
+    res = quantize(spec, data, out=tmp_path / "out", exporter="torchscript", show_progress=False,
+                   engine_report=FIXTURES / "mobilenet-qat.graph.json",
+                   engine_profile=FIXTURES / "mobilenet-qat.profile.json")  # fmt: skip
+    html = res.html_path.read_text(encoding="utf-8")
+    assert '<section id="engine">' in html and "Conv_12" in html and " ms · " in html

@@ -129,6 +129,15 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         default="trt10",
         help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11",
     )
+    p.add_argument(
+        "--engine-report",
+        metavar="LAYERS.json",
+        help="trtexec --exportLayerInfo JSON of an engine built from this model's export: "
+        "report.html draws it beside the prediction, disagreements marked",
+    )
+    p.add_argument(
+        "--engine-profile", metavar="PROFILE.json", help="its trtexec --exportProfile JSON"
+    )
     add_data_options(p)
     p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -245,6 +254,8 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             overwrite=args.overwrite,
             show_progress=not args.no_progress,
             on_stage=stage,
+            engine_report=args.engine_report,
+            engine_profile=args.engine_profile,
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.lint.engine_report import EngineReport
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import (
     batches,
@@ -105,6 +106,8 @@ def quantize(
     overwrite: bool = False,
     show_progress: bool = True,
     on_stage: StageCallback | None = None,
+    engine_report: str | Path | None = None,
+    engine_profile: str | Path | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -141,6 +144,10 @@ def quantize(
         overwrite: replace an existing non-empty ``out``.
         show_progress: progress bars.
         on_stage: called after every stage with its name, seconds and a one-line detail.
+        engine_report: trtexec ``--exportLayerInfo`` JSON of an engine built from this model's
+            export (an earlier run's): ``report.html`` draws it beside the prediction, the layers
+            where they disagree marked (read before anything runs).
+        engine_profile: its ``--exportProfile`` JSON, for each layer's share of the latency.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -177,6 +184,13 @@ def quantize(
     from qdq.report import check_dependencies
 
     check_dependencies()  # nor a missing package of the HTML report
+    engine = None
+    if engine_report is not None:
+        from qdq.lint import load_engine_report
+
+        engine = load_engine_report(engine_report, engine_profile)  # nor a bad engine report
+    elif engine_profile is not None:
+        raise ValueError("engine_profile needs engine_report (the --exportLayerInfo JSON)")
     out_dir = Path(out)
     check_out_dir(out_dir, overwrite)
     stages = _Stages(on_stage)
@@ -269,6 +283,7 @@ def quantize(
                 compare_methods,
                 show_progress,
                 static,
+                engine,
             ),
             caught,
             fallback,
@@ -289,6 +304,7 @@ class _Settings:
     compare_methods: bool
     show_progress: bool
     static: bool
+    engine: EngineReport | None = None
 
 
 def _export_and_measure(
@@ -420,7 +436,7 @@ def _export_and_measure(
         (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
         from qdq.report import write_html
 
-        write_html(json.loads(text), tmp / HTML_FILE, onnx_path=tmp / ONNX_FILE)
+        write_html(json.loads(text), tmp / HTML_FILE, onnx_path=tmp / ONNX_FILE, engine=s.engine)
     return QuantizeResult(
         out_dir=out_dir,
         onnx_path=out_dir / ONNX_FILE,
