@@ -1,8 +1,10 @@
-"""Calibrator benchmark: vectorised entropy vs the reference loop; histogram collection overhead.
+"""Calibrator benchmark: vectorised entropy vs the reference loop; histogram collection overhead;
+per zoo model, calibration time vs one FP32 pass and vs ONNX Runtime's MinMax calibration.
 
-Run: ``make bench`` (or ``.venv/bin/python benchmarks/calibrators.py``). Prints figures; asserts
-nothing about time. Times are medians of repeated runs in this process (ratios are what count on a
-shared machine).
+Run: ``make bench`` (or ``.venv/bin/python benchmarks/calibrators.py [--sections ...]
+[--models NAME ...]``). Prints figures; asserts nothing about time. Times are medians of repeated
+runs in this process (ratios are what count on a shared machine). The zoo section is described in
+``benchmarks/calibrators_zoo.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibrators_zoo import bench_zoo
 from qdq.calib import HistogramCalibrator, entropy_amax, mse_amax
+from qdq.zoo.registry import MODELS
 from reference_calib import entropy_reference
+
+SECTIONS = ("entropy", "collection", "zoo")
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -113,10 +120,28 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--image", type=int, default=224)
+    parser.add_argument(
+        "--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run (all)"
+    )
+    parser.add_argument(
+        "--models", nargs="+", default=list(MODELS), help="zoo models (default: every one)"
+    )
+    parser.add_argument("--zoo-batch", type=int, default=32, help="zoo calibration batch (32)")
+    parser.add_argument(
+        "--calib-n", type=int, default=None, help="zoo calibration samples (default: the dataset's)"
+    )
+    parser.add_argument("--zoo-repeats", type=int, default=5, help="zoo timing repeats (5)")
     args = parser.parse_args()
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)}")
     torch.set_num_threads(2)
-    bench_entropy(args.repeats)
-    bench_collection(args.batches, args.batch_size, args.image)
+    if "entropy" in args.sections:
+        bench_entropy(args.repeats)
+    if "collection" in args.sections:
+        bench_collection(args.batches, args.batch_size, args.image)
+    if "zoo" in args.sections:
+        bench_zoo(args.models, args.zoo_batch, args.calib_n, args.zoo_repeats)
 
 
 if __name__ == "__main__":
