@@ -98,8 +98,23 @@ def t01() -> onnx.ModelProto:
     return g.model([g.conv(g.qdq(y))])
 
 
-def block(skip_mode: str) -> onnx.ModelProto:
-    """T02 (shared), T03 (both), T03b (branch), T04 (other_scale)."""
+def _read_by(g: G, y: str, tail: str) -> onnx.ModelProto:
+    """The model whose block output ``y`` is read by ``tail``: ``conv`` (through Q/DQ), ``pool``
+    (a float GlobalAveragePool → Flatten → Q/DQ → Gemm: ResNet's last block before an
+    unquantized pool), ``qpool`` (the same pool behind Q/DQ) or ``output`` (the graph output)."""
+    if tail == "conv":
+        return g.model([g.conv(g.qdq(y))])
+    if tail == "output":
+        return g.model([y])
+    flat = g.op("Flatten", [g.op("GlobalAveragePool", [g.qdq(y) if tail == "qpool" else y])])
+    w = g.const(np.ones((10, 64), np.float32))
+    s, z = g.const(np.full(10, 0.01, np.float32)), g.const(np.zeros(10, np.int8))
+    wd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [w, s, z], axis=0), s, z], axis=0)
+    return g.model([g.op("Gemm", [g.qdq(flat), wd], transB=1)])
+
+
+def block(skip_mode: str, tail: str = "conv") -> onnx.ModelProto:
+    """T02 (shared), T03 (both), T03b (branch), T04 (other_scale); ``tail``: see :func:`_read_by`."""
     g = G()
     x = block_input(g)
     qa = g.q(x, 0.02)
@@ -114,10 +129,10 @@ def block(skip_mode: str) -> onnx.ModelProto:
     else:  # the conv branch only
         skip, branch = x, g.qdq(branch, 0.03)
     y = g.op("Relu", [g.op("Add", [branch, skip])])
-    return g.model([g.conv(g.qdq(y))])
+    return _read_by(g, y, tail)
 
 
-def t23(mode: str) -> onnx.ModelProto:
+def t23(mode: str, tail: str = "conv") -> onnx.ModelProto:
     g = G()
     x = block_input(g)
     qa = g.q(x, 0.02)
@@ -127,7 +142,7 @@ def t23(mode: str) -> onnx.ModelProto:
         down = g.qdq(down, 0.03)
     if mode in ("main", "both"):
         main = g.qdq(main, 0.04)
-    return g.model([g.conv(g.qdq(g.op("Relu", [g.op("Add", [main, down])])))])
+    return _read_by(g, g.op("Relu", [g.op("Add", [main, down])]), tail)
 
 
 # ------------------------------------------------------------------ concat / maxpool
@@ -199,15 +214,28 @@ def t16(qdq_first: bool) -> onnx.ModelProto:
     return g.model([g.conv(g.qdq(g.op("Pad", ["x", pads])))])
 
 
-def t17(quantize_gap: bool) -> onnx.ModelProto:
+def t17(quantize_gap: bool, pool: str = "GlobalAveragePool") -> onnx.ModelProto:
+    """``pool``: ``GlobalAveragePool``; ``ReduceMean`` over axes (-1, -2) with keepdims (the dynamo
+    exporter's adaptive average pool, axes as an attribute); ``ReduceMean18`` (opset 18, axes as
+    an input); ``ReduceMean-nokeep`` (keepdims=0: already flat); ``ReduceMean-C`` (a mean over the
+    channels, not a pool)."""
     g = G()
     h = block_input(g)
-    gap = g.op("GlobalAveragePool", [g.qdq(h) if quantize_gap else h])
+    pin = g.qdq(h) if quantize_gap else h
+    if pool == "GlobalAveragePool":
+        gap = g.op(pool, [pin])
+    elif pool == "ReduceMean18":
+        gap = g.op("ReduceMean", [pin, g.const(np.array([-1, -2], np.int64))], keepdims=1)
+    else:
+        axes = [1] if pool == "ReduceMean-C" else [-1, -2]
+        gap = g.op("ReduceMean", [pin], axes=axes, keepdims=int(pool != "ReduceMean-nokeep"))
     flat = g.op("Flatten", [gap])
-    w = g.const(np.ones((64, 64), np.float32))
+    cin = 1 if pool == "ReduceMean-C" else 64
+    w = g.const(np.ones((64, cin), np.float32))
     s, z = g.const(np.full(64, 0.01, np.float32)), g.const(np.zeros(64, np.int8))
     wd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [w, s, z], axis=0), s, z], axis=0)
-    return g.model([g.op("Gemm", [g.qdq(flat), wd], transB=1)])
+    out = g.op("Gemm", [g.qdq(flat), wd], transB=1)
+    return g.model([out], opset=18 if pool == "ReduceMean18" else 13)
 
 
 def p05() -> onnx.ModelProto:
@@ -325,6 +353,10 @@ CASES: dict[str, Case] = {
     "T16-qdq-before-pad": (lambda: t16(True), "trt10", set(), set()),
     "T17": (lambda: t17(False), "trt10", {"P06"}, set()),
     "T17-quantized-gap": (lambda: t17(True), "trt10", set(), set()),
+    "T17-reducemean": (lambda: t17(False, "ReduceMean"), "trt10", {"P06"}, set()),
+    "T17-reducemean-quantized": (lambda: t17(True, "ReduceMean"), "trt10", set(), set()),
+    "T17-reducemean18-quantized": (lambda: t17(True, "ReduceMean18"), "trt10", set(), set()),
+    "T17-reducemean-nokeep": (lambda: t17(False, "ReduceMean-nokeep"), "trt10", {"P06"}, set()),
     "T18": (t18, "trt10", {"P12"}, {"P14"}),
     "P05-quantized-pool-into-float-gemm": (p05, "trt10", {"P05"}, set()),
     "T19-72": (lambda: t19(72), "trt10", set(), {"H01"}),
@@ -334,6 +366,16 @@ CASES: dict[str, Case] = {
     "T21": (t21, "trt10", {"V08"}, set()),
     "T22": (t22, "trt10", {"V07"}, set()),
     "T23-down": (lambda: t23("down"), "trt10", set(), set()),
+    # a fusion whose output stays float reads its quantized residual behind a standalone DQ
+    "P03d-block-into-float-pool": (
+        lambda: block("shared", "pool"),
+        "trt10",
+        {"P03d", "P06"},
+        set(),
+    ),
+    "P03d-block-into-quantized-pool": (lambda: block("shared", "qpool"), "trt10", set(), set()),
+    "P03d-block-into-output": (lambda: block("shared", "output"), "trt10", set(), {"P03d"}),
+    "P03d-downsample-into-output": (lambda: t23("down", "output"), "trt10", {"P03d"}, set()),
     "T23-main": (lambda: t23("main"), "trt10", set(), set()),
     "T23-both": (lambda: t23("both"), "trt10", {"P03b"}, set()),
     "T23-neither": (lambda: t23("neither"), "trt10", {"P03a"}, set()),

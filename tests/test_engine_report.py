@@ -86,6 +86,23 @@ def test_resnet18_qat_engine() -> None:
     }
 
 
+@pytest.mark.parametrize("prefix", ["resnet18-a100-qat", "mobilenet-qat"])
+def test_fused_residual_input_has_the_output_precision(prefix: str) -> None:
+    """What the linter's P03d rests on: every conv with a fused residual Add reads the residual
+    operand in the precision it writes (FP16 in ResNet-18, FP16 or FP32 in MobileNetV2, including
+    layer4.1, the last block before the float pool), so a quantized residual of a float-output
+    fusion needs a standalone Dequantize. (No fixture has a quantized residual with a float
+    output; the naive placement leaves every residual float.)"""
+    fused = [
+        x
+        for x in _load(prefix).weighted_layers()
+        if any(n.startswith("Add_") for n in x.onnx_nodes) and len(x.inputs) == 2
+    ]
+    assert len(fused) == (8 if prefix.startswith("resnet") else 10)
+    assert all(x.inputs[1].dtype == x.output_precision != "int8" for x in fused)
+    assert any(x.name.startswith("layer4.1.conv2") for x in fused) or prefix == "mobilenet-qat"
+
+
 @pytest.mark.parametrize("prefix", ["resnet18-a100-fp32", "resnet18-a100-fp16"])
 def test_float_builds_have_no_int8(prefix: str) -> None:
     report = _load(prefix)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lint_graphs import CASES, G, block, t01, t09, t17, t20
+from lint_graphs import CASES, G, block, t01, t09, t17, t20, t23
 from qdq.lint import lint, parse_target
 
 
@@ -60,6 +60,50 @@ def test_t17_predicts_a_float_pool_between_two_reformats() -> None:
     kinds = _layers(lint(t17(False)))
     assert kinds[2:4] == [("pooling", "fp16", "fp16"), ("qdq", "fp16", "int8")]
     assert ("pooling", "int8", "int8") in _layers(lint(t17(True)))
+
+
+def test_a_float_output_fusion_dequantizes_its_quantized_residual_standalone() -> None:
+    """ResNet's last block before an unquantized pool: Conv2+BN+Add+Relu writes FP16, so it
+    reads the quantized skip in FP16 too, behind a standalone DequantizeLinear (P03d, WARN: the
+    fix is to quantize the pool input, after which neither reformat remains)."""
+    report = lint(block("shared", "pool"))
+    fused = next(ly for ly in report.layers if ly.kind == "weighted" and "add" in str(ly.nodes))
+    assert (fused.input_precision, fused.output_precision) == ("int8", "fp16")
+    standalone = [ly for ly in report.layers if ly.kind == "qdq"]
+    assert [ly.nodes[0].split("_")[0].rstrip("0123456789") for ly in standalone] == [
+        "quantizelinear",  # the network input
+        "dequantizelinear",  # the skip, read in FP16
+        "quantizelinear",  # the pool output, quantized for the Gemm
+    ]
+    assert standalone[1].reason.startswith("the residual input of " + fused.name)
+    (p03d,) = [f for f in report.findings if f.rule == "P03d"]
+    assert p03d.severity == "WARN" and "quantize" in p03d.fix and "pool input" in p03d.fix
+    fixed = lint(block("shared", "qpool"))
+    assert fixed.summary["unfused_qdq"] == 1 and fixed.verdict == "PASS"
+    # read by the graph output: the skip is shared with the block's first conv, so leaving it
+    # float would only move the reformat (INFO); a downsample branch nothing else reads
+    # quantized should stay float (WARN)
+    (info,) = [f for f in lint(block("shared", "output")).findings if f.rule == "P03d"]
+    assert info.severity == "INFO" and "moves the reformat" in info.fix
+    (warn,) = [f for f in lint(t23("down", "output")).findings if f.rule == "P03d"]
+    assert warn.severity == "WARN" and "leave the residual float" in warn.fix
+
+
+@pytest.mark.parametrize("pool", ["ReduceMean", "ReduceMean18", "ReduceMean-nokeep"])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_reducemean_over_h_w_is_predicted_as_a_global_pool(pool: str, quantized: bool) -> None:
+    """The dynamo exporter's (and other tools') ReduceMean over the spatial axes lints exactly as
+    GlobalAveragePool: TensorRT's parser imports both as one average Reduce layer."""
+    gap, mean = lint(t17(quantized)), lint(t17(quantized, pool))
+    assert _layers(mean) == _layers(gap)
+    assert mean.summary == gap.summary and mean.verdict == gap.verdict
+
+
+def test_a_reducemean_over_the_channels_is_no_pool() -> None:
+    report = lint(t17(False, "ReduceMean-C"))
+    assert "P06" not in report.rules("WARN")
+    mean = next(ly for ly in report.layers if any("reducemean" in n for n in ly.nodes))
+    assert (mean.kind, mean.reason) == ("other", "no INT8 implementation")
 
 
 def test_strongly_typed_float_layers_run_at_the_onnx_dtype() -> None:

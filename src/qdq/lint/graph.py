@@ -134,6 +134,39 @@ class LintGraph:
         readers = [c for o in node.output for c in self.consumers.get(o, [])]
         return all(c.op_type == "Shape" or self.shape_only(c) for c in readers)
 
+    def global_pool(self, node: Any) -> bool:
+        """GlobalAveragePool, or a ReduceMean over every spatial axis (2 .. rank-1) of its input:
+        ``torch.mean(x, (2, 3))`` and the dynamo exporter's ``adaptive_avg_pool2d(x, 1)``, with or
+        without ``keepdims``. TensorRT's ONNX parser imports both as the same average Reduce layer
+        over the spatial axes, which the builder runs as a pooling kernel."""
+        if node.op_type == "GlobalAveragePool":
+            return True
+        if node.op_type != "ReduceMean" or not node.input:
+            return False
+        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+        if axes is None and len(node.input) > 1 and node.input[1] in self.const:  # opset >= 18
+            axes = [int(v) for v in np.asarray(self.const[node.input[1]]).flatten()]
+        rank = self.ranks.get(node.input[0])
+        if not axes or rank is None or rank < 3:
+            return False
+        return sorted(a % rank for a in axes) == list(range(2, rank))
+
+    @cached_property
+    def ranks(self) -> dict[str, int]:
+        """The rank of every tensor whose shape ONNX shape inference (or the file) knows."""
+        import onnx
+
+        try:
+            model = onnx.shape_inference.infer_shapes(self.model)
+        except Exception:  # best effort: what the file declares
+            model = self.model
+        g = model.graph
+        return {
+            vi.name: len(vi.type.tensor_type.shape.dim)
+            for vi in [*g.value_info, *g.input, *g.output]
+            if vi.type.tensor_type.HasField("shape")
+        } | {name: value.ndim for name, value in self.const.items()}
+
     def weighted(self, node: Any) -> bool:
         """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:

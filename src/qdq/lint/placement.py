@@ -52,7 +52,7 @@ def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
         out.extend(_concat(g, node))
     elif op == "MaxPool":
         out.extend(_maxpool(g, node))
-    elif op in _POOLS:
+    elif op in _POOLS and (op != "ReduceMean" or g.global_pool(node)):  # not a LayerNorm mean
         out.extend(_avg_pool(g, node))
     elif op == "MatMul" and len(node.input) == 2 and not _in_attention(g, node):
         out.append(

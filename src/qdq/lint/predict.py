@@ -8,7 +8,10 @@ and absorbs its epilogue (BN, activation, bias, SiLU, a residual Add read in flo
 after it); its output is INT8 only when every reader quantizes it (looking through MaxPool, Concat,
 Slice and copy ops, which TensorRT moves a Quantize across) and a fused residual Add's other operand
 is quantized ("the precision of the first input to the element-wise addition determines the
-precision of the output"). An attention core whose two MatMuls read every operand through Q/DQ
+precision of the output"); conversely a fused layer whose output stays float (its reader is not
+quantized) reads a quantized residual operand in float, behind a standalone DequantizeLinear, as
+the real engines show (every fused Conv+Add takes its residual input in its output's precision).
+An attention core whose two MatMuls read every operand through Q/DQ
 is one INT8 MHA layer (:mod:`qdq.lint.attention`). Non-weighted quantizable ops run INT8 when
 their inputs are INT8 and their output is quantized. Every Quantize whose producer outputs float,
 every extra scale on one tensor, and every Dequantize read by a float layer is a standalone layer
@@ -21,10 +24,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.attention import Attention
-from qdq.lint.graph import COPY_OPS, LintGraph
+from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
 
-__all__ = ["PredictedLayer", "predict_layers"]
+__all__ = ["PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
 
 INT8 = "int8"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
@@ -106,6 +109,8 @@ class _Predictor:
         self.internal: set[int] = set()  # Q/DQ nodes inside a fused kernel (attention probs)
         self.shape_nodes = _shape_nodes(g)
         self.tails: dict[str, Any] = {}  # epilogue end (before a residual Add) -> weighted op
+        # DequantizeLinear of a quantized residual operand read by a layer that outputs float
+        self.float_skips: dict[int, str] = {}
         names = {1: "fp32", 10: "fp16", 16: "bf16"}
         self.io = {
             i.name: names.get(i.type.tensor_type.elem_type, float_dtype) for i in g.graph.input
@@ -287,6 +292,9 @@ class _Predictor:
             out, reason = self.fp, "output has float readers"
         if out == INT8:
             self.int8_out.add(last)
+        else:  # the fused Add reads its residual operand in the output's precision
+            for _, skip in quantized_skips(g, members):
+                self.float_skips[id(skip.dq)] = " + ".join(names)
         return PredictedLayer(" + ".join(names), names, "weighted", INT8, out, reason)
 
     def _attention_layer(self, core: Attention) -> PredictedLayer:
@@ -301,13 +309,15 @@ class _Predictor:
     def _plain_layer(self, node: Any) -> PredictedLayer:
         g = self.g
         op = node.op_type
-        kind = "pooling" if "Pool" in op else "concat" if op == "Concat" else "other"
+        pool = "Pool" in op or g.global_pool(node)  # ReduceMean over H, W is a global pool
+        kind = "pooling" if pool else "concat" if op == "Concat" else "other"
         data = [i for i in node.input if i and not g.is_const(i)]
         ins_int8 = bool(data) and all(self._int8_tensor(i) for i in data)
         out_q = all(self._quantized_only(o) for o in node.output if o)
         name = g.name(node)
         commuting = op in ("MaxPool", "Slice", "Split", "Concat") or _nearest(node)
-        if op in _QUANTIZABLE and ins_int8 and (out_q or commuting):
+        quantizable = op in _QUANTIZABLE or pool
+        if quantizable and ins_int8 and (out_q or commuting):
             self.int8_out.update(node.output)
             return PredictedLayer(name, (name,), kind, INT8, INT8)
         if commuting and out_q and op != "Concat":
@@ -316,7 +326,7 @@ class _Predictor:
         self.float_readers.add(id(node))
         reason = (
             "no INT8 implementation"
-            if op not in _QUANTIZABLE
+            if not quantizable
             else "inputs not all INT8"
             if not ins_int8
             else "output not quantized"
@@ -393,6 +403,8 @@ class _Predictor:
                 if q is node:
                     return "" if len(scales) == 1 else "a second scale on the same tensor"
             return ""
+        if id(node) in self.float_skips:
+            return f"the residual input of {self.float_skips[id(node)]}, whose output is float"
         readers = g.consumers.get(node.output[0], [])
         if g.is_const(node.input[0]):  # weights: fused, unless only float layers read them
             floats = readers and all(id(r) in self.float_readers for r in readers)
@@ -409,6 +421,22 @@ class _Predictor:
             tensor = node.input[0]
             node = g.producer.get(tensor)
         return tensor in self.int8_out
+
+
+def quantized_skips(g: LintGraph, members: list[Any]) -> list[tuple[Any, QInput]]:
+    """(Add, its Q/DQ input) for each residual Add fused into a weighted layer (``members``: the
+    weighted op and its epilogue) whose operand that is not the layer's own tensor is quantized."""
+    own = {o for m in members for o in m.output}
+    adds = [m for m in members[1:] if m.op_type == "Add" and not _const_add(g, m)]
+    found = [(a, g.qinput(i)) for a in adds for i in a.input if i and i not in own]
+    return [(a, q) for a, q in found if q is not None and q.q is not None]
+
+
+def int8_capable(g: LintGraph, node: Any) -> bool:
+    """An op that runs INT8 when its inputs are quantized: weighted, pooling, data movement or a
+    quantizable pointwise op."""
+    op = node.op_type
+    return g.weighted(node) or op in _QUANTIZABLE or op in _QUANTIZABLE_PW or g.global_pool(node)
 
 
 def _shape_nodes(g: LintGraph) -> set[int]:

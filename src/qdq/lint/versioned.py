@@ -1,13 +1,13 @@
 """Rules checked against the declared ``Target`` (TensorRT version and build flags) and the predicted
-engine layers rather than the graph alone (rule spec §1.1 V13, §1.2 P05/P11, §1.5 B01)."""
+engine layers rather than the graph alone (rule spec §1.1 V13, §1.2 P03d/P05/P11, §1.5 B01)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.graph import LintGraph
-from qdq.lint.predict import PredictedLayer
+from qdq.lint.graph import COPY_OPS, LintGraph
+from qdq.lint.predict import PredictedLayer, int8_capable, quantized_skips
 from qdq.lint.target import Target
 
 __all__ = ["build_rules"]
@@ -18,8 +18,9 @@ _SRC = "reference/tensorrt-qdq-rules.md §1.5"
 def build_rules(
     g: LintGraph, t: Target, layers: list[PredictedLayer], floats: list[Any]
 ) -> list[Finding]:
-    """V13 (Q/DQ built without INT8), B01 (no FP16 for the float remainder), P11 (Resize), and
-    P05 (INT8 in, float out), read off the predicted layers."""
+    """V13 (Q/DQ built without INT8), B01 (no FP16 for the float remainder), P11 (Resize), P05
+    (INT8 in, float out) and P03d (a quantized residual read by a float-output fusion), read off
+    the predicted layers."""
     out: list[Finding] = []
     has_qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.nodes)
     if not t.strongly_typed and has_qdq and not t.flags & {"int8", "best"}:
@@ -49,7 +50,87 @@ def build_rules(
         )
     out.extend(_resize(g, t, layers))
     out.extend(_int8_in_float_out(g, layers))
+    out.extend(_float_output_skips(g, layers))
     return out
+
+
+def _float_output_skips(g: LintGraph, layers: list[PredictedLayer]) -> list[Finding]:
+    """P03d: a Conv+Add(+act) fusion whose output stays float reads its residual operand in that
+    precision ("the precision of the residual input determines the precision of the output",
+    and the real engines' fused Conv+Add layers all read it in the output's precision), so a
+    quantized residual costs a standalone DequantizeLinear. The fix that keeps the fusion INT8 is
+    to quantize the output's readers; when they cannot run INT8, leaving the residual float
+    removes the reformat only if nothing else reads that tensor quantized (otherwise it moves to
+    the residual's producer, which then writes float for the Add and requantizes for the rest)."""
+    by_name = {g.name(n): n for n in g.nodes}
+    out: list[Finding] = []
+    for ly in layers:
+        if ly.kind != "weighted" or not ly.int8 or ly.output_precision == "int8":
+            continue
+        members = [by_name[x] for x in ly.nodes]
+        out.extend(_p03d(g, ly, members, add, skip) for add, skip in quantized_skips(g, members))
+    return out
+
+
+def _final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
+    """The float readers of ``tensor`` looking through copy ops, and whether it (or a copy of it)
+    is a graph output."""
+    readers, returned, todo = [], tensor in g.outputs, [tensor]
+    while todo:
+        for c in g.float_uses(todo.pop()):
+            if c.op_type in COPY_OPS:
+                todo.extend(c.output)
+                returned = returned or any(o in g.outputs for o in c.output)
+            else:
+                readers.append(c)
+    return readers, returned
+
+
+def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: Any) -> Finding:
+    last = members[-1].output[0]
+    readers, returned = _final_readers(g, last)
+    names = ", ".join(g.name(r) for r in readers) or "the graph output"
+    q, dq = g.name(skip.q), g.name(skip.dq)
+    effect = (
+        f"{ly.name} writes {ly.output_precision} and reads its residual input in "
+        f"{ly.output_precision} too: {dq} runs as a standalone Dequantize (INT8 → "
+        f"{ly.output_precision} reformat)"
+    )
+    message = (
+        f"{g.name(add)}: residual input {skip.source} is quantized but the fused layer's output "
+        f"{last} stays float (read by {names})"
+    )
+    other_q_readers = [c for c in g.consumers.get(skip.source, []) if c.op_type == "QuantizeLinear"]
+    only_here = other_q_readers == [skip.q] and len(g.consumers.get(skip.q.output[0], [])) == 1
+    if readers and not returned and all(int8_capable(g, r) for r in readers):
+        severity, fix = (
+            WARN,
+            (
+                f"quantize {last} (the input of {names}: for a pool, P06's Q/DQ on the pool input) "
+                "so the fusion writes INT8 and reads the residual in INT8"
+            ),
+        )
+    elif only_here:
+        severity, fix = (
+            WARN,
+            (
+                f"its reader cannot run INT8: leave the residual float (remove {q} and {dq}; nothing "
+                f"else reads {skip.source} quantized), and no reformat remains"
+            ),
+        )
+    else:
+        severity, fix = (
+            INFO,
+            (
+                f"no placement removes it while {names} cannot run INT8: leaving the residual float "
+                f"only moves the reformat to {skip.source}'s producer (it would write float for "
+                "the Add and need a standalone Quantize for its INT8 readers)"
+            ),
+        )
+    return Finding(
+        "P03d", severity, (g.name(add), dq), message, effect, fix,
+        "reference/tensorrt-qdq-rules.md §1.2 P03, A.3 (residual Add fusion precision)",
+    )  # fmt: skip
 
 
 def _int8_in_float_out(g: LintGraph, layers: list[PredictedLayer]) -> list[Finding]:
