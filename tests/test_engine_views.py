@@ -140,8 +140,9 @@ def test_trt11_schema_draws_the_same() -> None:
     assert new.edges == old.edges and new.edge_labels == old.edge_labels
 
 
-def _chain(n: int) -> list[dict[str, Any]]:
-    """A scope-less engine of ``n`` INT8 convs in a chain (names like ``Conv_12``)."""
+def _chain(n: int, scoped: bool = False) -> list[dict[str, Any]]:
+    """An engine of ``n`` INT8 convs in a chain, named like ``Conv_12`` or, ``scoped``, like a
+    TorchScript-exported detector (``/model.3/m.1/cv2/conv/Conv``)."""
 
     def t(i: int) -> dict[str, Any]:
         return {
@@ -150,7 +151,10 @@ def _chain(n: int) -> list[dict[str, Any]]:
             "Format/Datatype": "Thirty-two wide channel vectorized row major Int8 format",
         }
 
-    return [{"Name": f"Conv_{i}", "LayerType": "CaskConvolution", "ParameterType": "Convolution",
+    def name(i: int) -> str:
+        return f"/model.{i // 12}/m.{i % 12 // 4}/cv{i % 4}/conv/Conv" if scoped else f"Conv_{i}"
+
+    return [{"Name": name(i), "LayerType": "CaskConvolution", "ParameterType": "Convolution",
              "Inputs": [t(i)], "Outputs": [t(i + 1)]} for i in range(n)]  # fmt: skip
 
 
@@ -161,6 +165,20 @@ def test_a_300_layer_engine_without_scopes_collapses_into_runs() -> None:
     boxes = [line for line in lines if line.startswith(("E", "G"))]
     assert 10 <= len(boxes) <= 60
     assert "layers 0–9" in dot and "10 layers: 10 INT8" in dot
+
+
+def test_a_300_layer_detector_collapses_by_module_scope() -> None:
+    engine = parse_engine_report(_chain(300, scoped=True))
+    g = engine_graph(engine)
+    assert g.nodes[0].scope == ("model", "0", "m", "0", "cv0", "conv")
+    dot = to_dot(g, max_nodes=60)
+    lines = [line.strip() for line in dot.splitlines() if "->" not in line]
+    groups = [line for line in lines if line.startswith("G")]
+    boxes = [line for line in lines if line.startswith(("E", "G"))]
+    assert len(boxes) <= 60 and groups
+    # the first blocks are one box each, the later ones one box per sub-module, boxed by block
+    assert 'G0 [label="model.0.m\\n12 layers: 12 INT8"' in dot
+    assert '"model.8.m.0\\n4 layers: 4 INT8"' in dot and 'label="model.8"; labeljust' in dot
 
 
 # ----------------------------------------------------------------------- SVG (needs dot)
