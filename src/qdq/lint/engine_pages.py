@@ -80,6 +80,10 @@ def engine_svg(
     return draw_engine_svg(engine, max_nodes=max_nodes, title=title, marks=marks)
 
 
+def _io(src: str, dst: str) -> str:
+    return f"{src.upper()} → {dst.upper()}"
+
+
 def _mismatch(src: str, dst: str, side: str = "engine") -> str:
     return f"{side}: {src.upper()} → {dst.upper()}"
 
@@ -94,6 +98,7 @@ pre { background: #f5f7fa; padding: 10px; overflow-x: auto; font-size: 12px; }
 .scroll svg { max-width: 100%; height: auto; }
 table { border-collapse: collapse; font-size: 13px; }
 td, th { border-bottom: 1px solid #e4e7eb; padding: 3px 8px; text-align: left; }
+td.p { white-space: nowrap; }
 .key span { display: inline-block; padding: 1px 8px; margin-right: 6px; border-radius: 4px;
             border: 1px solid; font-size: 12px; }
 """
@@ -132,16 +137,16 @@ def diff_page(
 ) -> str:
     """Prediction (left) and engine (right) drawings with the disagreements marked and listed."""
     rows = "".join(
-        f"<tr><td>{escape(m.predicted)}</td><td>{m.predicted_input} → {m.predicted_output}</td>"
-        f"<td>{escape(m.engine)}</td><td>{m.engine_input} → {m.engine_output}</td></tr>"
+        f'<tr><td>{escape(m.predicted)}</td><td class="p">{_io(m.predicted_input, m.predicted_output)}'
+        f'</td><td>{escape(m.engine)}</td><td class="p">{_io(m.engine_input, m.engine_output)}</td></tr>'
         for m in diff.mismatches
     )
     rows += "".join(
-        f"<tr><td>{escape(n)}</td><td>not in the engine</td><td></td><td></td></tr>"
+        f'<tr><td>{escape(n)}</td><td class="p">not in the engine</td><td></td><td></td></tr>'
         for n in diff.only_predicted
     )
     rows += "".join(
-        f"<tr><td></td><td></td><td>{escape(n)}</td><td>not predicted</td></tr>"
+        f'<tr><td></td><td></td><td>{escape(n)}</td><td class="p">not predicted</td></tr>'
         for n in diff.only_engine
     )
     agree = len(diff.matches) - len(diff.mismatches)
@@ -155,7 +160,8 @@ def diff_page(
         f"<p>{len(diff.matches)} layers matched by {diff.matched_by}, {agree} agree on INT8 vs "
         f"float; {len(diff.only_predicted)} predicted layers have no engine counterpart, "
         f"{len(diff.only_engine)} engine layers were not predicted.</p>"
-        f"<pre>{escape(diff.format())}</pre>{_legend()}"
+        f"<details><summary>as printed by qdq lint --engine-report</summary>"
+        f"<pre>{escape(diff.format())}</pre></details>{_legend()}"
         f"<h2>Disagreements</h2>{table}"
         f'<div class="cols">{_column(f"Predicted: {model_name}", predicted)}'
         f"{_column(f'Engine: {engine_name}', real)}</div>"
