@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qdq
+from models.rse import RSEFPN
 from qdq import QuantConfig
 from qdq.graph.plan import QuantPlan
 from qdq.rules import RULES, explain
@@ -509,6 +510,31 @@ def test_p04_gating_mul_quantizes_both_operands_sharing_the_pool_scale() -> None
     assert x_use.group == pool.group  # one quantizer on x for the pool and the Mul (S01)
     off = plan(SE(), 1, 16, 8, 8, config=QuantConfig.tensorrt(disable=("fanout",)))
     assert not [pt for pt in off.points if pt.op == "mul" and pt.quantized]
+
+
+def test_p17_gated_residual_add_and_its_mul_form_one_int8_pointwise_layer() -> None:
+    p = plan(RSEFPN(), 1, 16, 16, 16)
+    add, mul = decisions(p, "lat2.add"), decisions(p, "lat2.mul")
+    assert add["input0"] == ("quantize", "P17") or add["input0"] == ("share", "P17")
+    assert add["input1"] == ("skip", "P17")  # the Mul -> Add edge stays inside the PointWise
+    assert {d[1] for d in mul.values()} <= {"P17", "P04"} and all(
+        d[0] != "skip" for d in mul.values()
+    )
+    # x has one INT8 version for the SE pool, the Mul and the Add (S01)
+    x = p.point("lat2.add:input0").producer
+    readers = [pt for pt in p.points if pt.producer == x and pt.quantized]
+    assert {pt.owner for pt in readers} == {"lat2.pool", "lat2.mul", "lat2.add"}
+    assert len({pt.group for pt in readers}) == 1
+    # the FPN top-down Add: both operands quantized, the upsampled level shares its scale
+    top_down = decisions(p, "add")
+    assert {d for d, _ in top_down.values()} <= {"quantize", "share"}
+    assert {r for _, r in top_down.values()} == {"P17"}
+    assert p.point("add:input1").group == p.point("out3.in_conv:input").group  # S03 across
+    assert not [pt for pt in p.points if pt.op == "add" and pt.rule == "P05"]
+    off = plan(RSEFPN(), 1, 16, 16, 16, config=QuantConfig.tensorrt(disable=("residual",)))
+    assert not [pt for pt in off.points if pt.rule == "P17"]
+    excluded = plan(RSEFPN(), 1, 16, 16, 16, config=QuantConfig.tensorrt().exclude(op="mul"))
+    assert decisions(excluded, "lat2.add") == {"input0": ("skip", "P05"), "input1": ("skip", "P05")}
 
 
 class RepVGGBlock(nn.Module):

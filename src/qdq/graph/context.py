@@ -10,7 +10,7 @@ from torch import nn
 
 from qdq.config import CalibSpec, QuantConfig
 from qdq.graph.capture import TRACE_THROUGH, module_path
-from qdq.graph.patterns import WEIGHTED_KINDS, tensor_inputs
+from qdq.graph.patterns import PASS_THROUGH_KINDS, WEIGHTED_KINDS, tensor_inputs
 from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "owner_names",
     "owner_type",
     "quantize_input",
+    "reaches_quantized",
     "skip_input",
 ]
 
@@ -216,3 +217,18 @@ def skip_input(
             ctx, node, pos, producer, "input", label, decision=SKIP, rule=rule, reason=reason
         )
     )
+
+
+def reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
+    """Whether ``node``'s output (through pass-through ops) is read by a quantized point."""
+    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if (n.name, u.name) in read:
+                return True
+            if ctx.kinds[u] in PASS_THROUGH_KINDS and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False

@@ -11,6 +11,8 @@ Steps, each citing its rule id (``qdq.rules``):
    standalone BatchNorms (P04): the input when it is quantized for another reader, and the other
    operand of the float Add they feed (RepVGG's identity branch); ReLUs and RoIAligns (P04)
    reading a tensor quantized for another reader (FPN levels);
+   float Adds between INT8 layers (P17): every input of their PointWise layer, through a gating
+   Mul (PP-OCR's ``x + x * se(x)``) (:mod:`qdq.graph.pointwise`);
 5. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
    across each Concat (S02) (:mod:`qdq.graph.grouping`);
 6. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
@@ -28,11 +30,13 @@ from qdq.graph.context import (
     owner_names,
     owner_type,
     quantize_input,
+    reaches_quantized,
     skip_input,
 )
 from qdq.graph.grouping import coverage, group_points
-from qdq.graph.patterns import PASS_THROUGH_KINDS, WEIGHTED_KINDS, op_kind, tensor_inputs
+from qdq.graph.patterns import WEIGHTED_KINDS, op_kind, tensor_inputs
 from qdq.graph.plan import QuantPlan
+from qdq.graph.pointwise import plan_pointwise_adds
 from qdq.graph.residual import plan_residual_add, silu_operand
 from qdq.graph.weighted import plan_weighted
 
@@ -86,6 +90,7 @@ def build_plan(
             _plan_gating_mul(ctx, n)
         elif kinds[n] == "bn":
             _plan_fanout_bn(ctx, n)
+    plan_pointwise_adds(ctx, nodes)
     for n in nodes:
         if kinds[n] in _FANOUT_READERS:
             _plan_fanout_reader(ctx, n)
@@ -105,21 +110,6 @@ def build_plan(
 
 
 # ----------------------------------------------------- pools and concats
-def _reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
-    """Whether ``node``'s output (through pass-through ops) is read by a quantized point."""
-    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
-    stack, seen = [node], {node}
-    while stack:
-        n = stack.pop()
-        for u in n.users:
-            if (n.name, u.name) in read:
-                return True
-            if ctx.kinds[u] in PASS_THROUGH_KINDS and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return False
-
-
 def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
     ins = tensor_inputs(node)
     if not ins:
@@ -131,7 +121,7 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
         reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
         skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
         return
-    if _reaches_quantized(ctx, node):
+    if reaches_quantized(ctx, node):
         quantize_input(
             ctx,
             node,
@@ -158,9 +148,7 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
     ins = tensor_inputs(node)
     owner = ctx.owners[node]
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "cat")
-    quantize = (
-        not excluded and ctx.config.family_enabled("concat") and _reaches_quantized(ctx, node)
-    )
+    quantize = not excluded and ctx.config.family_enabled("concat") and reaches_quantized(ctx, node)
     for pos, producer in ins:
         if quantize:
             quantize_input(
@@ -199,7 +187,7 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
         return
     owner = ctx.owners[node]
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "mul")
-    if excluded or not ctx.config.family_enabled("fanout") or not _reaches_quantized(ctx, node):
+    if excluded or not ctx.config.family_enabled("fanout") or not reaches_quantized(ctx, node):
         return
     for pos, producer in ins:
         quantize_input(
@@ -297,7 +285,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     if producer.name not in quantized:
         return
     kind = ctx.kinds[node]
-    if kind != "roi_align" and not _reaches_quantized(ctx, node):
+    if kind != "roi_align" and not reaches_quantized(ctx, node):
         return
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], kind)
     if excluded or not ctx.config.family_enabled("fanout"):

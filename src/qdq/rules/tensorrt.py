@@ -87,6 +87,20 @@ RULES: tuple[Rule, ...] = (
         "epilogue. qdq's rule (not in the reference table), from the P04 findings on ViT.",
     ),
     Rule(
+        "P17",
+        "residual",
+        "Add between INT8 layers that no conv can absorb (PP-OCR's RSE ``x + x * se(x)``, an FPN "
+        "top-down ``lateral + upsample(top)``): every input of its PointWise layer quantized, "
+        "none inside it",
+        "An Add whose operands are read by other layers too cannot join a conv epilogue; "
+        "TensorRT fuses it with the pointwise ops feeding it (the squeeze-excitation gating Mul) "
+        "into one PointWise layer, which runs INT8 in and out when every external input comes "
+        "through a Dequantize and its output feeds a Quantize (non-weighted layers with INT8 "
+        "inputs need INT8 outputs; PWN(Mul, Add) INT8->INT8, NVIDIA/TensorRT#2204). Applied "
+        "when an operand is already INT8 for another reader and the output feeds a quantized "
+        "op, so the producers write INT8 once (P04). qdq's rule (the placement half of P05).",
+    ),
+    Rule(
         "S01",
         "core",
         "One quantizer per tensor: every quantized consumer of a tensor shares one scale",

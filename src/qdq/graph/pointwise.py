@@ -1,0 +1,125 @@
+"""Rule P17: Adds between INT8 layers that no conv can absorb run as INT8 PointWise layers.
+
+An Add whose operands are also read by other layers cannot join a conv epilogue (P03), and
+step 2 leaves it float (P05). When one of its operands is already INT8 for another reader and its
+output feeds a quantized op, TensorRT runs it — together with a gating Mul feeding it — as one
+PointWise layer, INT8 in and out when every external input arrives through a Dequantize:
+
+* PP-OCR's RSE layer ``x + x * se(x)``: ``x`` (quantized for the squeeze-excitation pool, P06)
+  is quantized once for the pool, the Mul and the Add; the gate is quantized; the Mul→Add edge
+  stays inside the fused layer (no Q/DQ);
+* an FPN top-down Add ``lateral + upsample(top)`` whose ``top`` is quantized for its output conv:
+  both operands quantized.
+
+Run after the gating-Mul step (:func:`qdq.graph.planner.build_plan`), repeated until nothing
+changes (one Add's INT8 output makes the Add reading it eligible).
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from qdq.graph.context import (
+    PlanContext,
+    input_label,
+    quantize_input,
+    reaches_quantized,
+    skip_input,
+)
+from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
+from qdq.graph.plan import QuantPoint
+
+__all__ = ["plan_pointwise_adds"]
+
+_INSIDE = "fused with this Add into one PointWise layer: no Q/DQ inside"
+
+
+def plan_pointwise_adds(ctx: PlanContext, nodes: list[fx.Node]) -> None:
+    """Quantize every input of the float (P05) Adds between INT8 layers (rule P17)."""
+    if not ctx.config.family_enabled("residual"):
+        return
+    adds = [n for n in nodes if ctx.kinds[n] == "add" and len(tensor_inputs(n)) == 2]
+    changed = True
+    while changed:
+        changed = False
+        for add in adds:
+            if _eligible(ctx, add):
+                _quantize_add(ctx, add)
+                changed = True
+
+
+def _points(ctx: PlanContext, node: fx.Node) -> list[QuantPoint | None]:
+    return [
+        ctx.points.get(f"{ctx.owners[node]}:{input_label(node, pos)}")
+        for pos, _ in tensor_inputs(node)
+    ]
+
+
+def _eligible(ctx: PlanContext, add: fx.Node) -> bool:
+    if any(p is None or p.quantized or p.rule != "P05" for p in _points(ctx, add)):
+        return False
+    excluded, _, _ = ctx.config.resolve(ctx.owners[add], ctx.owner_types[add], "add")
+    inputs = _external_inputs(ctx, add)
+    if excluded or inputs is None or not reaches_quantized(ctx, add):
+        return False
+    readers = {add.name} | {c.name for c, _, _ in inputs}
+    int8 = {p.producer for p in ctx.points.values() if p.quantized and p.consumer not in readers}
+    return any(name in int8 for _, _, producer in inputs for name in _sources(ctx, producer))
+
+
+def _gating_mul(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
+    """``operand`` is a Mul read only by ``add`` that multiplies the Add's other operand."""
+    if ctx.kinds[operand] != "mul" or len(operand.users) != 1:
+        return False
+    others = [p for _, p in tensor_inputs(add) if p is not operand]
+    mul_ins = [p for _, p in tensor_inputs(operand)]
+    return len(mul_ins) == 2 and len(others) == 1 and others[0] in mul_ins
+
+
+def _external_inputs(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int, fx.Node]] | None:
+    """``(reader, position, producer)`` of every input of the PointWise layer the Add heads: its
+    operands, with a gating Mul's operands in place of the Mul (``None`` when that Mul is
+    excluded by the config: the Add then stays float)."""
+    out = []
+    for pos, producer in tensor_inputs(add):
+        if not _gating_mul(ctx, add, producer):
+            out.append((add, pos, producer))
+            continue
+        if ctx.config.resolve(ctx.owners[producer], ctx.owner_types[producer], "mul")[0]:
+            return None
+        out.extend((producer, mpos, mprod) for mpos, mprod in tensor_inputs(producer))
+    return out
+
+
+def _sources(ctx: PlanContext, node: fx.Node) -> list[str]:
+    """``node`` and what it copies through pass-through ops (an upsampled FPN level)."""
+    names = [node.name]
+    while ctx.kinds[node] in PASS_THROUGH_KINDS and len(tensor_inputs(node)) == 1:
+        node = tensor_inputs(node)[0][1]
+        names.append(node.name)
+    return names
+
+
+def _quantize_add(ctx: PlanContext, add: fx.Node) -> None:
+    inputs = _external_inputs(ctx, add) or []
+    for reader, pos, producer in inputs:
+        point = ctx.points.get(f"{ctx.owners[reader]}:{input_label(reader, pos)}")
+        if point is not None and point.quantized:
+            continue  # a gating Mul operand already quantized (P04)
+        _, calib_o, bits_o = ctx.config.resolve(
+            ctx.owners[reader], ctx.owner_types[reader], ctx.kinds[reader]
+        )
+        quantize_input(
+            ctx,
+            reader,
+            pos,
+            producer,
+            "P17",
+            "Add between INT8 layers that no conv can absorb: every input of its PointWise "
+            "layer quantized, so it runs INT8 in and out",
+            calib_o,
+            bits_o,
+        )
+    for pos, producer in tensor_inputs(add):
+        if _gating_mul(ctx, add, producer):
+            skip_input(ctx, add, pos, producer, "P17", f"gating Mul {_INSIDE}", label=f"input{pos}")
