@@ -8,6 +8,7 @@ from typing import Any
 from qdq.lint.findings import INFO, WARN, Finding
 from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
 from qdq.lint.guard import Guard
+from qdq.lint.residual import both_conv_branches, fusible, is_residual, residual_add
 
 __all__ = ["check_placement"]
 
@@ -46,8 +47,8 @@ def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
     out: list[Finding] = []
     if g.weighted(node):
         out.extend(_weighted(g, node))
-    elif op == "Add" and _is_residual(g, node):
-        out.extend(_residual_add(g, node))
+    elif op == "Add" and is_residual(g, node):
+        out.extend(residual_add(g, node))
     elif op == "Concat":
         out.extend(_concat(g, node))
     elif op == "MaxPool":
@@ -200,10 +201,10 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
             # Add ends up unfusable (both inputs quantized, or only the conv branch)
             if consumer.op_type == "Sigmoid" and _silu_behind_one_q(g, consumer):
                 continue  # T08c: P07 INFO below
-            residual = consumer.op_type == "Add" and _is_residual(g, consumer)
-            if residual and not {f.rule for f in _residual_add(g, consumer)} & {"P03b", "P03c"}:
+            residual = consumer.op_type == "Add" and is_residual(g, consumer)
+            if residual and not {f.rule for f in residual_add(g, consumer)} & {"P03b", "P03c"}:
                 continue
-            if residual and _both_conv_branches(g, consumer):
+            if residual and both_conv_branches(g, consumer):
                 continue  # either branch may be the quantized one (T23); P03b says both are
             if consumer.op_type in EPILOGUE_OPS and consumer.op_type != "Mul":
                 out.append(
@@ -223,116 +224,6 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
             break
         cur = readers[0].output[0]
     return out
-
-
-def _residual_add(g: LintGraph, node: Any) -> list[Finding]:
-    """P03: exactly one operand should be read in float and be fusible into its conv (the conv
-    branch); the other (the skip) should arrive through Q/DQ."""
-    name = g.name(node)
-    ops = []
-    for i in node.input:
-        qi = g.qinput(i)
-        ops.append(
-            (qi is not None, g.backbone(qi.source if qi is not None else i), _fusible(g, i, node))
-        )
-    if not any(bb is not None and g.int8_weighted(bb) for _, bb, _ in ops):
-        return []
-    fix = "quantize only the skip (non-conv) operand, sharing the scale of its other quantized uses"
-    n_quantized = sum(q for q, _, _ in ops)
-    if n_quantized == 2:
-        return [
-            Finding(
-                "P03b",
-                WARN,
-                (name,),
-                f"{name}: both inputs quantized",
-                "conv fused alone; Add(+Relu) runs as a separate INT8 PointWise layer",
-                fix,
-                _SRC,
-            )
-        ]
-    if n_quantized == 0 and _norm_reader(g, node) is not None:
-        reader = _norm_reader(g, node)
-        return [
-            Finding(
-                "P15",
-                INFO,
-                (name,),
-                f"{name}: residual stream read in float by {g.name(reader)} ({reader.op_type}): "
-                "the Add stays in the GEMM's float epilogue",
-                "GEMM INT8 in, Add fused in FP16; the normalization reads it without a Dequantize",
-                "none needed (pre-norm transformer block)",
-                "qdq rule P15",
-            )
-        ]
-    if n_quantized == 0:
-        return [
-            Finding(
-                "P03a",
-                WARN,
-                (name,),
-                f"{name}: the skip input is not quantized",
-                "conv+Add fused with FP16/FP32 output; the next Quantize runs standalone",
-                fix,
-                _SRC,
-            )
-        ]
-    (float_fusible,) = [fusible for q, _, fusible in ops if not q]
-    if not float_fusible:
-        return [
-            Finding(
-                "P03c",
-                WARN,
-                (name,),
-                f"{name}: the conv-branch input is quantized and the skip is float",
-                "Add runs standalone in float with an unfused DQ",
-                fix,
-                _SRC,
-            )
-        ]
-    return []
-
-
-_NORMS = frozenset({"LayerNormalization", "GroupNormalization", "InstanceNormalization"})
-
-
-def _norm_reader(g: LintGraph, add: Any) -> Any:
-    """A normalization reading the Add's output or one of its operands (through copy ops)."""
-    stack, seen = [add.output[0], *add.input], set()
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        for c in g.consumers.get(t, []):
-            if c.op_type in _NORMS:
-                return c
-            if c.op_type in COPY_OPS:
-                stack.append(c.output[0])
-    return None
-
-
-def _both_conv_branches(g: LintGraph, add: Any) -> bool:
-    """Both operands of a residual Add are conv branches read by nothing else (a downsample
-    block), rather than a conv branch and an identity skip."""
-    sources = [(q.source if (q := g.qinput(i)) is not None else i) for i in add.input]
-    return all(
-        g.backbone(t) is not None
-        and all(c is add for c in [*g.float_uses(t), *(c for _, c, _ in g.quantized_uses(t))])
-        for t in sources
-    )
-
-
-def _fusible(g: LintGraph, tensor: str, add: Any) -> bool:
-    """``tensor`` can be the conv branch TensorRT fuses ``add`` into: it comes out of a conv
-    epilogue and nothing but ``add`` reads it."""
-    if g.backbone(tensor) is None:
-        return False
-    return [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"] == [add]
-
-
-def _is_residual(g: LintGraph, node: Any) -> bool:
-    return len(node.input) == 2 and not any(g.is_const(i) for i in node.input)
 
 
 def _concat(g: LintGraph, node: Any) -> list[Finding]:
@@ -513,7 +404,7 @@ def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
         return out
     uses = g.quantized_uses(t)
     scales = {s for _, _, s in uses}
-    skips = [c for _, c, _ in uses if c.op_type == "Add" and _is_residual(g, c)]
+    skips = [c for _, c, _ in uses if c.op_type == "Add" and is_residual(g, c)]
     if len(scales) > 1 and skips:
         add = skips[0]
         out.append(
@@ -540,7 +431,7 @@ def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
                 _SRC,
             )
         )
-    floats = [c for c in g.float_uses(t) if not _fusible(g, t, c) and not _quantized_through(g, c)]
+    floats = [c for c in g.float_uses(t) if not fusible(g, t, c) and not _quantized_through(g, c)]
     if not uses or not floats:
         return out
     names = sorted({g.name(c) for c in floats})
