@@ -9,6 +9,10 @@
 3. Node names become module paths: ``layer1.0.conv1/Conv``,
    ``layer1.0.conv1.input_quantizer/QuantizeLinear`` (from the dynamo exporter's ``name_scopes``
    metadata or the TorchScript exporter's ``/layer1/0/conv1/Conv`` scopes).
+4. A ``ReduceMean`` over every spatial axis (the dynamo exporter's ``adaptive_avg_pool2d(x, 1)``,
+   ``x.mean((2, 3))``) becomes ``GlobalAveragePool`` -- followed by a ``Squeeze`` of those axes
+   when it did not keep them -- as the TorchScript exporter writes it: the same mean, and the op
+   that TensorRT tooling and the linter know as a pool.
 """
 
 from __future__ import annotations
@@ -18,17 +22,20 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-__all__ = ["float32_io", "node_scope", "postprocess"]
+import numpy as np
+
+__all__ = ["float32_io", "global_average_pools", "node_scope", "postprocess"]
 
 
 def postprocess(model: Any, quantizer_order: list[str] | None = None) -> Any:
-    """Apply the three passes to ``model`` (an ``onnx.ModelProto``) in place and return it.
+    """Apply the four passes to ``model`` (an ``onnx.ModelProto``) in place and return it.
 
     ``quantizer_order``: the module paths of the quantizers in the order they ran while the
     TorchScript exporter traced; the i-th QuantizeLinear of the graph belongs to the i-th entry.
     (The dynamo exporter records each node's module path in metadata instead.)
     """
     _drop_constant_identities(model)
+    global_average_pools(model)
     _rename_nodes(model, quantizer_order)
     _dedicate_dequantize(model)
     return model
@@ -57,6 +64,76 @@ def _drop_constant_identities(model: Any) -> None:
                 node.input[i] = alias[name]
     del graph.node[:]
     graph.node.extend(keep)
+
+
+def global_average_pools(model: Any) -> int:
+    """Rewrite each ``ReduceMean`` over all spatial axes (2 .. rank-1, rank 3 to 5) of a tensor
+    whose rank the graph declares into ``GlobalAveragePool`` (+ ``Squeeze`` of those axes for
+    ``keepdims=0``), in place; the node keeps its metadata (module scope). Returns the count."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    consts = {i.name: i for i in graph.initializer}
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*graph.value_info, *graph.input, *graph.output]
+        if v.type.tensor_type.HasField("shape")
+    }
+    uses = Counter(i for n in graph.node for i in n.input)
+    nodes, dropped, count = [], set(), 0
+    for node in graph.node:
+        rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" and node.input else None
+        axes = _reduce_axes(node, consts) if rank is not None else None
+        if rank is None or axes is None or not 3 <= rank <= 5:
+            nodes.append(node)
+            continue
+        if sorted(a % rank for a in axes) != list(range(2, rank)):  # also: empty axes
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(node.input) > 1 and node.input[1]:
+            uses[node.input[1]] -= 1
+            if not uses[node.input[1]]:
+                dropped.add(node.input[1])
+        pool = _like(node, "GlobalAveragePool", [node.input[0]], [node.output[0]])
+        nodes.append(pool)
+        if not attrs.get("keepdims", 1):
+            pooled = f"{node.output[0]}_pooled"
+            pool.output[0] = pooled
+            spatial = f"{node.output[0]}_spatial_axes"
+            graph.initializer.append(
+                numpy_helper.from_array(np.arange(2, rank, dtype=np.int64), spatial)
+            )
+            nodes.append(_like(node, "Squeeze", [pooled, spatial], [node.output[0]]))
+        count += 1
+    if count:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        keep = [i for i in graph.initializer if i.name not in dropped]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return count
+
+
+def _reduce_axes(node: Any, consts: dict[str, Any]) -> list[int] | None:
+    """A ReduceMean's axes: the attribute (opset < 18) or the constant second input."""
+    from onnx import numpy_helper
+
+    for a in node.attribute:
+        if a.name == "axes":
+            return list(a.ints)
+    if len(node.input) > 1 and node.input[1] in consts:
+        return [int(v) for v in numpy_helper.to_array(consts[node.input[1]]).flatten()]
+    return None
+
+
+def _like(node: Any, op_type: str, inputs: list[str], outputs: list[str]) -> Any:
+    """A node of ``op_type`` with ``node``'s name and metadata (so it keeps the module scope)."""
+    from onnx import helper
+
+    new = helper.make_node(op_type, inputs, outputs, name=f"{node.name}/{op_type}")
+    new.metadata_props.extend(node.metadata_props)
+    return new
 
 
 def _metadata_scope(node: Any) -> str | None:
