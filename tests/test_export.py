@@ -236,6 +236,24 @@ def test_structural_check_catches_a_missing_dequantize(fashion, tmp_path: Path) 
         validate_export(model, qdq.plan_of(prepared))
 
 
+def test_validation_runs_strict_type_checked_shape_inference() -> None:
+    """One pass (``check_model(full_check=True)``) type-checks and shape-infers strictly: a
+    declared output type that contradicts what the graph computes is refused."""
+    from onnx import TensorProto, helper
+
+    from qdq.export.validate import validate_export
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ExportError, match="shape inference failed.*elem type differs"):
+        validate_export(model, None)  # refused before the plan is read
+
+
 def test_graph_summary_lists_dq_inputs(fashion, tmp_path: Path) -> None:
     _, prepared, images = fashion
     out = qdq.export_onnx(prepared, (images[:2],), tmp_path / "m.onnx", exporter="torchscript")
