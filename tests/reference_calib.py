@@ -3,7 +3,8 @@
 ``entropy_reference`` follows the TensorRT/pytorch-quantization KL procedure step by step, with a
 Python loop per candidate and scipy's ``entropy`` (reference/peers-and-numerics.md §2.4).
 ``mse_reference`` and ``percentile_reference`` spell out the definitions documented in
-``qdq.calib.methods`` one candidate / one bin at a time.
+``qdq.calib.methods`` one candidate / one bin at a time; ``mse_exhaustive`` is the earlier
+vectorised MSE search over every candidate.
 """
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ def mse_reference(counts, edges, observed_max, num_bits=8, start_bin=128):
         if err < best_err:
             best, best_err = a, err
     return float(best)
+
+
+def mse_exhaustive(counts, edges, observed_max=None, num_bits=8, start_bin=128):
+    """Bin-centre MSE search evaluating every candidate in float64, 64 candidates at a time: the
+    implementation ``qdq.calib.methods.mse_amax`` replaced by a bounded search, kept to check
+    that the search returns exactly what it returned."""
+    c = np.asarray(counts)
+    e = np.asarray(edges, dtype=np.float64)
+    n = c.size
+    top = float(e[-1]) if observed_max is None else float(observed_max)
+    first = start_bin if start_bin < n else 1
+    cands = np.concatenate([e[first:n], [top]])
+    cands = cands[cands > 0]
+    if cands.size == 0:
+        return 0.0
+    qmax = float(2 ** (num_bits - 1) - 1)
+    centers = (e[:-1] + e[1:]) / 2.0
+    w = c.astype(np.float64)
+    errs = np.empty(cands.size)
+    for lo in range(0, cands.size, 64):
+        a = cands[lo : lo + 64, None]
+        scale = a / qmax
+        q = np.minimum(np.rint(centers[None, :] / scale), qmax)
+        errs[lo : lo + 64] = ((q * scale - centers[None, :]) ** 2 * w[None, :]).sum(axis=1)
+    return float(cands[int(np.argmin(errs))])
 
 
 def percentile_reference(counts, edges, percentile):

@@ -16,12 +16,21 @@ never modify their inputs.
   integers) and of ``b·log b`` (extended precision), so the cost is O(candidates × groups).
 * :func:`mse_amax` — bin-centre MSE search: the mass of each bin sits at its centre and is
   fake-quantized with ONNX numerics; candidates are the bin edges ``edges[start_bin:-1]`` *plus the
-  observed maximum* (so 1.0×max is always tried); the first minimum wins.
+  observed maximum* (so 1.0×max is always tried); the first minimum wins. The float64 error of
+  every candidate (a count-weighted sum over all bins) is what decides; evaluating it for all
+  ~4000 candidates × ~4000 bins is the cost. So every candidate is first bounded cheaply: the
+  bins fall into ``qmax + 1`` contiguous runs by their code, and the error follows from suffix
+  sums of ``w`` and ``w·c`` at the run boundaries, with a proven bound on how far this is from the
+  float64 sum (histograms of one bin width; others are searched exhaustively). Only the
+  candidates whose bound reaches the smallest one are evaluated as before, so the result is
+  exactly the exhaustive search's, 20-30x faster.
 * :func:`percentile_amax` — the right edge of the first bin at which the cumulative count reaches
   ``p`` percent of the total (so at least ``p`` % of the values are ≤ amax).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +41,7 @@ __all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
 # e.g. several candidates with KL == 0, by taking the largest; rounding noise is ~1e-17 here).
 _KL_TIE_ATOL = 1e-12
 _MSE_CHUNK = 64
+_MSE_BLOCK = 512
 
 
 def _check_hist(counts: npt.ArrayLike, edges: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -176,13 +186,96 @@ def mse_amax(
     qmax = float(2 ** (num_bits - 1) - 1)
     centers = (e[:-1] + e[1:]) / 2.0
     w = c.astype(np.float64)
+    keep = _mse_contenders(cands, centers, w, qmax) if cands.size > _MSE_CHUNK else None
+    if keep is None:
+        keep = np.arange(cands.size)
+    errs = _mse_errors(cands[keep], centers, w, qmax)
+    return float(cands[keep[int(np.argmin(errs))]])
+
+
+def _mse_errors(cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float) -> np.ndarray:
+    """The float64 error of each candidate: the defining computation (row by row, so the value
+    of a candidate does not depend on which other candidates are evaluated with it)."""
     errs = np.empty(cands.size)
     for lo in range(0, cands.size, _MSE_CHUNK):
         a = cands[lo : lo + _MSE_CHUNK, None]
         scale = a / qmax
         q = np.minimum(np.rint(centers[None, :] / scale), qmax)
         errs[lo : lo + _MSE_CHUNK] = ((q * scale - centers[None, :]) ** 2 * w[None, :]).sum(axis=1)
-    return float(cands[int(np.argmin(errs))])
+    return errs
+
+
+def _mse_contenders(
+    cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float
+) -> np.ndarray | None:
+    """Indices of the candidates that may hold the first minimum of :func:`_mse_errors`, for
+    bins of one power-of-two width ``d`` (``c_j = (j + 1/2)·d`` exactly, as
+    :class:`~qdq.calib.HistogramCalibrator` makes them); ``None`` for other bins.
+
+    For a scale ``s`` the code of bin ``j``, ``rint(c_j / s)`` saturated at ``qmax``, does not
+    decrease with ``j``: ``b_k``, the first bin of code ``>= k``, is ``ceil((k - 1/2)·s/d - 1/2)``
+    (taken as ``rint((k - 1/2)·s/d)``: the two differ only when a bin centre is on the threshold).
+    With suffix sums ``T0[j] = sum_{i>=j} w_i`` and ``T1[j] = sum_{i>=j} w_i·c_i``, the error
+    with those codes is, summed by parts over the codes,
+    ``s²·sum_k (2k-1)·T0[b_k] - 2s·sum_k T1[b_k] + sum w·c²`` (``k = 1..qmax``). With
+    ``W = sum w``, ``M = qmax·s + max c`` and ``u = 2**-53``, it is within
+
+    * ``64·u·W·M²`` of the float64 value of :func:`_mse_errors` with *its* codes (each term
+      ``w·(k·s - c)²`` is off by at most ``6u·w·M²``; numpy's pairwise sum adds at most
+      ``(19 + log2(n/128))·u <= 32u`` of the sum of the terms for up to 2**20 bins);
+    * ``2·δ·s²·W`` of the same with the codes computed in float, ``δ = 16u·(n + 2)·(d/s + 1) +
+      8u·qmax``: the float codes and ``b_k`` above can only disagree by one code, for a bin whose
+      ``c/s`` lies within ``δ`` of ``k - 1/2``, where the two squared errors differ by at most
+      ``2δ·s²``;
+    * ``(8(n + 3) + 4·qmax + 64)·u·W·M²`` of its own float64 evaluation here (suffix sums of
+      ``n`` non-negative terms, two sums of ``qmax`` terms, the final combination).
+
+    A candidate whose lower bound (twice these bounds below) exceeds the smallest upper bound is
+    neither a minimum nor tied with one; the others are returned.
+    """
+    m, n = cands.size, centers.size
+    width = float(centers[0]) * 2.0
+    if n > 1 << 20 or not width > 0 or math.frexp(width)[0] != 0.5:  # a power of two: exact c_j
+        return None
+    if not np.array_equal(centers, (np.arange(n) + 0.5) * width):
+        return None
+    s = cands / qmax
+    ks = np.arange(1.0, qmax + 1.0)
+    zero = np.zeros(1)
+    tail0 = np.concatenate([np.cumsum(w[::-1])[::-1], zero])
+    tail1 = np.concatenate([np.cumsum((w * centers)[::-1])[::-1], zero])
+    a_part, b_part = np.empty(m), np.empty(m)
+    block = min(m, _MSE_BLOCK)
+    first = np.empty((block, ks.size))
+    bound = np.empty((block, ks.size), dtype=np.intp)
+    gathered = np.empty((block, ks.size))
+    weights = 2.0 * ks - 1.0
+    with np.errstate(over="ignore", invalid="ignore"):  # huge values: evaluated exhaustively
+        for lo in range(0, m, block):
+            k = min(block, m - lo)
+            f, b, t = first[:k], bound[:k], gathered[:k]
+            # rint(y) for ceil(y - 1/2): they differ only at a tie, a bin on the threshold
+            np.multiply.outer(s[lo : lo + k] / width, ks - 0.5, out=f)
+            np.minimum(f, n, out=f)
+            np.rint(f, out=f)
+            np.copyto(b, f, casting="unsafe")
+            np.take(tail0, b, out=t)
+            np.matmul(t, weights, out=a_part[lo : lo + k])
+            np.take(tail1, b, out=t)
+            np.sum(t, axis=1, out=b_part[lo : lo + k])
+        approx = s * s * a_part - 2.0 * s * b_part + float((w * centers * centers).sum())
+        u = float(np.finfo(np.float64).eps) / 2
+        total = float(w.sum())
+        big_m = qmax * s + centers[-1]
+        delta = 16 * u * (n + 2) * (width / s + 1.0) + 8 * u * qmax
+        bound_err = (64 + 8 * (n + 3) + 4 * qmax + 64) * u * total * big_m * big_m
+        margin = 2.0 * (bound_err + 2.0 * delta * s * s * total)
+        # codes may differ by more than one, or the bounds overflow: always evaluated
+        safe = (delta < 0.25) & np.isfinite(approx) & np.isfinite(margin)
+        if not safe.any():
+            return np.arange(m)
+        best = np.min((approx + margin)[safe])
+        return np.flatnonzero((approx - margin <= best) | ~safe)
 
 
 def percentile_amax(counts: npt.ArrayLike, edges: npt.ArrayLike, percentile: float) -> float:
