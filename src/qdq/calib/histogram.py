@@ -14,8 +14,10 @@ range and the bin count are powers of two, the bin width is a power of two, so
 
 Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
 :meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
-``2*num_bins`` bins). Counts are int64, accumulated on the data's device in chunks of 2**24 values, so
-huge tensors lose nothing (a trap of ``torch.histc`` with float32 counts).
+``2*num_bins`` bins). Counts are int64 (numpy's ``bincount`` over cache-sized chunks on the CPU,
+``torch.bincount`` over chunks of 2**24 values on other devices), so huge tensors lose nothing (a trap
+of ``torch.histc`` with float32 counts). The largest ``|x|`` of a batch comes from one
+``torch.aminmax`` pass; ``|x|`` itself is never materialised.
 
 Methods (``compute_amax(method)``; one collection serves them all):
 
@@ -42,6 +44,7 @@ __all__ = ["HistogramCalibrator"]
 
 _MIN_EXP = -24
 _CHUNK = 1 << 24
+_CPU_CHUNK = 1 << 17
 DEFAULT_PERCENTILE = 99.99
 
 
@@ -49,6 +52,25 @@ def _ceil_log2(v: float) -> int:
     """Smallest ``e`` with ``2**e >= v`` (exact, for positive finite ``v``)."""
     mant, exp = math.frexp(v)  # v = mant * 2**exp, 0.5 <= mant < 1
     return exp - 1 if mant == 0.5 else exp
+
+
+def _bincount_cpu(values: np.ndarray, factor: float, grid: int) -> np.ndarray:
+    """int64 counts of ``floor(|v| * factor)`` over ``grid`` bins (the value ``grid`` counted in
+    the last bin), in cache-sized chunks (numpy's bincount is faster than torch's on the CPU)."""
+    counts = np.zeros(grid + 1, dtype=np.int64)
+    step = min(values.size, _CPU_CHUNK)
+    scaled = np.empty(step, dtype=values.dtype)
+    idx = np.empty(step, dtype=np.int32)
+    f = values.dtype.type(factor)  # a power of two: exact in the values' dtype
+    for start in range(0, values.size, step):
+        chunk = values[start : start + step]
+        n = chunk.size
+        np.multiply(chunk, f, out=scaled[:n])
+        np.abs(scaled[:n], out=scaled[:n])
+        np.copyto(idx[:n], scaled[:n], casting="unsafe")  # truncation
+        counts += np.bincount(idx[:n], minlength=grid + 1)
+    counts[grid - 1] += counts[grid]
+    return counts[:grid]
 
 
 class HistogramCalibrator(Calibrator):
@@ -92,25 +114,31 @@ class HistogramCalibrator(Calibrator):
     def _collect(self, x: torch.Tensor, index: int) -> None:
         if x.numel() == 0:
             return
-        a = x.abs().flatten()
-        if a.dtype != torch.float32 and a.dtype != torch.float64:
-            a = a.to(torch.float32)
-        batch_max = float(a.max())
+        if x.dtype != torch.float32 and x.dtype != torch.float64:
+            x = x.to(torch.float32)  # exact for half / bfloat16
+        lo, hi = torch.aminmax(x)  # max|x| = max(-min, max), one pass and no copy of x
+        batch_max = float(torch.maximum(-lo, hi))
         if not math.isfinite(batch_max):
             raise nonfinite_error(index)
         if self._counts is None:
-            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=a.device)
+            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=x.device)
         if batch_max > 0:
             self._grow(max(_ceil_log2(batch_max), _MIN_EXP))
         self._max = max(self._max, batch_max)
-        self._numel += a.numel()
-        # value * 2**(log2_grid - exp) is exact; truncation == floor for non-negative values
+        self._numel += x.numel()
+        # |value| * 2**(log2_grid - exp) is exact and at most grid (only a value of exactly
+        # 2**exp reaches it: counted in the top bin); truncation == floor for non-negative values
         factor = 2.0 ** (self._log2_grid - self._exp)
-        counts = self._counts
-        for start in range(0, a.numel(), _CHUNK):
-            chunk = a[start : start + _CHUNK].mul_(factor)  # ``a`` is our own copy (abs)
-            idx = chunk.to(torch.int32).clamp_(max=self._grid - 1)
-            counts += torch.bincount(idx, minlength=self._grid)
+        if x.device.type == "cpu":
+            counts = _bincount_cpu(x.resolve_neg().numpy().reshape(-1), factor, self._grid)
+            self._counts += torch.from_numpy(counts)
+            return
+        flat = x.reshape(-1)
+        for start in range(0, flat.numel(), _CHUNK):
+            idx = flat[start : start + _CHUNK].mul(factor).abs_().to(torch.int32)
+            full = torch.bincount(idx, minlength=self._grid + 1)
+            full[self._grid - 1] += full[self._grid]
+            self._counts += full[: self._grid]
 
     def _grow(self, exp: int) -> None:
         """Double the range until it reaches ``2**exp``, merging bins exactly."""
