@@ -101,11 +101,14 @@ def t01() -> onnx.ModelProto:
 def _read_by(g: G, y: str, tail: str) -> onnx.ModelProto:
     """The model whose block output ``y`` is read by ``tail``: ``conv`` (through Q/DQ), ``pool``
     (a float GlobalAveragePool → Flatten → Q/DQ → Gemm: ResNet's last block before an
-    unquantized pool), ``qpool`` (the same pool behind Q/DQ) or ``output`` (the graph output)."""
+    unquantized pool), ``qpool`` (the same pool behind Q/DQ), ``pool-softmax`` (a pool read by a
+    float op) or ``output`` (the graph output)."""
     if tail == "conv":
         return g.model([g.conv(g.qdq(y))])
     if tail == "output":
         return g.model([y])
+    if tail == "pool-softmax":  # a pool whose reader runs float (ConvNeXt: LayerNorm after it)
+        return g.model([g.op("Softmax", [g.op("Flatten", [g.op("GlobalAveragePool", [y])])])])
     flat = g.op("Flatten", [g.op("GlobalAveragePool", [g.qdq(y) if tail == "qpool" else y])])
     w = g.const(np.ones((10, 64), np.float32))
     s, z = g.const(np.full(10, 0.01, np.float32)), g.const(np.zeros(10, np.int8))
@@ -375,6 +378,12 @@ CASES: dict[str, Case] = {
     ),
     "P03d-block-into-quantized-pool": (lambda: block("shared", "qpool"), "trt10", set(), set()),
     "P03d-block-into-output": (lambda: block("shared", "output"), "trt10", set(), {"P03d"}),
+    "P03d-block-into-pool-read-float": (
+        lambda: block("shared", "pool-softmax"),
+        "trt10",
+        set(),
+        {"P03d"},
+    ),
     "P03d-downsample-into-output": (lambda: t23("down", "output"), "trt10", {"P03d"}, set()),
     "T23-main": (lambda: t23("main"), "trt10", set(), set()),
     "T23-both": (lambda: t23("both"), "trt10", {"P03b"}, set()),

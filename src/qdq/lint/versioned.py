@@ -86,6 +86,21 @@ def _final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
     return readers, returned
 
 
+def _can_read_int8(g: LintGraph, node: Any, depth: int = 0) -> bool:
+    """Quantizing ``node``'s input would make it run INT8: a weighted op; a pool, data-movement
+    or pointwise op only when its own output can be INT8 too -- every float reader of it (through
+    copy ops) can read INT8 (P05: INT8 in needs INT8 out)."""
+    if g.weighted(node):
+        return True
+    if not int8_capable(g, node) or depth > 8:
+        return False
+    for out in node.output:
+        readers, returned = _final_readers(g, out)
+        if returned or not all(_can_read_int8(g, r, depth + 1) for r in readers):
+            return False
+    return True
+
+
 def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: Any) -> Finding:
     last = members[-1].output[0]
     readers, returned = _final_readers(g, last)
@@ -102,7 +117,7 @@ def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: 
     )
     other_q_readers = [c for c in g.consumers.get(skip.source, []) if c.op_type == "QuantizeLinear"]
     only_here = other_q_readers == [skip.q] and len(g.consumers.get(skip.q.output[0], [])) == 1
-    if readers and not returned and all(int8_capable(g, r) for r in readers):
+    if readers and not returned and all(_can_read_int8(g, r) for r in readers):
         severity, fix = (
             WARN,
             (
