@@ -3,6 +3,7 @@
 Run: ``.venv/bin/python benchmarks/export.py`` (prints a table; asserts nothing). Models: the
 built-in Fashion-MNIST ResNet (trained), torchvision ResNet-18 and a YOLO-style net (random init,
 BN statistics re-estimated on the calibration data so activations are well scaled).
+``benchmarks/export_stages.py`` splits one model's export time into stages per exporter.
 """
 
 from __future__ import annotations
