@@ -131,11 +131,12 @@ def main() -> None:
         "--calib-n", type=int, default=None, help="zoo calibration samples (default: the dataset's)"
     )
     parser.add_argument("--zoo-repeats", type=int, default=5, help="zoo timing repeats (5)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
     args = parser.parse_args()
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         parser.error(f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)}")
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if "entropy" in args.sections:
         bench_entropy(args.repeats)
     if "collection" in args.sections:
