@@ -30,6 +30,7 @@ never modify their inputs.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
 _KL_TIE_ATOL = 1e-12
 _MSE_CHUNK = 64
 _MSE_BLOCK = 512
+_MSE_TABLE_MAX = 1 << 13  # edge tables up to 8192 rows x qmax (8 MB for 8 bits)
 
 
 def _check_hist(counts: npt.ArrayLike, edges: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -245,24 +247,27 @@ def _mse_contenders(
     tail0 = np.concatenate([np.cumsum(w[::-1])[::-1], zero])
     tail1 = np.concatenate([np.cumsum((w * centers)[::-1])[::-1], zero])
     a_part, b_part = np.empty(m), np.empty(m)
-    block = min(m, _MSE_BLOCK)
-    first = np.empty((block, ks.size))
-    bound = np.empty((block, ks.size), dtype=np.intp)
-    gathered = np.empty((block, ks.size))
     weights = 2.0 * ks - 1.0
     with np.errstate(over="ignore", invalid="ignore"):  # huge values: evaluated exhaustively
-        for lo in range(0, m, block):
-            k = min(block, m - lo)
-            f, b, t = first[:k], bound[:k], gathered[:k]
+        lo = 0
+        table = _edge_table(cands, width, n, qmax)
+        if table is not None:  # the edge candidates: their rows are data-independent
+            lo = table.shape[0]
+            _run_sums(table, tail0, tail1, weights, a_part[:lo], b_part[:lo])
+        block = min(m - lo, _MSE_BLOCK)
+        first = np.empty((block, ks.size))
+        bound = np.empty((block, ks.size), dtype=np.intp)
+        for start in range(lo, m, block):
+            k = min(block, m - start)
+            f, b = first[:k], bound[:k]
             # rint(y) for ceil(y - 1/2): they differ only at a tie, a bin on the threshold
-            np.multiply.outer(s[lo : lo + k] / width, ks - 0.5, out=f)
+            np.multiply.outer(s[start : start + k] / width, ks - 0.5, out=f)
             np.minimum(f, n, out=f)
             np.rint(f, out=f)
             np.copyto(b, f, casting="unsafe")
-            np.take(tail0, b, out=t)
-            np.matmul(t, weights, out=a_part[lo : lo + k])
-            np.take(tail1, b, out=t)
-            np.sum(t, axis=1, out=b_part[lo : lo + k])
+            _run_sums(
+                b, tail0, tail1, weights, a_part[start : start + k], b_part[start : start + k]
+            )
         approx = s * s * a_part - 2.0 * s * b_part + float((w * centers * centers).sum())
         u = float(np.finfo(np.float64).eps) / 2
         total = float(w.sum())
@@ -276,6 +281,49 @@ def _mse_contenders(
             return np.arange(m)
         best = np.min((approx + margin)[safe])
         return np.flatnonzero((approx - margin <= best) | ~safe)
+
+
+def _edge_table(cands: np.ndarray, width: float, n: int, qmax: float) -> np.ndarray | None:
+    """Run boundaries of the leading candidates when they are consecutive bin edges ``i·d``
+    (as from :func:`mse_amax` on a calibrator's histogram): rows ``i`` of
+    ``rint((k - 1/2)·i/qmax)``, which equals ``rint((k - 1/2)·s/d)`` up to the float error
+    the bound allows for (``s/d = i/qmax`` within ``u``), and never exceeds ``i < n``."""
+    i0 = cands[0] / width
+    count = cands.size - 1
+    if count < 1 or n > _MSE_TABLE_MAX or i0 != math.floor(i0):
+        return None
+    if not np.array_equal(cands[:-1], (np.arange(count) + i0) * width):
+        return None
+    table = _boundary_table(qmax, 1 << max(n - 1, 1).bit_length())
+    return table[int(i0) : int(i0) + count]
+
+
+@functools.lru_cache(maxsize=8)
+def _boundary_table(qmax: float, rows: int) -> np.ndarray:
+    ks = np.arange(1.0, qmax + 1.0)
+    table = np.rint(np.multiply.outer(np.arange(rows) / qmax, ks - 0.5)).astype(np.intp)
+    table.flags.writeable = False
+    return table
+
+
+def _run_sums(
+    bound: np.ndarray,
+    tail0: np.ndarray,
+    tail1: np.ndarray,
+    weights: np.ndarray,
+    a_out: np.ndarray,
+    b_out: np.ndarray,
+) -> None:
+    """``a_out = sum_k (2k-1)·T0[b_k]`` and ``b_out = sum_k T1[b_k]`` per row of ``bound``, in
+    blocks of rows."""
+    gathered = np.empty((min(bound.shape[0], _MSE_BLOCK), bound.shape[1]))
+    for lo in range(0, bound.shape[0], _MSE_BLOCK):
+        b = bound[lo : lo + _MSE_BLOCK]
+        t = gathered[: b.shape[0]]
+        np.take(tail0, b, out=t)
+        np.matmul(t, weights, out=a_out[lo : lo + b.shape[0]])
+        np.take(tail1, b, out=t)
+        np.sum(t, axis=1, out=b_out[lo : lo + b.shape[0]])
 
 
 def percentile_amax(counts: npt.ArrayLike, edges: npt.ArrayLike, percentile: float) -> float:
