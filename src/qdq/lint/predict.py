@@ -32,7 +32,9 @@ __all__ = ["PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"
 INT8 = "int8"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
-_EPILOGUE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid"})
+_EPILOGUE = frozenset(
+    {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish", "HardSigmoid", "Sigmoid"}
+)
 #: layout ops inside an epilogue chain (ConvNeXt: Gemm on NHWC, Transpose back, LayerScale, Add)
 _LAYOUT = frozenset({"Transpose", "Reshape"})
 # ops a Quantize moves backward across (MaxPool commutes; Concat/Slice/Split are data movement)

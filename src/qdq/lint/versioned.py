@@ -87,11 +87,13 @@ def _final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
 
 
 def _can_read_int8(g: LintGraph, node: Any, depth: int = 0) -> bool:
-    """Quantizing ``node``'s input would make it run INT8: a weighted op; a pool, data-movement
-    or pointwise op only when its own output can be INT8 too -- every float reader of it (through
-    copy ops) can read INT8 (P05: INT8 in needs INT8 out)."""
+    """Quantizing ``node``'s input would make it run INT8: a weighted op whose weight is quantized
+    (one left float on purpose -- a GEMM too small for INT8 kernels (P14), a fallback -- is not
+    a fix to suggest); a pool, data-movement or pointwise op only when its own output can be
+    INT8 too -- every float reader of it (through copy ops) can read INT8 (P05: INT8 in needs
+    INT8 out)."""
     if g.weighted(node):
-        return True
+        return g.dq_weight(node.input[1])
     if not int8_capable(g, node) or depth > 8:
         return False
     for out in node.output:
