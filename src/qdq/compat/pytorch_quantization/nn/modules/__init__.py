@@ -1,0 +1,81 @@
+"""``pytorch_quantization.nn.modules``: the quantizer and the quant modules."""
+
+from __future__ import annotations
+
+from qdq.compat.pytorch_quantization.nn.modules import _utils
+from qdq.compat.pytorch_quantization.nn.modules.quant_conv import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    QuantConv1d,
+    QuantConv2d,
+    QuantConv3d,
+    QuantConvTranspose1d,
+    QuantConvTranspose2d,
+    QuantConvTranspose3d,
+)
+from qdq.compat.pytorch_quantization.nn.modules.quant_linear import (
+    Linear,
+    QuantLinear,
+)
+from qdq.compat.pytorch_quantization.nn.modules.quant_pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+    QuantAdaptiveAvgPool1d,
+    QuantAdaptiveAvgPool2d,
+    QuantAdaptiveAvgPool3d,
+    QuantAvgPool1d,
+    QuantAvgPool2d,
+    QuantAvgPool3d,
+    QuantMaxPool1d,
+    QuantMaxPool2d,
+    QuantMaxPool3d,
+)
+from qdq.compat.pytorch_quantization.nn.modules.tensor_quantizer import TensorQuantizer
+
+__all__ = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "Linear",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "QuantAdaptiveAvgPool1d",
+    "QuantAdaptiveAvgPool2d",
+    "QuantAdaptiveAvgPool3d",
+    "QuantAvgPool1d",
+    "QuantAvgPool2d",
+    "QuantAvgPool3d",
+    "QuantConv1d",
+    "QuantConv2d",
+    "QuantConv3d",
+    "QuantConvTranspose1d",
+    "QuantConvTranspose2d",
+    "QuantConvTranspose3d",
+    "QuantLinear",
+    "QuantMaxPool1d",
+    "QuantMaxPool2d",
+    "QuantMaxPool3d",
+    "TensorQuantizer",
+    "_utils",
+]
