@@ -415,3 +415,76 @@ def test_custom_module_shared_quantizer_exports_qdq():
     assert scales[0] == scales[1] == scales[2]
     assert float(scales[0]) == pytest.approx(float(model.add_quantizer.amax) / 127)
     np.testing.assert_allclose(_run_ort(onnx_bytes, list(inputs)), expected, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ recipes
+def test_replace_to_quantization_module_with_ignore_policy():
+    from qdq.compat import recipes
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    float_conv1 = model.conv1
+    recipes.replace_to_quantization_module(model, ignore_policy=[r"fc", r"layer4\.1\.conv2$"])
+    assert (
+        isinstance(model.conv1, quant_nn.QuantConv2d) and model.conv1.weight is float_conv1.weight
+    )
+    assert not any(isinstance(m, quant_nn.TensorQuantizer) for m in float_conv1.modules())
+    assert type(model.fc) is nn.Linear and type(model.layer4[1].conv2) is nn.Conv2d
+    assert isinstance(model.layer4[1].conv1, quant_nn.QuantConv2d)
+    assert isinstance(model.avgpool, quant_nn.QuantAdaptiveAvgPool2d)
+    other = torchvision.models.resnet18(num_classes=10)
+    recipes.replace_to_quantization_module(other, ignore_policy=lambda name: "layer" in name)
+    assert (
+        isinstance(other.conv1, quant_nn.QuantConv2d) and type(other.layer1[0].conv1) is nn.Conv2d
+    )
+    with pytest.raises(TypeError, match="ignore_policy"):
+        recipes.replace_to_quantization_module(other, ignore_policy=3)
+
+
+class _ResidualBlock(nn.Module):
+    """A hand-placed QuantAdd residual: only the skip input is quantized (conv + add fuse)."""
+
+    def __init__(self) -> None:
+        from qdq.compat.recipes import QuantAdd, QuantConcat
+
+        super().__init__()
+        self.conv = quant_nn.QuantConv2d(
+            8, 8, 3, padding=1, quant_desc_input=QuantDescriptor(calib_method="histogram")
+        )
+        self.add = QuantAdd()
+        self.add._input0_quantizer.disable()  # the conv branch stays unquantized
+        self.cat = QuantConcat(dim=1)
+
+    def forward(self, x):
+        y = torch.relu(self.add(self.conv(x), x))
+        return self.cat(y, x)
+
+
+def test_quant_add_residual_calibrate_model_and_disable_quantization():
+    from qdq.compat import recipes
+
+    torch.manual_seed(0)
+    model = _ResidualBlock().eval()
+    g = torch.Generator().manual_seed(4)
+    loader = [(torch.randn(2, 8, 12, 12, generator=g), None) for _ in range(3)]
+    recipes.calibrate_model(model, loader, device="cpu", num_batch=2, method="entropy")
+    assert all(q.amax is not None for q in _quantizers(model) if not q._disabled)
+    x = loader[2][0]
+    with torch.no_grad():
+        quantized = model(x)
+        with recipes.disable_quantization(model):
+            float_out = model(x)
+            assert all(q._disabled for q in _quantizers(model))
+        assert model.add._input0_quantizer._disabled and not model.add._input1_quantizer._disabled
+        assert torch.equal(model(x), quantized) and not torch.equal(float_out, quantized)
+        recipes.disable_quantization(model).apply()
+        assert torch.equal(model(x), float_out)
+        recipes.enable_quantization(model).apply()
+        model.add._input0_quantizer.disable()
+        assert torch.equal(model(x), quantized)
+    onnx_bytes = _export(model, (x,))
+    # conv input + conv weight + the skip input of the add + the shared concat quantizer (2 uses)
+    assert _ops(onnx_bytes).count("QuantizeLinear") == 5
+    np.testing.assert_allclose(_run_ort(onnx_bytes, [x]), quantized.numpy(), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="num_batch"):
+        recipes.calibrate_model(model, loader, num_batch=0)

@@ -1,6 +1,7 @@
 """Compatibility layers for scripts written against other quantization toolkits.
 
-``qdq.compat.pytorch_quantization`` mirrors NVIDIA's ``pytorch_quantization``. Nothing here is
+``qdq.compat.pytorch_quantization`` mirrors NVIDIA's ``pytorch_quantization``;
+``qdq.compat.recipes`` holds the helpers NVIDIA's recipes copy around (``QuantAdd``, ...). Nothing here is
 imported by ``import qdq``; nothing is patched until asked: :func:`install_alias` makes
 ``import pytorch_quantization`` (and its submodules) resolve to qdq's, :func:`uninstall_alias`
 removes those entries again.

@@ -155,17 +155,19 @@ class HistogramCalibrator:
         stride: int = 1,
         start_bin: int = 128,
         percentile: float = 99.99,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """amax (a float32 scalar tensor) by ``"entropy"``, ``"mse"``, ``"percentile"`` (or
-        ``"max"``, a qdq extension).
+        ``"max"``, a qdq extension); ``None`` before any data (as :class:`MaxCalibrator`).
 
         Raises:
             TypeError: an unknown method (as upstream).
             ValueError: a percentile outside (0, 100].
-            qdq.calib.CalibrationError: nothing collected.
         """
         if method not in ("entropy", "mse", "percentile", "max"):
             raise TypeError(f"unknown calibration method {method!r}: entropy, mse or percentile")
+        empty = self._counts is None if self._impl is None else self._impl.num_batches == 0
+        if empty:
+            return None
         counts, edges = self.histogram()
         observed = self._impl.observed_max if self._impl is not None else float(edges[-1])
         if observed == 0.0 or method == "max":

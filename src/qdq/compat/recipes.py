@@ -1,0 +1,268 @@
+"""The helpers NVIDIA's recipes (yolov7 QAT, BEVFusion's lean quantizer) copy between projects,
+written for :mod:`qdq.compat.pytorch_quantization`.
+
+* :class:`QuantAdd` / :class:`QuantConcat` — hand-placed quantized ``+`` and ``torch.cat``;
+* :func:`replace_to_quantization_module` — swap float modules for quant modules after the model
+  was built (instead of :func:`~qdq.compat.pytorch_quantization.quant_modules.initialize`);
+* :class:`disable_quantization` / :class:`enable_quantization` — ``.apply()`` or ``with``;
+* :func:`calibrate_model` — the collect-statistics loop, then ``load_calib_amax(method)``.
+
+As upstream, these change the given model in place. Not here yet: ``apply_custom_rules_to_quantizer``
+and ``build_sensitivity_profile`` (qdq's own :func:`qdq.prepare` finds scale groups and
+:func:`qdq.sensitivity` ranks layers without them).
+
+Example:
+    >>> import torch
+    >>> add = QuantAdd()
+    >>> add(torch.ones(2), torch.ones(2)).tolist()
+    [2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.compat.pytorch_quantization import calib, quant_modules
+from qdq.compat.pytorch_quantization import nn as quant_nn
+from qdq.compat.pytorch_quantization.nn.modules._utils import QuantInputMixin, QuantMixin
+from qdq.compat.pytorch_quantization.tensor_quant import QuantDescriptor
+
+__all__ = [
+    "QuantAdd",
+    "QuantConcat",
+    "calibrate_model",
+    "disable_quantization",
+    "enable_quantization",
+    "replace_to_quantization_module",
+]
+
+_log = logging.getLogger("qdq.compat")
+
+IgnorePolicy = str | Sequence[str] | Callable[[str], bool] | None
+
+
+def _histogram_desc() -> QuantDescriptor:
+    return QuantDescriptor(num_bits=8, calib_method="histogram")
+
+
+class QuantAdd(nn.Module):
+    """``x + y`` with each input quantized (yolov7's QuantAdd: ``_input0_quantizer``,
+    ``_input1_quantizer``, histogram calibration); ``quantization=False`` adds in float.
+
+    For a residual add, TensorRT fuses ``conv + add`` when only the *skip* input is quantized:
+    disable ``_input0_quantizer`` or ``_input1_quantizer`` for the conv branch.
+    """
+
+    def __init__(self, quantization: bool = True) -> None:
+        super().__init__()
+        self.quantization = quantization
+        if quantization:
+            self._input0_quantizer = quant_nn.TensorQuantizer(_histogram_desc())
+            self._input1_quantizer = quant_nn.TensorQuantizer(_histogram_desc())
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.quantization:
+            out: torch.Tensor = self._input0_quantizer(x) + self._input1_quantizer(y)
+            return out
+        return x + y
+
+
+class QuantConcat(nn.Module):
+    """``torch.cat`` whose inputs share one quantizer (``_input_quantizer``), as TensorRT needs
+    for concat elimination: every input (and the output) in one scale.
+
+    Example:
+        >>> QuantConcat(dim=1)(torch.ones(1, 2), torch.ones(1, 3)).shape
+        torch.Size([1, 5])
+    """
+
+    def __init__(self, dim: int = 1, quantization: bool = True) -> None:
+        super().__init__()
+        self.dim = dim
+        self.quantization = quantization
+        if quantization:
+            self._input_quantizer = quant_nn.TensorQuantizer(_histogram_desc())
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        items: Sequence[torch.Tensor] = tensors
+        if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+            items = tensors[0]
+        if self.quantization:
+            items = [self._input_quantizer(t) for t in items]
+        return torch.cat(list(items), dim=self.dim)
+
+
+def _ignored(policy: IgnorePolicy, path: str) -> bool:
+    if policy is None:
+        return False
+    if callable(policy):
+        return bool(policy(path))
+    patterns = [policy] if isinstance(policy, str) else list(policy)
+    return any(path == p or re.match(p, path) for p in patterns)
+
+
+def _check_policy(policy: object) -> None:
+    ok = policy is None or callable(policy) or isinstance(policy, str)
+    if isinstance(policy, (list, tuple)):
+        ok = all(isinstance(p, str) for p in policy)
+    if not ok:
+        raise TypeError(
+            f"ignore_policy must be None, a regex, a list of regexes or a callable, got {policy!r}"
+        )
+
+
+def _to_quant(module: nn.Module, quant_cls: type) -> nn.Module:
+    """A quant module holding ``module``'s parameters and settings (not its dicts: the float
+    module is left as it was)."""
+    quant: Any = object.__new__(quant_cls)
+    for key, value in vars(module).items():
+        object.__setattr__(quant, key, dict(value) if isinstance(value, dict) else value)
+    if issubclass(quant_cls, QuantMixin):
+        quant.init_quantizer(
+            quant_cls.default_quant_desc_input, quant_cls.default_quant_desc_weight
+        )
+    elif issubclass(quant_cls, QuantInputMixin):
+        quant.init_quantizer(quant_cls.default_quant_desc_input)
+    calibrator = quant._input_quantizer._calibrator
+    if isinstance(calibrator, calib.HistogramCalibrator):
+        calibrator._torch_hist = True  # as the recipes set; qdq's grid does not depend on it
+    result: nn.Module = quant
+    return result
+
+
+def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy = None) -> None:
+    """Replace, in place, every submodule whose type is in the default quant map (exact types:
+    ``nn.Conv2d``, ``nn.Linear``, ...) by its quant class, unless ``ignore_policy`` matches its
+    dotted name (a regex matched at the start, a list of them, or a callable ``name -> bool``).
+
+    Raises:
+        TypeError: an ``ignore_policy`` of another kind.
+
+    Example:
+        >>> m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1))
+        >>> replace_to_quantization_module(m, ignore_policy=r"2$")
+        >>> [type(c).__name__ for c in m]
+        ['QuantConv2d', 'ReLU', 'Conv2d']
+    """
+    _check_policy(ignore_policy)
+    table = {
+        getattr(e.orig_mod, e.mod_name): e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP
+    }
+    # the float classes, also while quant_modules.initialize() is active
+    for mod, name, original in quant_modules._HELPER.orginal_func_map:
+        if mod is torch.nn and name in {e.mod_name for e in quant_modules._DEFAULT_QUANT_MAP}:
+            table[original] = next(
+                e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP if e.mod_name == name
+            )
+
+    def walk(parent: nn.Module, prefix: str) -> None:
+        for name, child in parent.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            quant_cls = table.get(type(child))
+            if quant_cls is None:
+                walk(child, path)
+            elif _ignored(ignore_policy, path):
+                _log.info("quantization ignored: %s", path)
+            else:
+                setattr(parent, name, _to_quant(child, quant_cls))
+
+    walk(model, "")
+
+
+def _quantizers(model: nn.Module) -> list[quant_nn.TensorQuantizer]:
+    return [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
+
+
+class disable_quantization:  # noqa: N801 (the recipes' name)
+    """Bypass every TensorQuantizer of ``model``: ``disable_quantization(m).apply()``, or
+    ``with disable_quantization(m):`` (on exit each quantizer returns to its state before)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._saved: list[tuple[quant_nn.TensorQuantizer, bool]] = []
+
+    def apply(self, disabled: bool = True) -> None:
+        for q in _quantizers(self.model):
+            q._disabled = disabled
+
+    def __enter__(self) -> disable_quantization:
+        self._saved = [(q, q._disabled) for q in _quantizers(self.model)]
+        self.apply(True)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for q, state in self._saved:
+            q._disabled = state
+
+
+class enable_quantization(disable_quantization):  # noqa: N801 (the recipes' name)
+    """Re-enable every TensorQuantizer of ``model``: ``.apply()`` or ``with`` (restores on exit)."""
+
+    def apply(self, enabled: bool = True) -> None:
+        super().apply(not enabled)
+
+    def __enter__(self) -> enable_quantization:
+        self._saved = [(q, q._disabled) for q in _quantizers(self.model)]
+        self.apply(True)
+        return self
+
+
+def calibrate_model(
+    model: nn.Module,
+    dataloader: Iterable[Any],
+    device: torch.device | str | None = None,
+    num_batch: int = 25,
+    *,
+    method: str = "mse",
+    percentile: float = 99.99,
+) -> None:
+    """Collect statistics on ``num_batch`` batches, then load amax into every quantizer: max
+    calibrators by max, histogram calibrators by ``method`` (yolov7 uses ``"mse"``).
+
+    A batch is a tensor or a sequence whose first item is the model input, fed as it is (the
+    recipes' ``/ 255`` image scaling belongs to the data loader). The model runs in eval mode
+    under ``no_grad``; its train/eval mode and every quantizer's stages are restored afterwards.
+
+    Raises:
+        ValueError: ``num_batch`` < 1 or an unknown method.
+    """
+    if num_batch < 1:
+        raise ValueError(f"num_batch must be >= 1, got {num_batch}")
+    if method not in ("entropy", "mse", "percentile", "max"):
+        raise ValueError(f"method must be entropy, mse, percentile or max, got {method!r}")
+    quantizers = _quantizers(model)
+    saved = [(q, q._if_quant, q._if_calib, q._disabled) for q in quantizers]
+    was_training = model.training
+    try:
+        for q in quantizers:
+            q.disable_quant()
+            q.enable_calib()
+        model.eval()
+        with torch.no_grad():
+            for i, batch in enumerate(dataloader):
+                if i >= num_batch:
+                    break
+                x = batch if isinstance(batch, torch.Tensor) else batch[0]
+                model(x.to(device) if device is not None else x)
+    finally:
+        model.train(was_training)
+        for q, if_quant, if_calib, disabled in saved:
+            q._if_quant, q._if_calib, q._disabled = if_quant, if_calib, disabled
+    for q in quantizers:
+        if isinstance(q._calibrator, calib.MaxCalibrator):
+            q.load_calib_amax(strict=False)  # a quantizer the data never reached keeps its amax
+        elif method == "percentile":
+            q.load_calib_amax("percentile", percentile=percentile, strict=False)
+        else:
+            q.load_calib_amax(method, strict=False)
+        q.enable_quant()
+        q.disable_calib()
