@@ -429,6 +429,7 @@ def test_replace_to_quantization_module_with_ignore_policy():
         isinstance(model.conv1, quant_nn.QuantConv2d) and model.conv1.weight is float_conv1.weight
     )
     assert not any(isinstance(m, quant_nn.TensorQuantizer) for m in float_conv1.modules())
+    model.conv1.register_forward_pre_hook(lambda m, args: None).remove()  # torch's hook dicts kept
     assert type(model.fc) is nn.Linear and type(model.layer4[1].conv2) is nn.Conv2d
     assert isinstance(model.layer4[1].conv1, quant_nn.QuantConv2d)
     assert isinstance(model.avgpool, quant_nn.QuantAdaptiveAvgPool2d)

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -123,7 +124,7 @@ def _to_quant(module: nn.Module, quant_cls: type) -> nn.Module:
     module is left as it was)."""
     quant: Any = object.__new__(quant_cls)
     for key, value in vars(module).items():
-        object.__setattr__(quant, key, dict(value) if isinstance(value, dict) else value)
+        object.__setattr__(quant, key, copy.copy(value) if isinstance(value, dict) else value)
     if issubclass(quant_cls, QuantMixin):
         quant.init_quantizer(
             quant_cls.default_quant_desc_input, quant_cls.default_quant_desc_weight
