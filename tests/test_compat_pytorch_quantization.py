@@ -433,6 +433,20 @@ def test_replace_to_quantization_module_with_ignore_policy():
     assert type(model.fc) is nn.Linear and type(model.layer4[1].conv2) is nn.Conv2d
     assert isinstance(model.layer4[1].conv1, quant_nn.QuantConv2d)
     assert isinstance(model.avgpool, quant_nn.QuantAdaptiveAvgPool2d)
+    # the downsample conv reads the same tensor as the block's first conv: one shared quantizer
+    x = torch.randn(1, 3, 64, 64)
+    pairs = recipes.apply_custom_rules_to_quantizer(model, (x,))
+    assert pairs == [(f"layer{i}.0.downsample.0", f"layer{i}.0.conv1") for i in (2, 3, 4)]
+    for i in (2, 3, 4):
+        block = getattr(model, f"layer{i}")[0]
+        assert block.downsample[0]._input_quantizer is block.conv1._input_quantizer
+    with pytest.raises(TypeError, match="example inputs"):
+        recipes.apply_custom_rules_to_quantizer(model, lambda m, f: None)
+    recipes.calibrate_model(model, [x], method="percentile")
+    onnx_bytes = _export(model, (x,))
+    # 19 quantized convs (fc and layer4.1.conv2 ignored): input + weight each, + avgpool input;
+    # a shared quantizer still writes one Q/DQ pair per use (TensorRT wants one per consumer)
+    assert _ops(onnx_bytes).count("QuantizeLinear") == 2 * 19 + 1
     other = torchvision.models.resnet18(num_classes=10)
     recipes.replace_to_quantization_module(other, ignore_policy=lambda name: "layer" in name)
     assert (

@@ -7,9 +7,11 @@ written for :mod:`qdq.compat.pytorch_quantization`.
 * :class:`disable_quantization` / :class:`enable_quantization` — ``.apply()`` or ``with``;
 * :func:`calibrate_model` — the collect-statistics loop, then ``load_calib_amax(method)``.
 
-As upstream, these change the given model in place. Not here yet: ``apply_custom_rules_to_quantizer``
-and ``build_sensitivity_profile`` (qdq's own :func:`qdq.prepare` finds scale groups and
-:func:`qdq.sensitivity` ranks layers without them).
+* :func:`apply_custom_rules_to_quantizer` — share input quantizers where TensorRT needs one scale,
+  from qdq's scale groups (no temporary ONNX file).
+
+As upstream, these change the given model in place. Not here yet: ``build_sensitivity_profile``
+(:func:`qdq.sensitivity` ranks layers).
 
 Example:
     >>> import torch
@@ -38,6 +40,7 @@ from qdq.compat.pytorch_quantization.tensor_quant import QuantDescriptor
 __all__ = [
     "QuantAdd",
     "QuantConcat",
+    "apply_custom_rules_to_quantizer",
     "calibrate_model",
     "disable_quantization",
     "enable_quantization",
@@ -267,3 +270,78 @@ def calibrate_model(
             q.load_calib_amax(method, strict=False)
         q.enable_quant()
         q.disable_calib()
+
+
+def _float_shadow(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with every compat quant module turned back into its torch class
+    (same names, same parameters copied) and bare TensorQuantizers into ``nn.Identity``: what
+    qdq's planner sees as the float model."""
+    shadow = copy.deepcopy(model)
+
+    def walk(parent: nn.Module) -> None:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, quant_nn.TensorQuantizer):
+                setattr(parent, name, nn.Identity())
+            elif isinstance(child, (QuantMixin, QuantInputMixin)):
+                base = next(c for c in type(child).__mro__ if c.__module__.startswith("torch.nn"))
+                plain: Any = object.__new__(base)
+                for key, value in vars(child).items():
+                    object.__setattr__(
+                        plain, key, copy.copy(value) if isinstance(value, dict) else value
+                    )
+                for q in ("_input_quantizer", "_weight_quantizer"):
+                    plain._modules.pop(q, None)
+                setattr(parent, name, plain)
+            else:
+                walk(child)
+
+    walk(shadow)
+    return shadow
+
+
+def apply_custom_rules_to_quantizer(
+    model: nn.Module, example_inputs: Sequence[torch.Tensor]
+) -> list[tuple[str, str]]:
+    """Make quant modules whose inputs TensorRT needs in one scale share one input quantizer
+    (yolov7's rules: e.g. a downsample conv and the conv beside it read the same tensor).
+
+    The groups come from qdq's placement plan of the float model (:func:`qdq.prepare` on a
+    shadow copy traced with ``example_inputs``), not from a temporary ONNX export; only quant
+    modules' ``_input_quantizer`` are shared (qdq's plan also puts residual adds, concats and
+    pooling into groups: use ``qdq.prepare`` for those). Run it before calibration, so the shared
+    quantizer calibrates on all its inputs.
+
+    Returns:
+        ``(module, leader)`` name pairs: ``module._input_quantizer`` is now ``leader``'s.
+
+    Raises:
+        TypeError: a callable instead of example inputs (yolov7 passes an ``export_onnx``
+            function; qdq needs no ONNX file, only inputs to trace with).
+    """
+    if callable(example_inputs):
+        raise TypeError(
+            "apply_custom_rules_to_quantizer needs example inputs (a tuple of tensors), not an "
+            "export function: qdq computes the groups without exporting ONNX"
+        )
+    from qdq.api import plan_of, prepare  # lazy: the planner is heavy
+
+    inputs = (
+        (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    )
+    plan = plan_of(prepare(_float_shadow(model), inputs))
+    holders = {
+        n: m for n, m in model.named_modules() if isinstance(m, (QuantMixin, QuantInputMixin))
+    }
+    pairs: list[tuple[str, str]] = []
+    for group in plan.groups:
+        owners: list[str] = []
+        for member in group.members:
+            point = plan.point(member)
+            if point.kind == "input" and point.owner in holders and point.owner not in owners:
+                owners.append(point.owner)
+        for owner in owners[1:]:
+            holder: Any = holders[owner]
+            holder._input_quantizer = holders[owners[0]].input_quantizer
+            pairs.append((owner, owners[0]))
+            _log.info("%s._input_quantizer shared with %s (%s)", owner, owners[0], group.rules)
+    return pairs
