@@ -503,3 +503,18 @@ def test_quant_add_residual_calibrate_model_and_disable_quantization():
     np.testing.assert_allclose(_run_ort(onnx_bytes, [x]), quantized.numpy(), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="num_batch"):
         recipes.calibrate_model(model, loader, num_batch=0)
+
+    # sensitivity: the error vs float with one layer in float / only one layer quantized
+    def error(m):
+        with torch.no_grad():
+            return -float((m(x) - float_out).pow(2).mean())
+
+    before = [q._disabled for q in _quantizers(model)]
+    loo = recipes.build_sensitivity_profile(model, error)
+    assert [name for name, _ in loo] == ["conv", "add", "cat"]
+    assert all(value >= error(model) - 1e-12 for _, value in loo)  # float layer: less error
+    single = recipes.build_sensitivity_profile(model, error, mode="one_at_a_time")
+    assert all(value <= 0 for _, value in single)
+    assert [q._disabled for q in _quantizers(model)] == before
+    with pytest.raises(ValueError, match="mode"):
+        recipes.build_sensitivity_profile(model, error, mode="greedy")

@@ -10,8 +10,10 @@ written for :mod:`qdq.compat.pytorch_quantization`.
 * :func:`apply_custom_rules_to_quantizer` — share input quantizers where TensorRT needs one scale,
   from qdq's scale groups (no temporary ONNX file).
 
-As upstream, these change the given model in place. Not here yet: ``build_sensitivity_profile``
-(:func:`qdq.sensitivity` ranks layers).
+* :func:`build_sensitivity_profile` — the metric with one layer in float (yolov7) or with only
+  one layer quantized (pytorch-quantization's example).
+
+As upstream, these change the given model in place (``build_sensitivity_profile`` restores it).
 
 Example:
     >>> import torch
@@ -41,6 +43,7 @@ __all__ = [
     "QuantAdd",
     "QuantConcat",
     "apply_custom_rules_to_quantizer",
+    "build_sensitivity_profile",
     "calibrate_model",
     "disable_quantization",
     "enable_quantization",
@@ -345,3 +348,50 @@ def apply_custom_rules_to_quantizer(
             pairs.append((owner, owners[0]))
             _log.info("%s._input_quantizer shared with %s (%s)", owner, owners[0], group.rules)
     return pairs
+
+
+SENSITIVITY_MODES = ("leave_one_out", "one_at_a_time")
+
+
+def build_sensitivity_profile(
+    model: nn.Module,
+    evaluate: Callable[[nn.Module], float],
+    *,
+    mode: str = "leave_one_out",
+) -> list[tuple[str, float]]:
+    """``evaluate(model)`` once per quantized layer (a module owning TensorQuantizers directly).
+
+    ``mode="leave_one_out"`` (yolov7's ``qat.py sensitive``): that layer's quantizers disabled, all
+    others on — a high metric marks a layer worth keeping in float. ``"one_at_a_time"``
+    (pytorch-quantization's example): only that layer's quantizers on. Every quantizer's state is
+    restored afterwards, also when ``evaluate`` raises. Sort the result to rank, e.g.
+    ``sorted(profile, key=lambda p: -p[1])[:10]``.
+
+    Returns:
+        ``(layer name, metric)`` in module order.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in SENSITIVITY_MODES:
+        raise ValueError(f"mode must be one of {SENSITIVITY_MODES}, got {mode!r}")
+    layers: list[tuple[str, list[quant_nn.TensorQuantizer]]] = []
+    for name, module in model.named_modules():
+        own = [c for c in module.children() if isinstance(c, quant_nn.TensorQuantizer)]
+        if own and not isinstance(module, quant_nn.TensorQuantizer):
+            layers.append((name, own))
+    everything = _quantizers(model)
+    saved = [(q, q._disabled) for q in everything]
+    profile: list[tuple[str, float]] = []
+    try:
+        for name, own in layers:
+            for q, state in saved:
+                q._disabled = state if mode == "leave_one_out" else True
+            for q in own:
+                q._disabled = mode == "leave_one_out" or dict(saved)[q]
+            profile.append((name, float(evaluate(model))))
+            _log.info("sensitivity %s (%s): %.6g", name, mode, profile[-1][1])
+    finally:
+        for q, state in saved:
+            q._disabled = state
+    return profile
