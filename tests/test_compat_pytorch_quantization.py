@@ -181,6 +181,15 @@ def test_histogram_calibrator_methods_and_grids():
     assert counts.sum() == sum(b.numel() for b in batches)
     expected, _ = entropy_reference(counts, edges)
     assert float(up.compute_amax("entropy")) == pytest.approx(expected, rel=1e-6)
+    # upstream's mse on its grid: bin centres from start_bin, first minimum, one at a time
+    centres = torch.from_numpy((edges[1:] + edges[:-1]) / 2).float()
+    errors = [
+        float(((tensor_quant.fake_tensor_quant(centres, centres[i]) - centres).double() ** 2
+               * torch.from_numpy(counts).double()).mean())
+        for i in range(128, centres.numel())
+    ]  # fmt: skip
+    best = 128 + int(np.argmin(errors))
+    assert float(up.compute_amax("mse")) == pytest.approx(float(centres[best]), rel=1e-7)
     with pytest.raises(TypeError, match="unknown calibration method"):
         ours.compute_amax("kl")
     with pytest.raises(ValueError, match="per tensor"):

@@ -9,10 +9,12 @@ Two grids (``grid=``):
   first batch fixes the bin width (``max|x| / num_bins``), later batches that exceed the range
   append bins of that width. The result depends on the first batch.
 
-Either way the methods are qdq's (:mod:`qdq.calib.methods`): entropy is the reference KL procedure
-(same amax as upstream on the same histogram), percentile uses the same right-edge convention,
-mse differs (qdq's candidates are bin edges plus the observed max, quantized as ONNX does; upstream
-tries bin centres). Histograms are per tensor (as upstream).
+Entropy is qdq's vectorised reference KL procedure (same amax as upstream on the same histogram),
+percentile uses the same right-edge convention. mse depends on the grid: on qdq's grid it is
+:func:`qdq.calib.methods.mse_amax` (candidates: bin edges plus the observed max); on the upstream
+grid it is upstream's search (candidates: the bin centres from ``start_bin`` on, the count-weighted
+error of the fake-quantized centres, first minimum), with qdq's ONNX rounding. Histograms are per
+tensor (as upstream).
 """
 
 from __future__ import annotations
@@ -177,6 +179,10 @@ class HistogramCalibrator:
                 counts, edges, num_bits=self._num_bits, unsigned=self._unsigned,
                 start_bin=start_bin, stride=stride,
             )  # fmt: skip
+        elif method == "mse" and self._impl is None:
+            value = _centre_mse_amax(
+                counts, edges, self._num_bits, self._unsigned, start_bin, stride
+            )
         elif method == "mse":
             value = mse_amax(
                 counts, edges, observed_max=observed, num_bits=self._num_bits, start_bin=start_bin
@@ -190,3 +196,31 @@ class HistogramCalibrator:
             f"HistogramCalibrator(num_bits={self._num_bits}, num_bins={self._num_bins}, "
             f"skip_zeros={self._skip_zeros}, grid={self._grid!r})"
         )
+
+
+def _centre_mse_amax(
+    counts: np.ndarray,
+    edges: np.ndarray,
+    num_bits: int,
+    unsigned: bool,
+    start_bin: int,
+    stride: int,
+) -> float:
+    """Upstream's MSE search on its grid: amax candidates are the bin centres ``start_bin``,
+    ``start_bin + stride``, ...; each bin's count sits at its centre; the first minimum of the
+    mean count-weighted squared fake-quantization error wins (ONNX rounding, float32)."""
+    centres = torch.from_numpy((edges[1:] + edges[:-1]) / 2).to(torch.float32)
+    weights = torch.from_numpy(counts.astype(np.float64))
+    picks = list(range(start_bin, centres.numel(), stride)) or [centres.numel() - 1]
+    qmax = (1 << num_bits) - 1 if unsigned else (1 << (num_bits - 1)) - 1
+    best, best_err = picks[0], math.inf
+    for lo in range(0, len(picks), 64):  # blocks of candidates: (64, bins) at a time
+        idx = torch.tensor(picks[lo : lo + 64])
+        amax = centres[idx].reshape(-1, 1)
+        scale = torch.clamp(amax / qmax, min=2.0**-24 / qmax)
+        fq = torch.clamp(torch.round(centres / scale), -qmax - 1, qmax) * scale
+        err = ((fq - centres).to(torch.float64) ** 2 * weights).mean(dim=1)
+        k = int(torch.argmin(err))
+        if float(err[k]) < best_err:
+            best, best_err = picks[lo + k], float(err[k])
+    return float(centres[best])

@@ -21,6 +21,8 @@ express a narrow range: the graph saturates at ``-qmax-1`` where torch (narrow) 
 from __future__ import annotations
 
 import logging
+import math
+import warnings
 from typing import Any, ClassVar
 
 import torch
@@ -265,9 +267,12 @@ class TensorQuantizer(nn.Module):
         qmin = 0 if self._unsigned else -qmax - 1  # Q/DQ has no narrow range
         flat = amax.detach().to(torch.float32).reshape(-1)
         scale = torch.clamp(flat / qmax, min=MIN_SCALE)
+        with warnings.catch_warnings():  # amax's shape is fixed (a buffer): a constant is right
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            sizes = [int(n) for n in amax.shape]
         axis = None
-        if flat.numel() > 1:
-            shape = [1] * (inputs.dim() - amax.dim()) + list(amax.shape)
+        if math.prod(sizes) > 1:
+            shape = [1] * (inputs.dim() - len(sizes)) + sizes
             axis = next(d for d, n in enumerate(shape) if n != 1)
         zp_dtype = torch.uint8 if self._unsigned else torch.int8
         if not type(self).use_fb_fake_quant:
