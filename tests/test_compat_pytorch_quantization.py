@@ -161,6 +161,35 @@ def test_tensor_quantizer_stages_and_state_dict():
         quant_nn.TensorQuantizer({"num_bits": 8})
 
 
+def test_tensor_quantizer_learn_amax_and_integer_mode():
+    learned = quant_nn.TensorQuantizer(QuantDescriptor(amax=2.0, learn_amax=True))
+    assert isinstance(learned._amax, nn.Parameter)
+    x = torch.linspace(-3, 3, 50, requires_grad=True)
+    learned(x).pow(2).sum().backward()
+    assert learned._amax.grad is not None and x.grad is not None
+    integer = quant_nn.TensorQuantizer(QuantDescriptor(amax=1.27, fake_quant=False))
+    assert integer(torch.tensor([0.5, -3.0])).tolist() == [50.0, -128.0]
+    assert float(integer.scale) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="fake"):
+        quant_nn.QuantLinear(2, 2, quant_desc_weight=QuantDescriptor(fake_quant=False))
+    scaled = quant_nn.TensorQuantizer(QuantDescriptor(amax=1.0, scale_amax=2.0))
+    assert float(scaled(torch.tensor([5.0]))) == pytest.approx(2.0)
+
+
+def test_unsigned_quantizer_exports_uint8_with_fb_fake_quant():
+    model = nn.Sequential(
+        nn.ReLU(), quant_nn.TensorQuantizer(QuantDescriptor(amax=2.0, unsigned=True))
+    )
+    x = torch.linspace(-1, 3, 64).reshape(1, 64)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    onnx_bytes = _export(model, (x,), fb=True)
+    assert "QuantizeLinear" in _ops(onnx_bytes)
+    np.testing.assert_array_equal(_run_ort(onnx_bytes, [x]), expected)
+    with pytest.raises(ValueError, match="uint8"):
+        _export(model, (x,), fb=False)
+
+
 def test_histogram_calibrator_methods_and_grids():
     g = torch.Generator().manual_seed(0)
     batches = [torch.relu(torch.randn(4000, generator=g)) * (1 + i) for i in range(3)]
