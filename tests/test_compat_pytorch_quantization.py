@@ -485,6 +485,16 @@ def test_replace_to_quantization_module_with_ignore_policy():
     # 19 quantized convs (fc and layer4.1.conv2 ignored): input + weight each, + avgpool input;
     # a shared quantizer still writes one Q/DQ pair per use (TensorRT wants one per consumer)
     assert _ops(onnx_bytes).count("QuantizeLinear") == 2 * 19 + 1
+    quant_modules.initialize()  # while torch.nn is patched: float modules still found, quant kept
+    try:
+        mixed = nn.Sequential(
+            quant_modules._HELPER.orginal_func_map[1][2](3, 3, 1), nn.Conv2d(3, 3, 1)
+        )
+        kept = mixed[1]
+        recipes.replace_to_quantization_module(mixed)
+    finally:
+        quant_modules.deactivate()
+    assert isinstance(mixed[0], quant_nn.QuantConv2d) and mixed[1] is kept
     other = torchvision.models.resnet18(num_classes=10)
     recipes.replace_to_quantization_module(other, ignore_policy=lambda name: "layer" in name)
     assert (

@@ -168,6 +168,7 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
             table[original] = next(
                 e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP if e.mod_name == name
             )
+    table = {float_cls: q for float_cls, q in table.items() if float_cls is not q}
 
     def walk(parent: nn.Module, prefix: str) -> None:
         for name, child in parent.named_children():
