@@ -487,9 +487,8 @@ def test_replace_to_quantization_module_with_ignore_policy():
     assert _ops(onnx_bytes).count("QuantizeLinear") == 2 * 19 + 1
     quant_modules.initialize()  # while torch.nn is patched: float modules still found, quant kept
     try:
-        mixed = nn.Sequential(
-            quant_modules._HELPER.orginal_func_map[1][2](3, 3, 1), nn.Conv2d(3, 3, 1)
-        )
+        float_conv2d = {n: o for _, n, o in quant_modules._HELPER.orginal_func_map}["Conv2d"]
+        mixed = nn.Sequential(float_conv2d(3, 3, 1), nn.Conv2d(3, 3, 1))
         kept = mixed[1]
         recipes.replace_to_quantization_module(mixed)
     finally:
