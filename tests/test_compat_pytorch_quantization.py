@@ -203,7 +203,7 @@ def test_histogram_calibrator_methods_and_grids():
         assert 0 < float(amax) <= float(max(b.max() for b in batches))
         assert torch.equal(amax, ours_rev.compute_amax(method))  # qdq's grid: order-free
     # upstream's grid: the same KL procedure as upstream, step by step, on that histogram
-    up = calib.HistogramCalibrator(8, None, False, num_bins=2048, torch_hist=True, grid="upstream")
+    up = calib.HistogramCalibrator(8, None, False, num_bins=512, torch_hist=True, grid="upstream")
     for b in batches:
         up.collect(b)
     counts, edges = up.histogram()
