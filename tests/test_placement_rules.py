@@ -85,7 +85,7 @@ def test_p03_identity_block_quantizes_only_the_skip_and_shares_its_scale() -> No
 
 
 def test_p03_downsample_block_quantizes_the_short_branch() -> None:
-    p = plan(Net(Basic(64, stride=2, cin=32)), 1, 16, 8, 8)
+    p = plan(Net(Basic(64, stride=2, cin=32), Basic(64)), 1, 16, 8, 8)
     add = decisions(p, "blocks.0.add")
     assert add == {"input0": ("skip", "P03"), "input1": ("quantize", "P03")}
     assert p.point("blocks.0.add:input1").producer.startswith(
@@ -93,6 +93,17 @@ def test_p03_downsample_block_quantizes_the_short_branch() -> None:
     )  # downsample BN out
     # downsample conv and conv1 read the same tensor: one quantizer
     assert p.group_of("blocks.0.down.0:input") == p.group_of("blocks.0.conv1:input")
+
+
+def test_p03_skip_stays_float_when_the_fused_output_stays_float() -> None:
+    # the last block: nothing quantized reads its output, so the conv+Add fusion writes float and
+    # reads its residual in float (lint P03d); the downsample output, read only by the Add, stays
+    # float -- while an identity skip, shared with conv1's quantized input, keeps its Q/DQ
+    down = plan(Net(Basic(64, stride=2, cin=32)), 1, 16, 8, 8)
+    assert decisions(down, "blocks.0.add") == {"input0": ("skip", "P03"), "input1": ("skip", "P03")}
+    assert "stays float" in down.point("blocks.0.add:input1").reason
+    same = plan(Net(Basic()), 1, 16, 8, 8)
+    assert decisions(same, "blocks.0.add")["input1"] in (("quantize", "P03"), ("share", "P03"))
 
 
 def test_prepared_model_quantizes_each_tensor_once_for_all_its_readers() -> None:

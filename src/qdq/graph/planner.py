@@ -13,9 +13,11 @@ Steps, each citing its rule id (``qdq.rules``):
    reading a tensor quantized for another reader (FPN levels);
    float Adds between INT8 layers (P17): every input of their PointWise layer, through a gating
    Mul (PP-OCR's ``x + x * se(x)``) (:mod:`qdq.graph.pointwise`);
-5. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
+5. residual skips quantized only for an Add whose fused output stays float go back to float
+   (P03, :func:`qdq.graph.residual.release_float_output_skips`);
+6. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
    across each Concat (S02) (:mod:`qdq.graph.grouping`);
-6. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
+7. explanation-only points for SiLU epilogues (P07); Conv/Linear coverage of the original model.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import WEIGHTED_KINDS, op_kind, tensor_inputs
 from qdq.graph.plan import QuantPlan
 from qdq.graph.pointwise import plan_pointwise_adds
-from qdq.graph.residual import plan_residual_add, silu_operand
+from qdq.graph.residual import plan_residual_add, release_float_output_skips, silu_operand
 from qdq.graph.weighted import plan_weighted
 
 __all__ = ["build_plan"]
@@ -94,6 +96,7 @@ def build_plan(
     for n in nodes:
         if kinds[n] in _FANOUT_READERS:
             _plan_fanout_reader(ctx, n)
+    release_float_output_skips(ctx)
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)

@@ -7,7 +7,13 @@ from collections import deque
 import torch.fx as fx
 
 from qdq.graph.context import PlanContext, quantize_input, skip_input
-from qdq.graph.patterns import COPY_KINDS, EPILOGUE_KINDS, WEIGHTED_KINDS, tensor_inputs
+from qdq.graph.patterns import (
+    COPY_KINDS,
+    EPILOGUE_KINDS,
+    PASS_THROUGH_KINDS,
+    WEIGHTED_KINDS,
+    tensor_inputs,
+)
 
 __all__ = ["plan_residual_add", "silu_operand"]
 
@@ -176,3 +182,52 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
                 calib_o,
                 bits_o,
             )
+
+
+def _output_reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
+    """Whether ``node``'s output, through its epilogue (the activation fused after a conv+Add)
+    and pass-through ops, is read by a quantized point."""
+    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if (n.name, u.name) in read:
+                return True
+            if ctx.kinds[u] in PASS_THROUGH_KINDS | EPILOGUE_KINDS and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def release_float_output_skips(ctx: PlanContext) -> None:
+    """P03, second pass (after every other step): a residual skip quantized only for its Add
+    stays float when the fused conv+Add's output (through its epilogue) feeds no quantized op.
+
+    TensorRT's conv+Add fusion reads its residual in its output precision: with a float output an
+    INT8 skip costs a standalone DequantizeLinear (lint P03d), a float skip costs nothing. A skip
+    that other quantized ops read (a ResNet block input, shared with ``conv1``) keeps its Q/DQ:
+    leaving it float would only move the reformat to its producer.
+    """
+    for name, point in list(ctx.points.items()):
+        if point.rule != "P03" or not point.quantized or point.kind != "input":
+            continue
+        add = ctx.by_name[point.consumer]
+        if ctx.kinds[add] != "add" or _output_reaches_quantized(ctx, add):
+            continue
+        if any(
+            p.quantized and p.producer == point.producer and p.name != name
+            for p in ctx.points.values()
+        ):
+            continue
+        skip_input(
+            ctx,
+            add,
+            point.arg,
+            ctx.by_name[point.producer],
+            "P03",
+            "residual skip read only by this Add, whose fused conv+Add output stays float (it "
+            "feeds no quantized op): TensorRT reads the skip in that precision, so it stays float "
+            "(an INT8 skip would cost a standalone DequantizeLinear, lint P03d)",
+            label=name.split(":", 1)[1],
+        )

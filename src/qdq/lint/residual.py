@@ -60,6 +60,8 @@ def residual_add(g: LintGraph, node: Any) -> list[Finding]:
                 "qdq rule P15",
             )
         ]
+    if n_quantized == 0 and not _output_int8(g, node):
+        return []  # the fused output stays float: a float skip is what TensorRT reads (P03d)
     if n_quantized == 0:
         return [
             Finding(
@@ -86,6 +88,35 @@ def residual_add(g: LintGraph, node: Any) -> list[Finding]:
             )
         ]
     return []
+
+
+_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish"})
+
+
+def _output_int8(g: LintGraph, add: Any) -> bool:
+    """Whether the Add's fused output -- after its activation and copy ops, as TensorRT fuses
+    them -- is, or could be, INT8: read through a QuantizeLinear, or only by readers that could
+    run INT8 (:func:`~qdq.lint.versioned.can_read_int8`: a quantized GEMM behind a pool counts).
+    When it cannot, the conv+Add fusion writes float and reads its residual in float too, so a
+    float skip is right and P03a does not apply (its fix would cost a P03d reformat)."""
+    from qdq.lint.versioned import can_read_int8, final_readers
+
+    todo, seen = [add.output[0]], set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        if g.quantized_uses(tensor):
+            return True
+        readers, returned = final_readers(g, tensor)
+        fused = [c for c in readers if c.op_type in _ACTIVATIONS]
+        if fused:
+            todo.extend(o for c in fused for o in c.output)
+            continue
+        if readers and not returned and all(can_read_int8(g, r) for r in readers):
+            return True
+    return False
 
 
 _NORMS = frozenset({"LayerNormalization", "GroupNormalization", "InstanceNormalization"})

@@ -72,7 +72,7 @@ def _float_output_skips(g: LintGraph, layers: list[PredictedLayer]) -> list[Find
     return out
 
 
-def _final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
+def final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
     """The float readers of ``tensor`` looking through copy ops, and whether it (or a copy of it)
     is a graph output."""
     readers, returned, todo = [], tensor in g.outputs, [tensor]
@@ -86,7 +86,7 @@ def _final_readers(g: LintGraph, tensor: str) -> tuple[list[Any], bool]:
     return readers, returned
 
 
-def _can_read_int8(g: LintGraph, node: Any, depth: int = 0) -> bool:
+def can_read_int8(g: LintGraph, node: Any, depth: int = 0) -> bool:
     """Quantizing ``node``'s input would make it run INT8: a weighted op whose weight is quantized
     (one left float on purpose -- a GEMM too small for INT8 kernels (P14), a fallback -- is not
     a fix to suggest); a pool, data-movement or pointwise op only when its own output can be
@@ -97,15 +97,15 @@ def _can_read_int8(g: LintGraph, node: Any, depth: int = 0) -> bool:
     if not int8_capable(g, node) or depth > 8:
         return False
     for out in node.output:
-        readers, returned = _final_readers(g, out)
-        if returned or not all(_can_read_int8(g, r, depth + 1) for r in readers):
+        readers, returned = final_readers(g, out)
+        if returned or not all(can_read_int8(g, r, depth + 1) for r in readers):
             return False
     return True
 
 
 def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: Any) -> Finding:
     last = members[-1].output[0]
-    readers, returned = _final_readers(g, last)
+    readers, returned = final_readers(g, last)
     names = ", ".join(g.name(r) for r in readers) or "the graph output"
     q, dq = g.name(skip.q), g.name(skip.dq)
     effect = (
@@ -119,7 +119,7 @@ def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: 
     )
     other_q_readers = [c for c in g.consumers.get(skip.source, []) if c.op_type == "QuantizeLinear"]
     only_here = other_q_readers == [skip.q] and len(g.consumers.get(skip.q.output[0], [])) == 1
-    if readers and not returned and all(_can_read_int8(g, r) for r in readers):
+    if readers and not returned and all(can_read_int8(g, r) for r in readers):
         severity, fix = (
             WARN,
             (
