@@ -53,6 +53,18 @@ def _ops(model_bytes: bytes) -> list[str]:
     return [n.op_type for n in onnx.load_from_string(model_bytes).graph.node]
 
 
+def _assert_constant_scales(model_bytes: bytes) -> None:
+    """Every Q/DQ scale and zero point is an initializer or a Constant node (TensorRT rejects
+    computed ones: lint rule V09), not a subgraph of the amax buffer."""
+    graph = onnx.load_from_string(model_bytes).graph
+    constants = {i.name for i in graph.initializer} | {
+        o for n in graph.node if n.op_type == "Constant" for o in n.output
+    }
+    for n in graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert all(i in constants for i in n.input[1:]), (n.name, list(n.input))
+
+
 def _quantizers(model: nn.Module) -> list[quant_nn.TensorQuantizer]:
     return [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
 
@@ -372,6 +384,7 @@ def test_resnet_calibrate_export_onnxruntime(resnet_and_data, method):
     n_quantizers = len(amaxes)
     assert ops.count("QuantizeLinear") == ops.count("DequantizeLinear") == n_quantizers
     onnx.checker.check_model(onnx.load_from_string(onnx_bytes))
+    _assert_constant_scales(onnx_bytes)
     _assert_close_after_requantization(_run_ort(onnx_bytes, [x]), expected)
 
 
@@ -386,6 +399,7 @@ def test_resnet_export_without_fb_fake_quant(resnet_and_data):
         expected = model(x).numpy()
     onnx_bytes = _export(model, (x,), fb=False)
     assert "QuantizeLinear" in _ops(onnx_bytes)
+    _assert_constant_scales(onnx_bytes)
     _assert_close_after_requantization(_run_ort(onnx_bytes, [x]), expected)
     # the first stage (2 quantizers, conv/bn/relu/maxpool, a third pair): exact up to float
     # order, where a maxpool value ~1e-7 from a rounding boundary may flip one code of the third
@@ -545,8 +559,12 @@ def test_quant_add_residual_calibrate_model_and_disable_quantization():
         model.add._input0_quantizer.disable()
         assert torch.equal(model(x), quantized)
     onnx_bytes = _export(model, (x,))
-    # conv input + conv weight + the skip input of the add + the shared concat quantizer (2 uses)
-    assert _ops(onnx_bytes).count("QuantizeLinear") == 5
+    # conv input + conv weight + the shared concat quantizer (2 uses); the add's skip quantizer
+    # reads the conv's input tensor and calibrated to the same amax, so the exporter merges the
+    # two identical constant-scale Q/DQ into one (one Q per tensor, as TensorRT wants)
+    assert torch.equal(model.add._input1_quantizer.amax, model.conv._input_quantizer.amax)
+    assert _ops(onnx_bytes).count("QuantizeLinear") == 4
+    _assert_constant_scales(onnx_bytes)
     np.testing.assert_allclose(_run_ort(onnx_bytes, [x]), quantized.numpy(), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="num_batch"):
         recipes.calibrate_model(model, loader, num_batch=0)

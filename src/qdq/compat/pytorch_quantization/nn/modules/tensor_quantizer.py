@@ -266,10 +266,13 @@ class TensorQuantizer(nn.Module):
         qmax = self.maxbound
         qmin = 0 if self._unsigned else -qmax - 1  # Q/DQ has no narrow range
         flat = amax.detach().to(torch.float32).reshape(-1)
-        scale = torch.clamp(flat / qmax, min=MIN_SCALE)
-        with warnings.catch_warnings():  # amax's shape is fixed (a buffer): a constant is right
+        with warnings.catch_warnings():  # amax is fixed at export (a buffer): constants are right
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             sizes = [int(n) for n in amax.shape]
+            # the scale as a constant of the graph (TensorRT requires constant Q/DQ scales, rule
+            # V09), not a Clip/Reshape subgraph of the amax buffer; float32 values kept exactly
+            values = torch.clamp(flat / qmax, min=MIN_SCALE).tolist()
+            scale = torch.tensor(values, dtype=torch.float32)
         axis = None
         if math.prod(sizes) > 1:
             shape = [1] * (inputs.dim() - len(sizes)) + sizes
