@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -130,6 +132,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader of the output went away (``qdq lint M.onnx | head``): stop quietly, as other
+        # command-line tools do, and keep the interpreter's final flush from failing again
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+        return 141  # 128 + SIGPIPE
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from qdq.cli.demo import run_demo
 
