@@ -2,7 +2,7 @@
 
 The end-to-end tests follow upstream's tutorial flow (quant_modules.initialize → build a torchvision
 ResNet → enable_calib/disable_quant → load_calib_amax → use_fb_fake_quant export). They use
-ResNet-18 at 64x64 instead of ResNet-50 at 224x224 to stay within seconds on 2 cores; the layers
+ResNet-50 at 64x64 instead of 224x224 to stay within seconds on 2 cores; the layers
 exercised (Conv2d, Linear, AdaptiveAvgPool2d, residual blocks) are the same.
 """
 
@@ -335,7 +335,7 @@ def test_alias_is_opt_in_and_import_qdq_is_lazy():
 # ------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def resnet_and_data():
-    """ResNet-18 built under quant_modules with histogram input calibrators (upstream tutorial)."""
+    """ResNet-50 built under quant_modules with histogram input calibrators (upstream tutorial)."""
     old = (
         quant_nn.QuantConv2d.default_quant_desc_input,
         quant_nn.QuantLinear.default_quant_desc_input,
@@ -347,7 +347,7 @@ def resnet_and_data():
     quant_modules.initialize()
     try:
         torch.manual_seed(0)
-        model = torchvision.models.resnet18(num_classes=10).eval()
+        model = torchvision.models.resnet50(num_classes=10).eval()
     finally:
         quant_modules.deactivate()
         quant_nn.QuantConv2d.default_quant_desc_input = old[0]
@@ -382,7 +382,10 @@ def test_resnet_calibrate_export_onnxruntime(resnet_and_data, method):
     onnx_bytes = _export(model, (x,))
     ops = _ops(onnx_bytes)
     n_quantizers = len(amaxes)
-    assert ops.count("QuantizeLinear") == ops.count("DequantizeLinear") == n_quantizers
+    assert ops.count("QuantizeLinear") == ops.count("DequantizeLinear")
+    # each downsample conv reads its block's input with conv1 (same histogram, same amax): the
+    # exporter may fold such identical constant-scale Q/DQ pairs into one (4 blocks)
+    assert n_quantizers - 4 <= ops.count("QuantizeLinear") <= n_quantizers
     onnx.checker.check_model(onnx.load_from_string(onnx_bytes))
     _assert_constant_scales(onnx_bytes)
     _assert_close_after_requantization(_run_ort(onnx_bytes, [x]), expected)
