@@ -200,6 +200,24 @@ def _output_reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
     return False
 
 
+def _copies_of(ctx: PlanContext, node: fx.Node) -> set[str]:
+    """Names of the nodes holding the same tensor as ``node``: its source through copy ops
+    (timm's ``shortcut = nn.Identity()``) and every copy of that source."""
+    root = node
+    while ctx.kinds[root] in COPY_KINDS:
+        ins = tensor_inputs(root)
+        if len(ins) != 1:
+            break
+        root = ins[0][1]
+    names, stack = {root.name}, [root]
+    while stack:
+        for u in stack.pop().users:
+            if ctx.kinds[u] in COPY_KINDS and u.name not in names:
+                names.add(u.name)
+                stack.append(u)
+    return names
+
+
 def release_float_output_skips(ctx: PlanContext) -> None:
     """P03, second pass (after every other step): a residual skip quantized only for its Add
     stays float when the fused conv+Add's output (through its epilogue) feeds no quantized op.
@@ -215,9 +233,9 @@ def release_float_output_skips(ctx: PlanContext) -> None:
         add = ctx.by_name[point.consumer]
         if ctx.kinds[add] != "add" or _output_reaches_quantized(ctx, add):
             continue
+        aliases = _copies_of(ctx, ctx.by_name[point.producer])
         if any(
-            p.quantized and p.producer == point.producer and p.name != name
-            for p in ctx.points.values()
+            p.quantized and p.producer in aliases and p.name != name for p in ctx.points.values()
         ):
             continue
         skip_input(

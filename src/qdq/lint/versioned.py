@@ -117,7 +117,16 @@ def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: 
         f"{g.name(add)}: residual input {skip.source} is quantized but the fused layer's output "
         f"{last} stays float (read by {names})"
     )
-    other_q_readers = [c for c in g.consumers.get(skip.source, []) if c.op_type == "QuantizeLinear"]
+    # the skip's tensor and its copies (a transposed view read by a GEMM's Quantize counts too)
+    same, todo = {skip.source}, [skip.source]
+    while todo:
+        for c in g.consumers.get(todo.pop(), []):
+            if c.op_type in COPY_OPS and c.output[0] not in same:
+                same.add(c.output[0])
+                todo.append(c.output[0])
+    other_q_readers = [
+        c for t in same for c in g.consumers.get(t, []) if c.op_type == "QuantizeLinear"
+    ]
     only_here = other_q_readers == [skip.q] and len(g.consumers.get(skip.q.output[0], [])) == 1
     if readers and not returned and all(can_read_int8(g, r) for r in readers):
         severity, fix = (
