@@ -33,7 +33,6 @@ from qdq.pipeline.evaluate import (
     check_labels,
     metric_name,
     ort_outputs,
-    output_tensors,
     score,
     torch_outputs,
 )
@@ -41,6 +40,7 @@ from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.report import build_report
+from qdq.pipeline.sample import check_sample
 
 __all__ = ["HTML_FILE", "MANIFEST_FILE", "ONNX_FILE", "REPORT_FILE", "QuantizeResult", "quantize"]
 
@@ -212,7 +212,7 @@ def quantize(
             # one sample; a static-batch model gets one (padded) batch of its size
             example = next(batches(qdata.calibration, size, static))[0] if static else None
             example = qdata.calibration[:1] if example is None else example
-            sample_outs = _check_sample(source, example, qdata)
+            sample_outs = check_sample(source, example, qdata)
             sample_out = sample_outs[0]
             if qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
@@ -527,50 +527,6 @@ def _compare_methods(
     finally:
         qdq.recompute_amax(prepared, s.calib, percentile=s.percentile)  # the exported amax again
     return out
-
-
-def _check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> list[torch.Tensor]:
-    """Run the float model on one sample; a failure names the data's and the model's shapes."""
-    was_training = source.module.training
-    try:
-        source.module.eval()
-        with torch.no_grad():
-            return output_tensors(source.module(x), f"the model {source.spec}")
-    except ValueError as err:
-        if "returned no tensor" in str(err):
-            raise
-        raise ValueError(_shape_message(source, x, qdata, err)) from None
-    except Exception as err:  # user code: any failure becomes one message
-        raise ValueError(_shape_message(source, x, qdata, err)) from None
-    finally:
-        source.module.train(was_training)
-
-
-def _shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: Exception) -> str:
-    why = " ".join(str(err).split())[:300]
-    expects = ""
-    if source.input_shape is not None:
-        expects = f"; {source.spec} was exported for input shape {source.input_shape}"
-    else:
-        first = next(
-            (
-                m
-                for m in source.module.modules()
-                if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear))
-            ),
-            None,
-        )
-        if isinstance(first, nn.Linear):
-            expects = f"; its first weighted layer is {first} (input features {first.in_features})"
-        elif first is not None:
-            expects = (
-                f"; its first weighted layer is {type(first).__name__} with "
-                f"{first.in_channels} input channels"
-            )
-    return (
-        f"the model {source.spec} fails on a data sample of shape {tuple(x.shape)} "
-        f"({x.dtype}) from {qdata.source}: {type(err).__name__}: {why}{expects}"
-    )
 
 
 def _params(module: nn.Module) -> int:

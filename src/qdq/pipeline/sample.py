@@ -1,0 +1,57 @@
+"""The first check of ``qdq.quantize``: the float model runs on one data sample, and a failure
+says which shapes met (the data's, the model's first weighted layer's or exported input shape)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qdq.pipeline.data import QuantData
+from qdq.pipeline.evaluate import output_tensors
+from qdq.pipeline.models import ModelSource
+
+__all__ = ["check_sample", "shape_message"]
+
+
+def check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> list[torch.Tensor]:
+    """Run the float model on one sample; a failure names the data's and the model's shapes."""
+    was_training = source.module.training
+    try:
+        source.module.eval()
+        with torch.no_grad():
+            return output_tensors(source.module(x), f"the model {source.spec}")
+    except ValueError as err:
+        if "returned no tensor" in str(err):
+            raise
+        raise ValueError(shape_message(source, x, qdata, err)) from None
+    except Exception as err:  # user code: any failure becomes one message
+        raise ValueError(shape_message(source, x, qdata, err)) from None
+    finally:
+        source.module.train(was_training)
+
+
+def shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: Exception) -> str:
+    why = " ".join(str(err).split())[:300]
+    expects = ""
+    if source.input_shape is not None:
+        expects = f"; {source.spec} was exported for input shape {source.input_shape}"
+    else:
+        first = next(
+            (
+                m
+                for m in source.module.modules()
+                if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear))
+            ),
+            None,
+        )
+        if isinstance(first, nn.Linear):
+            expects = f"; its first weighted layer is {first} (input features {first.in_features})"
+        elif first is not None:
+            expects = (
+                f"; its first weighted layer is {type(first).__name__} with "
+                f"{first.in_channels} input channels"
+            )
+    return (
+        f"the model {source.spec} fails on a data sample of shape {tuple(x.shape)} "
+        f"({x.dtype}) from {qdata.source}: {type(err).__name__}: {why}{expects}"
+    )
