@@ -34,11 +34,11 @@ import torch
 from torch import nn
 
 import qdq
+from accuracy import INPUT_NAME, export_fp32  # the FP32 ONNX every peer row starts from
 
 __all__ = ["bench_zoo"]
 
 T = TypeVar("T")
-INPUT_NAME = "input"
 
 
 def _quiet(fn: Callable[[], T]) -> T:
@@ -57,23 +57,6 @@ def _fp32(model: nn.Module, batches: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for b in batches:
             model(b)
-
-
-def _export(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    with torch.no_grad():
-        outputs = model(example)
-    n = len(outputs) if isinstance(outputs, (tuple, list)) else 1
-    names = [f"output{i}" for i in range(n)]
-    torch.onnx.export(
-        model,
-        (example,),
-        str(path),
-        dynamo=False,
-        opset_version=17,
-        input_names=[INPUT_NAME],
-        output_names=names,
-        dynamic_axes={k: {0: "batch"} for k in (INPUT_NAME, *names)},
-    )
 
 
 class _Ort:
@@ -133,7 +116,7 @@ def _model_row(name: str, batch: int, calib_n: int | None, repeats: int) -> dict
         ort: _Ort | None = None
         try:
             path = Path(tmp) / "fp32.onnx"
-            _quiet(lambda: _export(model, batches[0][:1], path))
+            _quiet(lambda: export_fp32(model, batches[0][:1], path))
             ort = _Ort(path, Path(tmp), [b.numpy() for b in batches])
             ort.run(_quiet(ort.calibrator))  # warm-up
         except Exception as err:  # the row still shows FP32 and qdq
