@@ -243,17 +243,21 @@ def _mse_contenders(
         return None
     s = cands / qmax
     ks = np.arange(1.0, qmax + 1.0)
-    zero = np.zeros(1)
-    tail0 = np.concatenate([np.cumsum(w[::-1])[::-1], zero])
-    tail1 = np.concatenate([np.cumsum((w * centers)[::-1])[::-1], zero])
+
+    tails = np.empty((n + 1, 2))
+    tails[:n, 0] = np.cumsum(w[::-1])[::-1]
+    tails[:n, 1] = np.cumsum((w * centers)[::-1])[::-1]
+    tails[n] = 0.0
     a_part, b_part = np.empty(m), np.empty(m)
-    weights = 2.0 * ks - 1.0
+    weights = np.zeros((2 * ks.size, 2))
+    weights[0::2, 0] = 2.0 * ks - 1.0
+    weights[1::2, 1] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):  # huge values: evaluated exhaustively
         lo = 0
         table = _edge_table(cands, width, n, qmax)
         if table is not None:  # the edge candidates: their rows are data-independent
             lo = table.shape[0]
-            _run_sums(table, tail0, tail1, weights, a_part[:lo], b_part[:lo])
+            _run_sums(table, tails, weights, a_part[:lo], b_part[:lo])
         block = min(m - lo, _MSE_BLOCK)
         first = np.empty((block, ks.size))
         bound = np.empty((block, ks.size), dtype=np.intp)
@@ -265,9 +269,7 @@ def _mse_contenders(
             np.minimum(f, n, out=f)
             np.rint(f, out=f)
             np.copyto(b, f, casting="unsafe")
-            _run_sums(
-                b, tail0, tail1, weights, a_part[start : start + k], b_part[start : start + k]
-            )
+            _run_sums(b, tails, weights, a_part[start : start + k], b_part[start : start + k])
         approx = s * s * a_part - 2.0 * s * b_part + float((w * centers * centers).sum())
         u = float(np.finfo(np.float64).eps) / 2
         total = float(w.sum())
@@ -308,22 +310,25 @@ def _boundary_table(qmax: float, rows: int) -> np.ndarray:
 
 def _run_sums(
     bound: np.ndarray,
-    tail0: np.ndarray,
-    tail1: np.ndarray,
+    tails: np.ndarray,
     weights: np.ndarray,
     a_out: np.ndarray,
     b_out: np.ndarray,
 ) -> None:
     """``a_out = sum_k (2k-1)·T0[b_k]`` and ``b_out = sum_k T1[b_k]`` per row of ``bound``, in
-    blocks of rows."""
-    gathered = np.empty((min(bound.shape[0], _MSE_BLOCK), bound.shape[1]))
-    for lo in range(0, bound.shape[0], _MSE_BLOCK):
+    blocks of rows; ``tails`` holds ``T0`` and ``T1`` side by side (``(n + 1, 2)``), so one
+    gather fetches both and one matrix product (``weights``: ``(2·qmax, 2)``, zero where a
+    column does not read) sums both."""
+    rows, codes = bound.shape
+    gathered = np.empty((min(rows, _MSE_BLOCK), codes, 2))
+    for lo in range(0, rows, _MSE_BLOCK):
         b = bound[lo : lo + _MSE_BLOCK]
-        t = gathered[: b.shape[0]]
-        np.take(tail0, b, out=t)
-        np.matmul(t, weights, out=a_out[lo : lo + b.shape[0]])
-        np.take(tail1, b, out=t)
-        np.sum(t, axis=1, out=b_out[lo : lo + b.shape[0]])
+        k = b.shape[0]
+        g = gathered[:k]
+        np.take(tails, b, axis=0, out=g, mode="clip")  # in range; "clip" skips numpy's buffer
+        sums = g.reshape(k, 2 * codes) @ weights
+        a_out[lo : lo + k] = sums[:, 0]
+        b_out[lo : lo + k] = sums[:, 1]
 
 
 def percentile_amax(counts: npt.ArrayLike, edges: npt.ArrayLike, percentile: float) -> float:

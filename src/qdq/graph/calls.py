@@ -64,10 +64,21 @@ def _path_of(module: nn.Module) -> str | None:
 _TENSOR_QUALNAMES = ("TensorBase.", "Tensor.")
 
 
+_LEAF_TYPES: dict[type, bool] = {}
+
+
 def is_leaf(module: nn.Module) -> bool:
     """A module seen as one call: built-in ``torch.nn`` modules except containers and Conv/Linear
     (which are seen through, so their subclasses and functional forms are planned alike), and
     TorchScript modules (whose insides no Python hook can see)."""
+    kind = type(module)
+    leaf = _LEAF_TYPES.get(kind)
+    if leaf is None:
+        leaf = _LEAF_TYPES[kind] = _is_leaf_type(module)
+    return leaf
+
+
+def _is_leaf_type(module: nn.Module) -> bool:
     if isinstance(module, torch.jit.ScriptModule):
         return True
     if isinstance(module, (*TRACE_THROUGH, *_CONTAINERS, *_SEEN_INTO)):
@@ -106,6 +117,26 @@ def normalize_call(func: Callable[..., Any]) -> tuple[str, Any, str]:
     return "call_function", func, name or type(func).__name__
 
 
+#: :func:`normalize_call` per function object, and whether it is seen as its parts (SDPA, MHA):
+#: a model calls the same few dozen functions thousands of times per forward
+_CALL_INFO: dict[Any, tuple[str, Any, str, bool]] = {}
+
+
+def _call_info(func: Callable[..., Any]) -> tuple[str, Any, str, bool]:
+    try:
+        info = _CALL_INFO.get(func)
+    except TypeError:  # an unhashable callable: not cached
+        info = None
+        cache = False
+    else:  # never a method bound to a tensor: the cache would keep the tensor alive
+        cache = not isinstance(getattr(func, "__self__", None), torch.Tensor)
+    if info is None:
+        info = (*normalize_call(func), is_sdpa(func) or is_mha(func))
+        if cache and len(_CALL_INFO) < 4096:
+            _CALL_INFO[func] = info
+    return info
+
+
 class _Mode(TorchFunctionMode):
     """Routes every torch call made while a tracker is active to :meth:`CallTracker.on_call`."""
 
@@ -124,15 +155,15 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         if tracker.leaf_depth:
             return func(*args, **kwargs)
-        if is_sdpa(func):  # seen as its parts, so Q·Kᵀ and P·V can be planned (P16)
-            with self:
-                return attention_math(*args, **kwargs)
-        if is_mha(func):  # nn.MultiheadAttention: its GEMMs (P01) and products (P16)
-            with self:
+        op, target, family, parts_seen = _call_info(func)
+        if parts_seen:
+            if is_sdpa(func):  # seen as its parts, so Q·Kᵀ and P·V can be planned (P16)
+                with self:
+                    return attention_math(*args, **kwargs)
+            with self:  # nn.MultiheadAttention: its GEMMs (P01) and products (P16)
                 parts = multi_head_attention_math(*args, **kwargs)
             if parts is not None:
                 return parts
-        op, target, family = normalize_call(func)
         key = tracker.next_key(family)
         return tracker.on_call(func, key, op, target, args, kwargs)
 
@@ -154,6 +185,8 @@ class CallTracker:
             object.__setattr__(module, _PATH_ATTR, name)
         self.leaf_depth = 0
         self._stack: list[nn.Module] = []
+        #: the innermost named module's path at each depth of ``_stack`` ("" below the root)
+        self._path_stack: list[str] = []
         self._counters: Counter[tuple[str, str]] = Counter()
         self._mode: _Mode | None = None
         self._active_by: nn.Module | None = None
@@ -182,6 +215,10 @@ class CallTracker:
         if self._active_by is None:
             self._activate(module)
         self._stack.append(module)
+        path = _path_of(module)
+        self._path_stack.append(
+            path if path is not None else (self._path_stack[-1] if self._path_stack else "")
+        )
         if self.leaf_depth:
             self.leaf_depth += 1
             return None
@@ -194,6 +231,7 @@ class CallTracker:
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
+            self._path_stack.pop()
         if self.leaf_depth:
             self.leaf_depth -= 1
             if self.leaf_depth == 0:
@@ -205,6 +243,7 @@ class CallTracker:
         self._active_by = module
         self._counters.clear()
         self._stack.clear()
+        self._path_stack.clear()
         self.leaf_depth = 0
         self._mode = _Mode(self)
         self._mode.__enter__()
@@ -220,6 +259,7 @@ class CallTracker:
         """
         self._mode, self._active_by = None, None
         self._stack.clear()
+        self._path_stack.clear()
         self.leaf_depth = 0
         self._counters.clear()
         self.on_deactivate()
@@ -227,6 +267,7 @@ class CallTracker:
     def _deactivate(self) -> None:
         mode, self._mode, self._active_by = self._mode, None, None
         self._stack.clear()
+        self._path_stack.clear()
         self.leaf_depth = 0
         try:
             if mode is not None:
@@ -237,11 +278,7 @@ class CallTracker:
     # ----------------------------------------------------------------- keys
     def current_path(self) -> str:
         """The path of the innermost module being run ("" for the root or none)."""
-        for module in reversed(self._stack):
-            path = _path_of(module)
-            if path is not None:
-                return path
-        return ""
+        return self._path_stack[-1] if self._path_stack else ""
 
     def stack_paths(self) -> list[tuple[str, type]]:
         """``(path, type)`` of the modules being run, outermost first (root excluded)."""
