@@ -4,8 +4,9 @@ For each zoo model (its own calibration and evaluation data), at full INT8 cover
 (``QuantConfig.tensorrt(disable=("performance",))``: every weighted layer INT8):
 
 * the metric of the exported ONNX in ONNX Runtime (``ORT_ENABLE_BASIC``) with the default (mse),
-  with the calibration method per quantizer, with bias correction, with AdaRound, and with all
-  three, plus top-1 agreement and logit cosine with FP32;
+  with the calibration method per quantizer, with bias correction, with kernel-sum rounding
+  (alone and with bias correction), with AdaRound, and with all three, plus top-1 agreement
+  and logit cosine with FP32;
 * the top-5 units by the one-off output proxy (``qdq.sensitivity``) and the proxy's cost relative
   to one evaluation of the model over the evaluation set (torch fake-quant);
 * ``qdq.auto_quantize`` under ``--max-drop`` (default 0.01) from the default placement, scored in
@@ -44,6 +45,8 @@ CONFIGS: dict[str, PtqOptions] = {
     "mse (default)": PtqOptions(),
     "method per quantizer": PtqOptions(method_per_quantizer=True),
     "bias correction": PtqOptions(bias_correction=True),
+    "kernel-sum rounding": PtqOptions(rounding="kernel-sum"),
+    "kernel-sum + bias": PtqOptions(rounding="kernel-sum", bias_correction=True),
     "AdaRound": PtqOptions(rounding="adaround"),
     "all three": PtqOptions(method_per_quantizer=True, rounding="adaround", bias_correction=True),
 }

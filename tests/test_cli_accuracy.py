@@ -155,3 +155,18 @@ def test_quantize_with_adaround_and_bias_correction(inputs, tmp_path: Path, caps
     assert "adaround" in manifest  # the manifest says which weights carry learned rounding
     # the exported model passed the export's ORT verification; its metric is the ORT one
     assert report["int8_metric"] >= report["int8_torch"]["metric"] - 0.02
+
+
+def test_quantize_with_kernel_sum_rounding(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
+            "--exporter", "torchscript", "--rounding", "kernel-sum", "--calib-samples", "32",
+            "--batch-size", "16", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "PTQ: kernel-sum rounding" in text and "kernel-sum rounding on" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["ptq"] == "kernel-sum rounding"
+    rows = report["ptq"]["kernel_sum"]["rows"]
+    assert rows and all(r["max_sum_error"] <= 0.5 + 1e-4 for r in rows)
+    assert "kernel-sum" in (out / "manifest.json").read_text()

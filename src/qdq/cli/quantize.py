@@ -88,9 +88,9 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--rounding",
         default="nearest",
-        choices=("nearest", "adaround"),
-        help="weight rounding: nearest (default) or adaround (learned on the calibration data; "
-        "only the INT8 codes change)",
+        choices=("nearest", "kernel-sum", "adaround"),
+        help="weight rounding: nearest (default), kernel-sum (data-free: every conv kernel keeps "
+        "its sum) or adaround (learned on the calibration data); only the INT8 codes change",
     )
     p.add_argument(
         "--bias-correction", action="store_true", help="correct each weighted layer's bias"

@@ -1,8 +1,8 @@
 """What ``qdq quantize`` does after calibration to improve the INT8 model.
 
-PTQ switches: method per quantizer, AdaRound, bias correction. Run after calibration, in that
-order — activation ranges first, then the weights' rounding on those inputs, then the bias for
-what error remains — on the calibration batches. Each step's report goes into
+PTQ switches: method per quantizer, weight rounding (kernel-sum or AdaRound), bias correction.
+Run after calibration, in that order — activation ranges first, then the weights' rounding on
+those inputs, then the bias for what error remains — on the calibration batches. Each step's report goes into
 ``report.json["ptq"]`` under its name.
 
 QAT (``--qat-epochs N``, :class:`QatOptions`): after PTQ and fallback, the model is fine-tuned by
@@ -20,7 +20,7 @@ from torch import nn
 
 __all__ = ["ROUNDINGS", "PtqOptions", "QatOptions", "improver", "run_qat"]
 
-ROUNDINGS = ("nearest", "adaround")
+ROUNDINGS = ("nearest", "kernel-sum", "adaround")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,9 @@ class PtqOptions:
     Attributes:
         method_per_quantizer: choose each activation quantizer's calibration method from its
             histogram by its layer's output error (:func:`qdq.ptq.methods.choose_methods`).
-        rounding: ``"nearest"`` or ``"adaround"`` (:func:`qdq.ptq.adaround.adaround`).
+        rounding: ``"nearest"``, ``"kernel-sum"`` (data-free,
+            :func:`qdq.ptq.kernel_sums.kernel_sum_rounding`) or ``"adaround"``
+            (:func:`qdq.ptq.adaround.adaround`).
         bias_correction: correct each weighted layer's bias (:func:`qdq.ptq.bias.correct_bias`).
         adaround_samples / adaround_iters: AdaRound's samples and iterations per layer.
     """
@@ -61,6 +63,8 @@ class PtqOptions:
             parts.append("method per quantizer")
         if self.rounding == "adaround":
             parts.append("AdaRound")
+        elif self.rounding == "kernel-sum":
+            parts.append("kernel-sum rounding")
         if self.bias_correction:
             parts.append("bias correction")
         return " + ".join(parts) or "none"
@@ -80,6 +84,11 @@ def improver(
             reports["method_per_quantizer"] = choose_methods(
                 prepared, batches, show_progress=show_progress
             ).to_dict()
+        if options.rounding == "kernel-sum":
+            from qdq.ptq.kernel_sums import kernel_sum_rounding
+
+            sums = kernel_sum_rounding(prepared, batches)
+            reports["kernel_sum"] = {"summary": sums.summary(), **sums.to_dict()}
         if options.rounding == "adaround":
             from qdq.ptq.adaround import adaround
 

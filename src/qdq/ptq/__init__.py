@@ -6,6 +6,7 @@ carried by :func:`qdq.export_onnx` through the same Q/DQ ONNX:
 * :mod:`qdq.ptq.methods` — the calibration method chosen per quantizer, from the same histograms,
   by the error of that layer's output;
 * :mod:`qdq.ptq.bias` — bias correction of weighted layers;
+* :mod:`qdq.ptq.kernel_sums` — data-free weight rounding that keeps every conv kernel's sum;
 * :mod:`qdq.ptq.adaround` — learned weight rounding (AdaRound): only the weights' INT8 codes change.
 """
 
