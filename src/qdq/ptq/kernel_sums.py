@@ -33,7 +33,7 @@ from torch import nn
 
 from qdq._modes import eval_no_grad
 from qdq.ptq import _layers
-from qdq.quant import quant_range, scale_from_amax
+from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
 __all__ = ["KernelSumRow", "KernelSums", "kernel_sum_codes", "kernel_sum_rounding"]
 
@@ -165,8 +165,8 @@ def kernel_sum_rounding(
     if first is None:
         raise ValueError("kernel-sum rounding saw no batches: the data is empty")
     layers, notes = _layers.find_layers(prepared)
-    with eval_no_grad(prepared):
-        _layers.survey(prepared, first, layers)
+    with eval_no_grad(prepared), quantizer_mode(prepared, QuantMode.BYPASS):
+        _layers.survey(prepared, first, layers)  # an FP32 pass: only the weights are wanted
     rows = []
     for layer in sorted((x for x in layers if x.order is not None), key=lambda x: x.order or 0):
         row = _round(layer)
