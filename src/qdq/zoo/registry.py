@@ -410,8 +410,8 @@ MODELS: dict[str, ZooEntry] = {
             preprocess=ImagePreprocess(
                 size=(224, 224),
                 channels=3,
-                mean=(0.485, 0.456, 0.406),
-                std=(0.229, 0.224, 0.225),
+                mean=(127 / 255,),  # the model's own: (pixel - 127) / 128
+                std=(128 / 255,),
                 resize="center-crop",
             ),
         ),
