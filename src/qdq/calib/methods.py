@@ -188,11 +188,51 @@ def mse_amax(
     qmax = float(2 ** (num_bits - 1) - 1)
     centers = (e[:-1] + e[1:]) / 2.0
     w = c.astype(np.float64)
-    keep = _mse_contenders(cands, centers, w, qmax) if cands.size > _MSE_CHUNK else None
+    tails = _suffix_sums(w, centers)
+    low = _clipped_too_much(cands, centers, w, qmax, tails) if cands.size > _MSE_CHUNK else 0
+    rest = cands[low:]
+    keep = _mse_contenders(rest, centers, w, qmax, tails) if rest.size > _MSE_CHUNK else None
     if keep is None:
-        keep = np.arange(cands.size)
-    errs = _mse_errors(cands[keep], centers, w, qmax)
-    return float(cands[keep[int(np.argmin(errs))]])
+        keep = np.arange(rest.size)
+    errs = _mse_errors(rest[keep], centers, w, qmax)
+    return float(rest[keep[int(np.argmin(errs))]])
+
+
+def _suffix_sums(w: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """``(n + 1, 3)``: ``sum_{i>=j}`` of ``w_i``, ``w_i·c_i`` and ``w_i·c_i²`` for ``j = 0..n``."""
+    n = w.size
+    tails = np.zeros((n + 1, 3))
+    terms = np.empty((n, 3))
+    terms[:, 0] = w
+    np.multiply(w, centers, out=terms[:, 1])
+    np.multiply(terms[:, 1], centers, out=terms[:, 2])
+    np.cumsum(terms[::-1], axis=0, out=tails[n - 1 :: -1] if n else tails[:0])
+    return tails
+
+
+def _clipped_too_much(
+    cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float, tails: np.ndarray
+) -> int:
+    """How many of the (ascending) candidates lose to another one on clipping error alone.
+
+    Every bin centre above a candidate ``a`` saturates to ``a``, so the error of ``a`` is at least
+    ``L(a) = sum_{c > a} w·(c - a)²`` (the other terms are squares), which does not increase with
+    ``a``. A few candidates are evaluated exactly (:func:`_mse_errors`, the defining values); the
+    candidates whose ``L``, less a float slack far above the error of computing it from suffix
+    sums (``~ n·u`` of the magnitudes) and of the saturated value ``qmax·scale`` (``~ 2u·a``),
+    still exceeds the best of those cannot be the minimum nor tied with it. They are a prefix.
+    """
+    probes = np.unique(np.linspace(0, cands.size - 1, 9).round().astype(np.intp))
+    best = float(_mse_errors(cands[probes], centers, w, qmax).min())
+    t0, t1, t2 = tails[:, 0], tails[:, 1], tails[:, 2]
+    j = np.searchsorted(centers, cands, side="right")  # first bin whose centre is above a
+    a = cands
+    lower = t2[j] - 2.0 * a * t1[j] + a * a * t0[j]
+    slack = 1e-9 * (t2[j] + 2.0 * a * t1[j] + a * a * t0[j])
+    beaten = (lower - slack) * (1.0 - 1e-9) > best
+    if not beaten[0]:
+        return 0
+    return int(np.argmin(beaten)) if not beaten.all() else int(cands.size - 1)
 
 
 def _mse_errors(cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float) -> np.ndarray:
@@ -208,7 +248,7 @@ def _mse_errors(cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: flo
 
 
 def _mse_contenders(
-    cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float
+    cands: np.ndarray, centers: np.ndarray, w: np.ndarray, qmax: float, suffix: np.ndarray
 ) -> np.ndarray | None:
     """Indices of the candidates that may hold the first minimum of :func:`_mse_errors`, for
     bins of one power-of-two width ``d`` (``c_j = (j + 1/2)·d`` exactly, as
@@ -244,10 +284,7 @@ def _mse_contenders(
     s = cands / qmax
     ks = np.arange(1.0, qmax + 1.0)
 
-    tails = np.empty((n + 1, 2))
-    tails[:n, 0] = np.cumsum(w[::-1])[::-1]
-    tails[:n, 1] = np.cumsum((w * centers)[::-1])[::-1]
-    tails[n] = 0.0
+    tails = np.ascontiguousarray(suffix[:, :2])  # T0 and T1 side by side
     a_part, b_part = np.empty(m), np.empty(m)
     weights = np.zeros((2 * ks.size, 2))
     weights[0::2, 0] = 2.0 * ks - 1.0
