@@ -374,3 +374,18 @@ def test_histogram_stays_on_cuda() -> None:
         amax = cal.compute_amax(method)
         assert amax.device.type == "cuda"
         assert amax.item() == cpu.compute_amax(method).item()
+
+
+def test_mse_drops_the_candidates_that_clip_too_much_and_keeps_the_answer() -> None:
+    from qdq.calib import methods
+
+    cal = HistogramCalibrator()
+    cal.collect(_activations(0, 200_000))
+    counts, edges = cal.histogram()
+    centers = (edges[:-1] + edges[1:]) / 2
+    w = counts.astype(np.float64)
+    cands = np.concatenate([edges[128 : counts.size], [cal.observed_max]])
+    low = methods._clipped_too_much(cands, centers, w, 127.0, methods._suffix_sums(w, centers))
+    assert 0 < low < cands.size  # most small candidates clip more error than the best probe
+    best = mse_amax(counts, edges, observed_max=cal.observed_max)
+    assert best == mse_exhaustive(counts, edges, cal.observed_max, 8) and best >= cands[low]
