@@ -141,17 +141,13 @@ def kernel_sum_codes(y: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
     return nearest + torch.sign(need) * move.to(y.dtype)
 
 
-def kernel_sum_rounding(
-    prepared: nn.Module, data: Iterable[Any], *, show_progress: bool = False
-) -> KernelSums:
+def kernel_sum_rounding(prepared: nn.Module, data: Iterable[Any]) -> KernelSums:
     """Round every convolution weight of a calibrated model to keep its kernels' sums, in place.
 
     Args:
         prepared: a calibrated model from :func:`qdq.prepare`.
         data: batches as :func:`qdq.calibrate` takes them; only the first one runs, to find each
             layer's weight as the model passes it.
-        show_progress: unused (the work is a few tensor operations per layer); kept for the
-            signature the other PTQ steps share.
 
     Returns:
         :class:`KernelSums`, one row per convolution with a kernel of more than one tap.
@@ -159,7 +155,6 @@ def kernel_sum_rounding(
     Raises:
         ValueError: not a prepared call-site model, a quantizer without amax, or no batch.
     """
-    del show_progress
     _layers.check_ready(prepared, "kernel-sum rounding")
     first = next(iter(data), None)
     if first is None:
