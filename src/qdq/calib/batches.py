@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import itertools
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,7 @@ def _recorded_specs(model: nn.Module) -> list[InputSpec]:
 
 
 def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype | None, torch.device | None]:
-    for t in (*model.parameters(), *model.buffers()):
+    for t in itertools.chain(model.parameters(), model.buffers()):  # stops at the first
         if t.is_floating_point():
             return t.dtype, t.device
     return None, None
