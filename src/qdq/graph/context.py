@@ -219,8 +219,11 @@ def skip_input(
     )
 
 
-def reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
-    """Whether ``node``'s output (through pass-through ops) is read by a quantized point."""
+def reaches_quantized(
+    ctx: PlanContext, node: fx.Node, through: frozenset[str] = PASS_THROUGH_KINDS
+) -> bool:
+    """Whether ``node``'s output (through ops of the ``through`` kinds, by default the
+    pass-through ones) is read by a quantized point."""
     read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
     stack, seen = [node], {node}
     while stack:
@@ -228,7 +231,7 @@ def reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
         for u in n.users:
             if (n.name, u.name) in read:
                 return True
-            if ctx.kinds[u] in PASS_THROUGH_KINDS and u not in seen:
+            if ctx.kinds[u] in through and u not in seen:
                 seen.add(u)
                 stack.append(u)
     return False

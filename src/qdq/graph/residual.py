@@ -6,7 +6,7 @@ from collections import deque
 
 import torch.fx as fx
 
-from qdq.graph.context import PlanContext, quantize_input, skip_input
+from qdq.graph.context import PlanContext, quantize_input, reaches_quantized, skip_input
 from qdq.graph.patterns import (
     COPY_KINDS,
     EPILOGUE_KINDS,
@@ -20,6 +20,9 @@ __all__ = ["plan_residual_add", "silu_operand"]
 #: pointwise ops whose other operand is a constant (ConvNeXt's LayerScale ``x * gamma``, a bias
 #: ``x + b``): one more pointwise op of the epilogue, with a single activation input
 _CONSTANT_OPERAND_KINDS = frozenset({"mul", "add"})
+#: what a fused conv+Add's output passes through before its readers: its epilogue (the activation
+#: TensorRT fuses after it) and pass-through ops
+_THROUGH_EPILOGUE = PASS_THROUGH_KINDS | EPILOGUE_KINDS
 
 
 def _backbone(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
@@ -184,22 +187,6 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
             )
 
 
-def _output_reaches_quantized(ctx: PlanContext, node: fx.Node) -> bool:
-    """Whether ``node``'s output, through its epilogue (the activation fused after a conv+Add)
-    and pass-through ops, is read by a quantized point."""
-    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
-    stack, seen = [node], {node}
-    while stack:
-        n = stack.pop()
-        for u in n.users:
-            if (n.name, u.name) in read:
-                return True
-            if ctx.kinds[u] in PASS_THROUGH_KINDS | EPILOGUE_KINDS and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return False
-
-
 def _copies_of(ctx: PlanContext, node: fx.Node) -> set[str]:
     """Names of the nodes holding the same tensor as ``node``: its source through copy ops
     (timm's ``shortcut = nn.Identity()``) and every copy of that source."""
@@ -231,7 +218,7 @@ def release_float_output_skips(ctx: PlanContext) -> None:
         if point.rule != "P03" or not point.quantized or point.kind != "input":
             continue
         add = ctx.by_name[point.consumer]
-        if ctx.kinds[add] != "add" or _output_reaches_quantized(ctx, add):
+        if ctx.kinds[add] != "add" or reaches_quantized(ctx, add, _THROUGH_EPILOGUE):
             continue
         aliases = _copies_of(ctx, ctx.by_name[point.producer])
         if any(
