@@ -35,6 +35,17 @@ _Size = Any  # int or tuple, as torch accepts
 
 
 class _QuantConvMixin(QuantMixin):
+    """The constructor and forward of ``QuantConv1d/2d/3d`` (torch's signature, then the
+    ``quant_desc_input``/``quant_desc_weight`` keywords); the torch class comes next in the MRO."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
+                 padding: _Size = 0, dilation: _Size = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
+        conv: Any = super()
+        conv.__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                      bias, padding_mode)  # fmt: skip
+        self._setup(kwargs)
+
     def _setup(self, kwargs: dict[str, Any]) -> None:
         desc_in, desc_w = pop_quant_desc_in_kwargs(type(self), **kwargs)
         self.init_quantizer(desc_in, desc_w)
@@ -51,13 +62,6 @@ class QuantConv1d(_QuantConvMixin, nn.Conv1d):
 
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, dilation: _Size = 1, groups: int = 1, bias: bool = True,
-                 padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         dilation, groups, bias, padding_mode)  # fmt: skip
-        self._setup(kwargs)
-
 
 class QuantConv2d(_QuantConvMixin, nn.Conv2d):
     """``torch.nn.Conv2d`` with quantized input and (per output channel) weight.
@@ -70,32 +74,29 @@ class QuantConv2d(_QuantConvMixin, nn.Conv2d):
 
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, dilation: _Size = 1, groups: int = 1, bias: bool = True,
-                 padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         dilation, groups, bias, padding_mode)  # fmt: skip
-        self._setup(kwargs)
-
 
 class QuantConv3d(_QuantConvMixin, nn.Conv3d):
     """``torch.nn.Conv3d`` with quantized input and (per output channel) weight."""
 
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, dilation: _Size = 1, groups: int = 1, bias: bool = True,
-                 padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         dilation, groups, bias, padding_mode)  # fmt: skip
-        self._setup(kwargs)
-
 
 _TRANSPOSED = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 class _QuantConvTransposeMixin(QuantMixin):
+    """The constructor and forward of ``QuantConvTranspose1d/2d/3d`` (torch's signature, then the
+    quantization keywords); the torch class comes next in the MRO."""
+
     _dims = 2
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
+                 padding: _Size = 0, output_padding: _Size = 0, groups: int = 1, bias: bool = True,
+                 dilation: _Size = 1, padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
+        conv: Any = super()
+        conv.__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding,
+                      groups, bias, dilation, padding_mode)  # fmt: skip
+        self._setup(kwargs)
 
     def _setup(self, kwargs: dict[str, Any]) -> None:
         desc_in, desc_w = pop_quant_desc_in_kwargs(type(self), **kwargs)
@@ -123,13 +124,6 @@ class QuantConvTranspose1d(_QuantConvTransposeMixin, nn.ConvTranspose1d):
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL
     _dims = 1
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, output_padding: _Size = 0, groups: int = 1, bias: bool = True,
-                 dilation: _Size = 1, padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         output_padding, groups, bias, dilation, padding_mode)  # fmt: skip
-        self._setup(kwargs)
-
 
 class QuantConvTranspose2d(_QuantConvTransposeMixin, nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` with quantized input and weight (weight axis 1)."""
@@ -137,26 +131,12 @@ class QuantConvTranspose2d(_QuantConvTransposeMixin, nn.ConvTranspose2d):
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
     _dims = 2
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, output_padding: _Size = 0, groups: int = 1, bias: bool = True,
-                 dilation: _Size = 1, padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         output_padding, groups, bias, dilation, padding_mode)  # fmt: skip
-        self._setup(kwargs)
-
 
 class QuantConvTranspose3d(_QuantConvTransposeMixin, nn.ConvTranspose3d):
     """``torch.nn.ConvTranspose3d`` with quantized input and weight (weight axis 1)."""
 
     default_quant_desc_weight = tq.QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
     _dims = 3
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: _Size, stride: _Size = 1,
-                 padding: _Size = 0, output_padding: _Size = 0, groups: int = 1, bias: bool = True,
-                 dilation: _Size = 1, padding_mode: Any = "zeros", **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
-                         output_padding, groups, bias, dilation, padding_mode)  # fmt: skip
-        self._setup(kwargs)
 
 
 # upstream's short aliases (quant_nn.Conv2d, ...)
