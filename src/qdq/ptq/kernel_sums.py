@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from qdq._modes import eval_no_grad
+from qdq.debug.stats import ErrorStats, finite
 from qdq.ptq import _layers
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
@@ -67,8 +68,8 @@ class KernelSumRow:
     weight_sqnr: float
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
-        return asdict(self)
+        """JSON-safe (a non-finite number, the SQNR of an exact rounding, is ``null``)."""
+        return {k: finite(v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,8 @@ def _round(layer: _layers.Layer) -> KernelSumRow | None:
         changed=changed,
         max_sum_error_nearest=_max_sum_error(nearest, kernels, qmax),
         max_sum_error=_max_sum_error(codes, kernels, qmax),
-        weight_sqnr_nearest=_sqnr(w, (nearest.reshape(w.shape) * s)),
-        weight_sqnr=_sqnr(w, (codes.reshape(w.shape) * s)),
+        weight_sqnr_nearest=ErrorStats.between(w, nearest.reshape(w.shape) * s).sqnr_db,
+        weight_sqnr=ErrorStats.between(w, codes.reshape(w.shape) * s).sqnr_db,
     )
 
 
@@ -209,11 +210,3 @@ def _max_sum_error(codes: torch.Tensor, y: torch.Tensor, qmax: int) -> float:
     free = y.abs() <= qmax
     err = torch.where(free, codes - y, torch.zeros_like(y)).sum(dim=1).abs()
     return float(err.max()) if err.numel() else 0.0
-
-
-def _sqnr(w: torch.Tensor, wq: torch.Tensor) -> float:
-    signal = float(w.double().pow(2).sum())
-    noise = float((w.double() - wq.double()).pow(2).sum())
-    if noise == 0.0:
-        return float("inf")
-    return 10.0 * torch.log10(torch.tensor(signal / noise)).item() if signal > 0 else float("-inf")
