@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from torch import nn
 
 import qdq
+from qdq.config import QuantConfig
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.ptq.kernel_sums import kernel_sum_codes, kernel_sum_rounding
 from qdq.quant import QuantMode, quantizer_mode, scale_from_amax
@@ -145,3 +146,19 @@ def test_export_writes_the_codes_and_onnx_runtime_agrees(tmp_path: Path) -> None
     assert np.array_equal(codes, quantizer._buffers["rounding_codes"].numpy().astype(np.float32))
     s = scale_from_amax(quantizer.amax, 8).reshape(-1, 1, 1, 1).numpy()
     assert np.allclose(scale.reshape(-1, 1, 1, 1), s)
+
+
+def test_an_exactly_representable_kernel_reports_null_sqnr_in_json() -> None:
+    conv = nn.Conv2d(2, 2, 3, bias=False)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # amax 127/128: every tap a multiple of the scale 1/128, exactly
+        conv.weight.copy_(torch.randint(-127, 128, conv.weight.shape, generator=g).float() / 128)
+        conv.weight[:, 0, 0, 0] = 127 / 128
+    data = [torch.rand(4, 2, 6, 6) for _ in range(2)]
+    full = QuantConfig.tensorrt(disable=("performance",))  # a 2-channel conv is INT8 here too
+    m = qdq.prepare(nn.Sequential(conv).eval(), (data[0][:2],), full)
+    qdq.calibrate(m, data, method="max", show_progress=False)
+    (row,) = kernel_sum_rounding(m, data).rows
+    assert row.changed == 0 and row.weight_sqnr == float("inf")
+    assert row.to_dict()["weight_sqnr"] is None
+    json.loads(json.dumps(row.to_dict(), allow_nan=False))
