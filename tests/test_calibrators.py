@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import qdq.calib.histogram as histogram_module
 from qdq.calib import (
     CalibrationError,
     HistogramCalibrator,
@@ -136,6 +137,28 @@ def test_huge_tensor_counts_are_exact() -> None:
     cal.collect(x)
     counts, _ = cal.histogram()
     assert int(counts[0]) == n - 1 and int(counts.sum()) == n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_counts_equal_a_direct_floor_count(dtype: torch.dtype) -> None:
+    # several chunks of the CPU kernel, signs, bin edges hit exactly, the range top itself and a
+    # non-contiguous view: every value lands in bin floor(|x| / width), the top value in the last
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3 * histogram_module._CPU_CHUNK + 11, generator=g, dtype=dtype) * 3).clamp(
+        -3.9, 3.9
+    )
+    x[:64] = torch.arange(64, dtype=dtype) / 512 - 1 / 16  # exact multiples of the bin width
+    x[64] = -4.0  # = 2**e: the top of the range
+    view = x.view(-1, 1).expand(-1, 2).t()[0]  # strided: every value once
+    cal = HistogramCalibrator(num_bins=2048)
+    cal.collect(view)
+    counts, edges = cal.histogram()
+    width = edges[1]
+    assert edges[-1] == 4.0 and width == 4.0 / 4096
+    ref = np.floor(np.abs(x.numpy().astype(np.float64)) / width).astype(np.int64)
+    ref = np.minimum(ref, 4095)
+    assert np.array_equal(counts, np.bincount(ref, minlength=4096)[: len(counts)])
+    assert int(counts.sum()) == x.numel()
 
 
 def test_all_zero_data_gives_zero_amax() -> None:

@@ -14,10 +14,10 @@ range and the bin count are powers of two, the bin width is a power of two, so
 
 Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
 :meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
-``2*num_bins`` bins). Counts are int64 (numpy's ``bincount`` over cache-sized chunks on the CPU,
-``torch.bincount`` over chunks of 2**24 values on other devices), so huge tensors lose nothing (a trap
-of ``torch.histc`` with float32 counts). The largest ``|x|`` of a batch comes from one
-``torch.aminmax`` pass; ``|x|`` itself is never materialised.
+``2*num_bins`` bins). Counts are int64 (``torch.bincount`` of int32 bin indices, over chunks of
+2**17 values through reused buffers on the CPU and of 2**24 values on other devices), so huge
+tensors lose nothing (a trap of ``torch.histc`` with float32 counts). The largest ``|x|`` of a
+batch comes from one ``torch.aminmax`` pass; ``|x|`` itself is never materialised.
 
 Methods (``compute_amax(method)``; one collection serves them all):
 
@@ -33,6 +33,7 @@ only coarsens the scale).
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -54,21 +55,35 @@ def _ceil_log2(v: float) -> int:
     return exp - 1 if mant == 0.5 else exp
 
 
-def _bincount_cpu(values: np.ndarray, factor: float, grid: int) -> np.ndarray:
+class _Scratch(threading.local):
+    """Per-thread buffers reused across calls: no fresh pages to fault in per batch."""
+
+    def __init__(self) -> None:
+        self.scaled = torch.empty(0)
+        self.index = torch.empty(0, dtype=torch.int32)
+
+    def take(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.scaled.numel() < n or self.scaled.dtype != dtype:
+            self.scaled = torch.empty(max(n, self.scaled.numel()), dtype=dtype)
+        if self.index.numel() < n:
+            self.index = torch.empty(n, dtype=torch.int32)
+        return self.scaled[:n], self.index[:n]
+
+
+_SCRATCH = _Scratch()
+
+
+def _bincount_cpu(values: torch.Tensor, factor: float, grid: int) -> torch.Tensor:
     """int64 counts of ``floor(|v| * factor)`` over ``grid`` bins (the value ``grid`` counted in
-    the last bin), in cache-sized chunks (numpy's bincount is faster than torch's on the CPU)."""
-    counts = np.zeros(grid + 1, dtype=np.int64)
-    step = min(values.size, _CPU_CHUNK)
-    scaled = np.empty(step, dtype=values.dtype)
-    idx = np.empty(step, dtype=np.int32)
-    f = values.dtype.type(factor)  # a power of two: exact in the values' dtype
-    for start in range(0, values.size, step):
-        chunk = values[start : start + step]
-        n = chunk.size
-        np.multiply(chunk, f, out=scaled[:n])
-        np.abs(scaled[:n], out=scaled[:n])
-        np.copyto(idx[:n], scaled[:n], casting="unsafe")  # truncation
-        counts += np.bincount(idx[:n], minlength=grid + 1)
+    the last bin), in pieces of at most ``_CPU_CHUNK`` values through reused buffers."""
+    counts = torch.zeros(grid + 1, dtype=torch.int64)
+    for start in range(0, values.numel(), _CPU_CHUNK):
+        chunk = values[start : start + _CPU_CHUNK]
+        scaled, index = _SCRATCH.take(chunk.numel(), chunk.dtype)
+        torch.mul(chunk, factor, out=scaled)  # factor: a power of two, exact
+        scaled.abs_()
+        index.copy_(scaled)  # truncation == floor for non-negative values
+        counts += torch.bincount(index, minlength=grid + 1)
     counts[grid - 1] += counts[grid]
     return counts[:grid]
 
@@ -130,8 +145,7 @@ class HistogramCalibrator(Calibrator):
         # 2**exp reaches it: counted in the top bin); truncation == floor for non-negative values
         factor = 2.0 ** (self._log2_grid - self._exp)
         if x.device.type == "cpu":
-            counts = _bincount_cpu(x.resolve_neg().numpy().reshape(-1), factor, self._grid)
-            self._counts += torch.from_numpy(counts)
+            self._counts += _bincount_cpu(x.reshape(-1), factor, self._grid)
             return
         flat = x.reshape(-1)
         for start in range(0, flat.numel(), _CHUNK):
