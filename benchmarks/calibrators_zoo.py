@@ -1,17 +1,20 @@
 """The zoo section of ``benchmarks/calibrators.py``: calibration time vs one FP32 pass and vs ORT.
 
 Per zoo model, on its own calibration samples (``qdq.pipeline.data.resolve_data``, as ``qdq
-quantize`` reads them) in batches of ``--batch``, each repeat times, interleaved so all three share
-the machine's noise:
+quantize`` reads them) in batches of ``--batch``:
 
 * **FP32**: one torch forward over the batches (eval, ``no_grad``), as ``benchmarks/accuracy.py``;
+  interleaved with the qdq runs, so both share the machine's noise;
 * **qdq**: ``qdq.calibrate`` over the same batches with the quantizers' default method (``mse``:
   one histogram pass, then amax of every activation quantizer). ``qdq.prepare`` runs once before,
   untimed (its seconds are listed apart);
 * **ORT MinMax**: ``onnxruntime.quantization`` MinMax calibration (symmetric) of the FP32 ONNX
   (TorchScript exporter, opset 17, dynamic batch) on the same samples and batches:
   ``collect_data`` + ``compute_data``. ``create_calibrator`` (graph augmentation and the
-  inference session) runs before, untimed, as ``prepare`` is for qdq.
+  inference session, re-created with as many intra-op threads as torch has) runs before, untimed,
+  as ``prepare`` is for qdq. It runs in a process of its own, after the torch timings: ONNX
+  Runtime's idle threads spin for a while after each run and would take the cores from the next
+  torch step (measured: RNet's FP32 pass read 48 ms instead of 4 ms on 2 threads).
 
 Every step gets one untimed warm-up; the table shows the medians of ``--zoo-repeats`` repeats and
 the ratios of those medians.
@@ -20,7 +23,10 @@ the ratios of those medians.
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import io
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -59,37 +65,75 @@ def _fp32(model: nn.Module, batches: list[torch.Tensor]) -> None:
             model(b)
 
 
-class _Ort:
-    """ORT MinMax calibration of one FP32 ONNX on fixed batches."""
+def _ort_minmax_seconds(onnx_path: str, batches_path: str, repeats: int, threads: int) -> float:
+    """Median seconds of ORT MinMax calibration (``collect_data`` + ``compute_data``); run in a
+    process of its own (see the module docstring)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        create_calibrator,
+    )
 
-    def __init__(self, onnx_path: Path, work: Path, batches: list[np.ndarray]) -> None:
-        self.onnx_path, self.work, self.batches = onnx_path, work, batches
+    with np.load(batches_path) as f:
+        batches = [f[k] for k in sorted(f.files, key=int)]
+    work = Path(batches_path).parent
 
-    def calibrator(self) -> Any:
-        from onnxruntime.quantization import CalibrationMethod, create_calibrator
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(batches)
 
-        return create_calibrator(
-            self.onnx_path,
-            augmented_model_path=str(self.work / "augmented.onnx"),
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            b = next(self.it, None)
+            return None if b is None else {INPUT_NAME: b}
+
+    def calibrator() -> Any:
+        cal = create_calibrator(
+            onnx_path,
+            augmented_model_path=str(work / "augmented.onnx"),
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={"symmetric": True},
         )
+        options = ort.SessionOptions()  # as ORT's own, with torch's thread count
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.intra_op_num_threads = threads
+        cal.infer_session = ort.InferenceSession(
+            cal.augmented_model_path, sess_options=options, providers=cal.execution_providers
+        )
+        return cal
 
-    def run(self, calibrator: Any) -> Any:
-        from onnxruntime.quantization import CalibrationDataReader
+    def run(cal: Any) -> None:
+        cal.collect_data(Reader())
+        cal.compute_data()
 
-        batches = self.batches
+    times = []
+    for i in range(repeats + 1):  # the first is the warm-up
+        cal = _quiet(calibrator)
+        seconds = _seconds(functools.partial(run, cal))
+        if i:
+            times.append(seconds)
+        del cal
+        gc.collect()  # one live session (and thread pool) at a time
+    return statistics.median(times)
 
-        class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self.it = iter(batches)
 
-            def get_next(self) -> dict[str, np.ndarray] | None:
-                b = next(self.it, None)
-                return None if b is None else {INPUT_NAME: b}
-
-        calibrator.collect_data(Reader())
-        return calibrator.compute_data()
+def _ort_row(
+    model: nn.Module, batches: list[torch.Tensor], repeats: int
+) -> tuple[float | None, str]:
+    """ORT MinMax seconds on ``batches`` (or ``None`` and why not)."""
+    with tempfile.TemporaryDirectory(prefix="qdq-calib-bench-") as tmp:
+        try:
+            path = Path(tmp) / "fp32.onnx"
+            _quiet(lambda: export_fp32(model, batches[0][:1], path))
+            data = Path(tmp) / "batches.npz"
+            arrays: dict[str, Any] = {str(i): b.numpy() for i, b in enumerate(batches)}
+            np.savez(data, **arrays)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(1) as pool:
+                args = (str(path), str(data), repeats, torch.get_num_threads())
+                return pool.apply(_ort_minmax_seconds, args), ""
+        except Exception as err:  # the row still shows FP32 and qdq
+            return None, f"ORT not run: {type(err).__name__}: {str(err)[:120]}"
 
 
 def _model_row(name: str, batch: int, calib_n: int | None, repeats: int) -> dict[str, Any]:
@@ -111,27 +155,14 @@ def _model_row(name: str, batch: int, calib_n: int | None, repeats: int) -> dict
     def run_qdq() -> None:
         _quiet(lambda: qdq.calibrate(prepared, batches, show_progress=False))
 
-    ort_note = ""
-    with tempfile.TemporaryDirectory(prefix="qdq-calib-bench-") as tmp:
-        ort: _Ort | None = None
-        try:
-            path = Path(tmp) / "fp32.onnx"
-            _quiet(lambda: export_fp32(model, batches[0][:1], path))
-            ort = _Ort(path, Path(tmp), [b.numpy() for b in batches])
-            ort.run(_quiet(ort.calibrator))  # warm-up
-        except Exception as err:  # the row still shows FP32 and qdq
-            ort, ort_note = None, f"ORT not run: {type(err).__name__}: {str(err)[:120]}"
-        _fp32(model, batches)
-        run_qdq()  # warm-up
-        fp32_t, qdq_t, ort_t = [], [], []
-        for _ in range(repeats):
-            fp32_t.append(_seconds(lambda: _fp32(model, batches)))
-            qdq_t.append(_seconds(run_qdq))
-            if ort is not None:
-                cal = _quiet(ort.calibrator)
-                ort_t.append(_seconds(lambda c=cal: ort.run(c)))  # type: ignore[union-attr]
+    _fp32(model, batches)
+    run_qdq()  # warm-up
+    fp32_t, qdq_t = [], []
+    for _ in range(repeats):
+        fp32_t.append(_seconds(lambda: _fp32(model, batches)))
+        qdq_t.append(_seconds(run_qdq))
+    ort_s, ort_note = _ort_row(model, batches, repeats)
     fp32_s, qdq_s = statistics.median(fp32_t), statistics.median(qdq_t)
-    ort_s = statistics.median(ort_t) if ort_t else None
     acts = sum(1 for q in qdq.quantizers_of(prepared).values() if not q.name.endswith(":weight"))
     return {
         "model": name,
