@@ -204,7 +204,14 @@ def test_mtcnn_fp32_separates_faces(net: str) -> None:
     x, faces = mtcnn.lfw_faces(mtcnn.SIZES[net])
     with torch.no_grad():
         outputs = model(x)
-    assert mtcnn.face_figures(outputs, outputs, faces)["face_accuracy"] == 1.0
+    figures = mtcnn.face_figures(outputs, outputs, faces)
+    assert figures["face_accuracy"] == 1.0 and figures["box_cosine_faces"] == pytest.approx(1.0)
+    # the faces-only cosine reads the face crops alone: spoil a non-face box, it does not move
+    spoiled = [o.clone() for o in outputs]
+    spoiled[0][faces == 0] *= -1
+    worse = mtcnn.face_figures(spoiled, outputs, faces)
+    assert worse["box_cosine_faces"] == pytest.approx(1.0) and worse["box_cosine"] < 0.1
+    assert "box_cosine_faces" not in mtcnn.face_figures(outputs, outputs, torch.zeros_like(faces))
 
 
 @pytest.mark.parametrize("net", ["rnet", "onet"])
@@ -252,7 +259,12 @@ def test_mtcnn_rnet_quantizes_through_the_cli(tmp_path: Path, capsys) -> None:
     assert "face_accuracy: FP32 1.0000" in printed and "box_cosine 1 →" in printed
     r = json.loads((out / "report.json").read_text())
     assert r["metric_name"] == "face_accuracy" and r["fp32_metric"] == 1.0
-    assert set(r["int8"]["figures"]) == {"face_accuracy", "box_cosine", "face_prob_abs_diff"}
+    assert set(r["int8"]["figures"]) == {
+        "face_accuracy",
+        "box_cosine",
+        "box_cosine_faces",
+        "face_prob_abs_diff",
+    }
     # measured (32 calibration crops, 168 evaluated): accuracy 1.0, box cosine 0.9986
     assert r["int8_metric"] >= 0.95 and r["int8"]["figures"]["box_cosine"] > 0.98
 

@@ -19,7 +19,10 @@ input is a standard NCHW tensor. A seeded permutation of each class picks the ca
 
 **Metric.** ``face_accuracy``: p(face) > 0.5 agrees with the face/non-face label. It sits at
 100 % for FP32, so the report also gives the cosine of the box regression (and, for ONet, the
-landmarks) with FP32, per sample and averaged, and the mean absolute change of p(face).
+landmarks) with FP32, per sample and averaged, and the mean absolute change of p(face). The box
+cosine is also given over the face crops alone (``box_cosine_faces``): MTCNN only uses the box of
+a crop it takes for a face, and the regression of a non-face crop is what quantization disturbs
+most (RNet at full INT8, mse: 0.9989 on faces, 0.9963 on non-faces).
 
 Example:
     >>> from qdq.zoo import mtcnn  # doctest: +SKIP
@@ -215,6 +218,9 @@ def face_figures(
         "box_cosine": _cosine(outputs[0], reference[0]),
         "face_prob_abs_diff": float((p.double() - p_ref.double()).abs().mean()),
     }
+    is_face = faces == 1
+    if bool(is_face.any()):  # the crops whose box MTCNN keeps (p(face) above its threshold)
+        figures["box_cosine_faces"] = _cosine(outputs[0][is_face], reference[0][is_face])
     if len(outputs) == 3:
         figures["landmark_cosine"] = _cosine(outputs[1], reference[1])
     return figures
