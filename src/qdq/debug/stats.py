@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ErrorStats", "ErrorSums", "Histogram", "finite"]
+__all__ = ["ErrorStats", "ErrorSums", "Histogram", "finite", "finite_fields"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ErrorStats:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a non-finite number is ``null``)."""
-        return {k: finite(v) for k, v in asdict(self).items()}
+        return finite_fields(self)
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,8 @@ class ErrorSums:
 def finite(value: Any) -> Any:
     """``value``, or ``None`` for a non-finite float (JSON has no inf/NaN)."""
     return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+def finite_fields(row: Any) -> dict[str, Any]:
+    """The fields of dataclass ``row`` as a dict, each through :func:`finite` (JSON-safe)."""
+    return {k: finite(v) for k, v in asdict(row).items()}

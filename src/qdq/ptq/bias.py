@@ -59,7 +59,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,7 +68,7 @@ from torch import nn
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import quantizers_of
-from qdq.debug.stats import finite
+from qdq.debug.stats import finite_fields
 from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import Call, Site
 from qdq.ptq import _layers
@@ -112,7 +112,7 @@ class BiasRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a non-finite number is ``null``)."""
-        return {k: finite(v) for k, v in asdict(self).items()}
+        return finite_fields(self)
 
 
 @dataclass(frozen=True)

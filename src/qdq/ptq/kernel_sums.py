@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from qdq._modes import eval_no_grad
-from qdq.debug.stats import ErrorStats, finite
+from qdq.debug.stats import ErrorStats, finite_fields
 from qdq.ptq import _layers
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
@@ -69,7 +69,7 @@ class KernelSumRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a non-finite number, the SQNR of an exact rounding, is ``null``)."""
-        return {k: finite(v) for k, v in asdict(self).items()}
+        return finite_fields(self)
 
 
 @dataclass(frozen=True)

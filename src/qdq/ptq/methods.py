@@ -47,7 +47,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ from qdq._progress import progress
 from qdq.api import plan_of, quantizers_of
 from qdq.calib.batches import batch_samples, expected_inputs, run_batch
 from qdq.config import CALIBRATION_METHODS
-from qdq.debug.stats import finite
+from qdq.debug.stats import finite, finite_fields
 from qdq.graph.runtime import runtime_of
 from qdq.ptq._layer_calls import LayerCall, LayerCalls, fake_quantize, is_weight_quantizer
 from qdq.quant import Quantizer, QuantMode, quantizer_mode
@@ -125,7 +125,7 @@ class MethodRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable (a non-finite number is ``null``)."""
-        out = {k: finite(v) for k, v in asdict(self).items()}
+        out = finite_fields(self)
         out["errors"] = {k: finite(v) for k, v in self.errors.items()}
         return out
 
