@@ -2,8 +2,8 @@
 
 PTQ switches: method per quantizer, weight rounding (kernel-sum or AdaRound), bias correction.
 Run after calibration, in that order — activation ranges first, then the weights' rounding on
-those inputs, then the bias for what error remains — on the calibration batches. Each step's report goes into
-``report.json["ptq"]`` under its name.
+those inputs, then the bias for what error remains — on the calibration batches. Each step's
+report goes into ``report.json["ptq"]`` under its name.
 
 QAT (``--qat-epochs N``, :class:`QatOptions`): after PTQ and fallback, the model is fine-tuned by
 distillation against its FP32 copy on the calibration batches (no labels needed), with

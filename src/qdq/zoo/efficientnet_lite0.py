@@ -93,7 +93,8 @@ def _photo(name: str) -> torch.Tensor:
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """The model's normalization of ``(N, 3, H, W)`` images in ``[0, 1]``: ``(pixel - 127) / 128``."""
+    """The model's normalization of ``(N, 3, H, W)`` images in ``[0, 1]``:
+    ``(pixel - 127) / 128``."""
     mean = torch.tensor(MEAN).reshape(1, 3, 1, 1)
     std = torch.tensor(STD).reshape(1, 3, 1, 1)
     return (images - mean) / std
