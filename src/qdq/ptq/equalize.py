@@ -1,0 +1,460 @@
+"""Cross-layer equalization: per-channel ranges moved from an activation into the next weights.
+
+TensorRT quantizes an activation with one scale for the whole tensor. When its channels span very
+different ranges, the one scale is set by the widest channels and the narrow ones get only a few
+of the 255 levels. On MTCNN's ONet the 256 features before the heads span 0.015 to 2.0 (median
+0.14): with amax 2.0 the median feature has nine levels, and that one quantizer costs more box
+regression fidelity on face crops than every other quantizer of the network together.
+
+The float model can move those ranges elsewhere without changing what it computes. A *pair* is
+a producer layer P (Conv or Linear, or the BatchNorm right after it) whose output reaches one or
+more consumer layers C (Conv with ``groups=1``, or Linear) only through ops that commute with a
+positive per-channel scale: ReLU, LeakyReLU, PReLU, max and average pooling, dropout, identity
+(``f(x / s) = f(x) / s`` for ``s > 0``, channel by channel). Dividing P's output channel ``c`` by
+``s_c`` (its weight row and bias, or the BatchNorm's weight and bias) and multiplying input channel
+``c`` of every C's weight by ``s_c`` leaves the network's function unchanged up to float rounding,
+while the activation the consumers read has channel ranges ``r_c / s_c``. ReLU6, Hardtanh, SiLU,
+GELU and the like do not commute with a scale (a clip at 6 moves), so a pair never crosses them.
+
+The scale
+---------
+``s_c = r_c ** alpha / w_c ** (1 - alpha)``, where ``r_c`` is channel ``c``'s largest ``|x|`` at
+the consumers' input over the data and ``w_c`` the largest ``|weight|`` of input channel ``c`` over
+all consumers (SmoothQuant's rule). With ``alpha = 0.5`` (default) each channel's activation range
+and weight range become equal, ``sqrt(r_c * w_c)``: the activation's spread shrinks by a square
+root, and the consumers' weights take the rest. The producer's weights are quantized per output
+channel, so dividing a whole row by ``s_c`` does not change its quantization at all; the consumers'
+per-output-channel weights see columns scaled by ``s_c``. The scales are normalised so that the
+activation's largest range stays what it was; dead channels (``r_c = 0``) and channels no consumer
+reads (``w_c = 0``) keep ``s_c = 1``.
+
+Pairs are found on the recorded graph (:func:`qdq.graph.record.record`) and equalized in forward
+order, once; the ranges come from one FP32 pass over the data. Equalization changes the float
+weights, so it runs *before* :func:`qdq.prepare` and calibration, on a copy: the user's model is
+never modified, and the exported ONNX carries the equalized weights.
+
+Example:
+    >>> net = torch.nn.Sequential(
+    ...     torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    >>> with torch.no_grad():
+    ...     net[0].weight[:4] *= 50.0  # four wide channels, four narrow ones
+    >>> x = torch.randn(16, 3, 12, 12)
+    >>> eq = equalize(net, (x[:1],), [x])
+    >>> [(r.producer, r.consumers) for r in eq.rows]
+    [('0', ('2',))]
+    >>> bool(eq.rows[0].spread_after < eq.rows[0].spread_before)
+    True
+    >>> torch.allclose(eq.model(x), net(x), rtol=1e-4, atol=1e-4)
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from qdq._modes import eval_no_grad
+from qdq._progress import progress
+from qdq.calib.batches import expected_inputs, run_batch
+from qdq.graph.capture import TRACE_THROUGH, module_path
+from qdq.graph.patterns import op_kind, tensor_inputs, weight_arg
+from qdq.graph.record import record
+
+__all__ = ["DEFAULT_ALPHA", "EqualizeRow", "Equalized", "equalize"]
+
+DEFAULT_ALPHA = 0.5
+SETTINGS = {"method": "cross-layer equalization", "rule": "s = r**alpha / w**(1 - alpha)"}
+
+#: modules that commute with a positive per-channel scale on channel dimension 1
+_CHANNEL_MODULES: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+)
+#: elementwise ones commute on any channel dimension (a Linear's last)
+_ELEMENTWISE_MODULES: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.Identity,
+    nn.Dropout,
+)
+_ELEMENTWISE_FUNCTIONS: frozenset[Any] = frozenset({F.relu, torch.relu, F.leaky_relu, F.dropout})
+_POOL_FUNCTIONS: frozenset[Any] = frozenset({
+    F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
+    F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
+})  # fmt: skip
+_ELEMENTWISE_METHODS = frozenset({"relu", "relu_"})
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+#: op kinds whose presence right after a layer is worth a note (ReLU6, SiLU, ... stop a pair)
+_BLOCKING_KINDS = frozenset({"act", "silu", "hardswish", "gelu", "sigmoid"})
+
+
+@dataclass(frozen=True)
+class EqualizeRow:
+    """One equalized pair.
+
+    Attributes:
+        producer: module path whose output channels were divided (the Conv/Linear, or the
+            BatchNorm after it).
+        consumers: module paths whose input channels were multiplied.
+        through: the ops between them (module paths or function names).
+        channels: channels equalized.
+        spread_before: the activation's widest channel range over its median one, before.
+        spread_after: the same after equalization.
+        scale_min / scale_max: the smallest and largest ``s_c`` over the live channels.
+    """
+
+    producer: str
+    consumers: tuple[str, ...]
+    through: tuple[str, ...]
+    channels: int
+    spread_before: float
+    spread_after: float
+    scale_min: float
+    scale_max: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable."""
+        d = asdict(self)
+        d["consumers"], d["through"] = list(self.consumers), list(self.through)
+        return d
+
+
+@dataclass(frozen=True)
+class Equalized:
+    """What :func:`equalize` returns: the equalized copy and one row per pair, in forward order."""
+
+    model: nn.Module
+    rows: tuple[EqualizeRow, ...]
+    alpha: float
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line: pairs equalized and the largest activation spread before and after."""
+        if not self.rows:
+            return "cross-layer equalization: no pair found"
+        before = max(r.spread_before for r in self.rows)
+        after = max(r.spread_after for r in self.rows)
+        return (
+            f"cross-layer equalization of {len(self.rows)} pair(s) (alpha {self.alpha:g}): "
+            f"widest activation spread {before:.1f}x -> {after:.1f}x"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable (without the model)."""
+        return {
+            **SETTINGS,
+            "alpha": self.alpha,
+            "rows": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        """Indented JSON."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def format(self) -> str:
+        """A table of every pair."""
+        width = max([len(r.producer) for r in self.rows] + [8])
+        lines = [
+            self.summary(),
+            f"{'producer':<{width}}  {'channels':>8}  {'spread':>17}  {'scales':>17}  consumers",
+        ]
+        for r in self.rows:
+            lines.append(
+                f"{r.producer:<{width}}  {r.channels:>8}  {r.spread_before:>7.1f} -> "
+                f"{r.spread_after:<7.1f}  {r.scale_min:>7.3g} .. {r.scale_max:<7.3g}  "
+                + ", ".join(r.consumers)
+            )
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+@dataclass
+class _Pair:
+    producer: fx.Node  # the Conv/Linear call
+    scaled: str  # module path of what gets divided (the producer's module or its BatchNorm)
+    scaled_is_bn: bool
+    through: list[fx.Node]
+    consumers: list[fx.Node]
+    channel_dim: int
+
+
+def equalize(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    data: Iterable[Any],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    num_batches: int | None = None,
+    show_progress: bool = False,
+) -> Equalized:
+    """Cross-layer equalization of a float model (see the module docstring); returns a copy.
+
+    Args:
+        model: the float model (never modified).
+        example_inputs: positional inputs for one forward (as for :func:`qdq.prepare`).
+        data: batches as :func:`qdq.calibrate` takes them; the activation ranges come from them.
+        alpha: in ``(0, 1]``: how much of each channel's range moves into the weights (1: all of
+            it, every activation channel then has the same range).
+        num_batches: use at most this many batches (default: all).
+        show_progress: a progress bar over the batches.
+
+    Returns:
+        :class:`Equalized`: ``.model`` is the equalized copy (pass it to :func:`qdq.prepare`),
+        ``.rows`` one row per pair.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: ``alpha`` outside ``(0, 1]``, a bad ``num_batches``, or no batch in ``data``.
+        CalibrationError: a batch does not fit the model (naming the batch).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}")
+    if num_batches is not None and (
+        isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1
+    ):
+        raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
+    work = copy.deepcopy(model)
+    graph = record(work, tuple(example_inputs)).graph
+    modules = dict(work.named_modules())
+    pairs, notes = _find_pairs(graph, modules)
+    if not pairs:
+        return Equalized(work, (), float(alpha), tuple(notes))
+    ranges = _channel_ranges(work, pairs, data, num_batches, show_progress)
+    rows = [_apply(work, p, ranges[i], float(alpha)) for i, p in enumerate(pairs)]
+    return Equalized(work, tuple(rows), float(alpha), tuple(notes))
+
+
+# ------------------------------------------------------------------------------ finding pairs
+
+
+def _param_node(node: fx.Node, position: int, keyword: str) -> fx.Node | None:
+    value = node.args[position] if len(node.args) > position else node.kwargs.get(keyword)
+    return value if isinstance(value, fx.Node) and value.op == "get_attr" else None
+
+
+def _weighted(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """``"conv"``/``"linear"`` for a Conv/Linear call on a module's own, unshared weight."""
+    kind = op_kind(node, modules)
+    if kind not in ("conv", "linear"):
+        return None
+    found = weight_arg(node)
+    if found is None or len(found[1].users) != 1:
+        return None
+    path = module_path(node)
+    if not isinstance(modules.get(path), TRACE_THROUGH) or str(found[1].target) != f"{path}.weight":
+        return None
+    bias = _param_node(node, 2, "bias")
+    if bias is not None and len(bias.users) != 1:
+        return None
+    return kind
+
+
+def _groups(node: fx.Node) -> int:
+    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    return groups if isinstance(groups, int) else 0
+
+
+def _rank(node: fx.Node) -> int | None:
+    meta = node.meta.get("tensor_meta")
+    shape = getattr(meta, "shape", None)
+    return len(shape) if shape is not None else None
+
+
+def _commutes(node: fx.Node, prev: fx.Node, modules: dict[str, nn.Module], dim: int) -> bool:
+    """Whether ``node`` reads only ``prev`` and commutes with a positive scale along ``dim``."""
+    if [p for _, p in tensor_inputs(node)] != [prev] or node.args[:1] != (prev,):
+        return False
+    channel_one = dim == 1 or _rank(prev) == 2
+    if node.op == "call_module":
+        mod = modules.get(str(node.target))
+        if isinstance(mod, _ELEMENTWISE_MODULES):
+            return True
+        if isinstance(mod, nn.PReLU):
+            return mod.num_parameters == 1 or channel_one
+        return dim == 1 and isinstance(mod, _CHANNEL_MODULES)
+    if node.op == "call_function":
+        if node.target is F.dropout:
+            training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+            return training is False
+        if node.target in _ELEMENTWISE_FUNCTIONS:
+            return True
+        if node.target in _POOL_FUNCTIONS:
+            return dim == 1 and not node.kwargs.get("return_indices", False)
+        return False
+    return node.op == "call_method" and str(node.target) in _ELEMENTWISE_METHODS
+
+
+def _find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[_Pair], list[str]]:
+    pairs: list[_Pair] = []
+    notes: list[str] = []
+    blocked: list[str] = []
+    for node in graph.nodes:
+        kind = _weighted(node, modules)
+        if kind is None:
+            continue
+        dim = 1 if kind == "conv" else -1
+        scaled, scaled_is_bn = module_path(node), False
+        through: list[fx.Node] = []
+        tap = node
+        while len(tap.users) == 1:
+            (user,) = tap.users
+            if user.op == "call_module" and isinstance(modules.get(str(user.target)), _BATCHNORMS):
+                bn = modules[str(user.target)]
+                channel_one = dim == 1 or _rank(tap) == 2
+                if not (channel_one and bn.affine and tensor_inputs(user) == [(0, tap)]):
+                    break
+                scaled, scaled_is_bn = str(user.target), True
+            elif not _commutes(user, tap, modules, dim):
+                break
+            through.append(user)
+            tap = user
+        consumers = list(tap.users)
+        ok = bool(consumers) and all(
+            _weighted(c, modules) == kind
+            and c.args[:1] == (tap,)
+            and (kind == "linear" or _groups(c) == 1)
+            for c in consumers
+        )
+        if not ok:
+            stop = consumers[0] if len(consumers) == 1 else None
+            if stop is not None and op_kind(stop, modules) in _BLOCKING_KINDS:
+                blocked.append(f"{module_path(node)} -> {_label(stop)}")
+            continue
+        pairs.append(_Pair(node, scaled, scaled_is_bn, through, consumers, dim))
+    if blocked:
+        shown = ", ".join(blocked[:6]) + (f" (+{len(blocked) - 6})" if len(blocked) > 6 else "")
+        notes.append(
+            f"{len(blocked)} layer(s) not equalized: an activation that does not commute with "
+            f"a per-channel scale follows them: {shown}"
+        )
+    return pairs, notes
+
+
+def _label(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    name = getattr(node.target, "__name__", str(node.target))
+    path = module_path(node)
+    return f"{path}.{name}" if path else str(name)
+
+
+# ---------------------------------------------------------------------------- ranges, scales
+
+
+def _channel_ranges(
+    work: nn.Module,
+    pairs: list[_Pair],
+    data: Iterable[Any],
+    num_batches: int | None,
+    show_progress: bool,
+) -> list[torch.Tensor]:
+    """Per pair, the largest ``|x|`` per channel of the consumers' input over ``data``."""
+    modules = dict(work.named_modules())
+    ranges: list[torch.Tensor | None] = [None] * len(pairs)
+
+    def hook(i: int, dim: int) -> Any:
+        def pre(_: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach()
+            d = dim % x.dim()
+            r = x.abs().amax(dim=[k for k in range(x.dim()) if k != d]).double()
+            seen = ranges[i]
+            ranges[i] = r if seen is None else torch.maximum(seen, r)
+
+        return pre
+
+    handles = [
+        modules[module_path(p.consumers[0])].register_forward_pre_hook(hook(i, p.channel_dim))
+        for i, p in enumerate(pairs)
+    ]
+    expected = expected_inputs(work)
+    seen = 0
+    try:
+        with eval_no_grad(work):
+            for batch in progress(data, total=num_batches, desc="equalize", enabled=show_progress):
+                run_batch(work, batch, seen, expected)
+                seen += 1
+                if num_batches is not None and seen >= num_batches:
+                    break
+    finally:
+        for h in handles:
+            h.remove()
+    if seen == 0:
+        raise ValueError("equalization saw no batches: the data is empty")
+    missing = [module_path(p.consumers[0]) for i, p in enumerate(pairs) if ranges[i] is None]
+    if missing:
+        raise ValueError(f"equalization: layers not called on this data: {missing[:5]}")
+    return [r for r in ranges if r is not None]
+
+
+def _input_channel_max(weight: torch.Tensor) -> torch.Tensor:
+    """Largest ``|w|`` per input channel (dimension 1) of a Conv/Linear weight."""
+    return weight.detach().abs().transpose(0, 1).reshape(weight.shape[1], -1).amax(dim=1).double()
+
+
+def _apply(work: nn.Module, pair: _Pair, r: torch.Tensor, alpha: float) -> EqualizeRow:
+    modules = dict(work.named_modules())
+    consumers = [modules[module_path(c)] for c in pair.consumers]
+    w = torch.stack([_input_channel_max(c.weight) for c in consumers]).amax(dim=0)
+    live = (r > 0) & (w > 0)
+    s = torch.ones_like(r)
+    if bool(live.any()):
+        s[live] = r[live] ** alpha / w[live] ** (1.0 - alpha)
+        s[live] *= (r[live] / s[live]).max() / r[live].max()  # the largest range stays
+    scaled = modules[pair.scaled]
+    with torch.no_grad():
+        shape = (-1,) + (1,) * (scaled.weight.dim() - 1)
+        scaled.weight.div_(s.to(scaled.weight.dtype).reshape(shape))
+        if scaled.bias is not None:
+            scaled.bias.div_(s.to(scaled.bias.dtype))
+        for c in consumers:
+            col = (1, -1) + (1,) * (c.weight.dim() - 2)
+            c.weight.mul_(s.to(c.weight.dtype).reshape(col))
+    after = r / s
+    return EqualizeRow(
+        producer=pair.scaled,
+        consumers=tuple(module_path(c) for c in pair.consumers),
+        through=tuple(_label(n) for n in pair.through),
+        channels=int(r.numel()),
+        spread_before=_spread(r[live]),
+        spread_after=_spread(after[live]),
+        scale_min=float(s[live].min()) if bool(live.any()) else 1.0,
+        scale_max=float(s[live].max()) if bool(live.any()) else 1.0,
+    )
+
+
+def _spread(r: torch.Tensor) -> float:
+    """The widest channel range over the median one (1.0 when there is nothing to compare)."""
+    if r.numel() == 0:
+        return 1.0
+    median = statistics.median(r.tolist())
+    return float(r.max()) / median if median > 0 else float("inf")
