@@ -6,7 +6,8 @@ For each zoo model (its own calibration and evaluation data), at full INT8 cover
 * the metric of the exported ONNX in ONNX Runtime (``ORT_ENABLE_BASIC``) with the default (mse),
   with the calibration method per quantizer, with bias correction, with kernel-sum rounding
   (alone and with bias correction), with AdaRound, and with all three, plus top-1 agreement
-  and logit cosine with FP32;
+  and logit cosine with FP32; and the same with cross-layer equalization of the float model first
+  (``--equalize``: alone, with kernel-sum + bias, with AdaRound, with all three);
 * the top-5 units by the one-off output proxy (``qdq.sensitivity``) and the proxy's cost relative
   to one evaluation of the model over the evaluation set (torch fake-quant);
 * ``qdq.auto_quantize`` under ``--max-drop`` (default 0.01) from the default placement, scored in
@@ -39,6 +40,7 @@ from qdq.pipeline.data import resolve_data
 from qdq.pipeline.evaluate import batches, ort_outputs, score, torch_outputs
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.models import resolve_model
+from qdq.ptq.equalize import equalize
 
 MODELS = ("fashion-mnist-resnet", "efficientnet-lite0", "crepe-tiny", "mtcnn-rnet", "mtcnn-onet")
 CONFIGS: dict[str, PtqOptions] = {
@@ -49,6 +51,14 @@ CONFIGS: dict[str, PtqOptions] = {
     "kernel-sum + bias": PtqOptions(rounding="kernel-sum", bias_correction=True),
     "AdaRound": PtqOptions(rounding="adaround"),
     "all three": PtqOptions(method_per_quantizer=True, rounding="adaround", bias_correction=True),
+    "equalize": PtqOptions(equalize=True),
+    "equalize + kernel-sum + bias": PtqOptions(
+        equalize=True, rounding="kernel-sum", bias_correction=True
+    ),
+    "equalize + AdaRound": PtqOptions(equalize=True, rounding="adaround"),
+    "equalize + all three": PtqOptions(
+        equalize=True, method_per_quantizer=True, rounding="adaround", bias_correction=True
+    ),
 }
 FULL = QuantConfig.tensorrt(disable=("performance",))
 
@@ -113,7 +123,11 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if label not in args.configs:
             continue
         start = time.perf_counter()
-        prepared = quiet(lambda: qdq.prepare(b.source.module, (b.example,), FULL))
+        model, eq_summary = b.source.module, None
+        if options.equalize:
+            eq = quiet(lambda: equalize(b.source.module, (b.example,), b.calib))
+            model, eq_summary = eq.model, eq.summary()
+        prepared = quiet(lambda m=model: qdq.prepare(m, (b.example,), FULL))
         quiet(lambda p=prepared: qdq.calibrate(p, b.calib, show_progress=False))
         improve, reports = improver(
             PtqOptions(**{**options.__dict__, "adaround_iters": args.adaround_iters}),
@@ -124,8 +138,10 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         got = _figures(b.through_export(prepared, tmp, label.split()[0]))
         got["seconds"] = round(seconds, 1)
         got["summaries"] = {k: v.get("summary") for k, v in reports.items()}
+        if eq_summary is not None:
+            got["summaries"]["equalize"] = eq_summary
         out["configs"][label] = got
-        log(f"  {label:<22} {got['metric']:.4f}  agree {got['agreement']}  cos "
+        log(f"  {label:<28} {got['metric']:.4f}  agree {got['agreement']}  cos "
             f"{got['cosine']:.5f}  ({seconds:.1f} s)")  # fmt: skip
         if label == "mse (default)":
             full_prepared = prepared

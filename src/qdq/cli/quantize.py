@@ -80,6 +80,13 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "metric on the evaluation data, each fallback's TensorRT cost predicted by the linter",
     )
     p.add_argument(
+        "--equalize",
+        action="store_true",
+        help="cross-layer equalization before calibration: move per-channel activation ranges "
+        "into the next layer's weights where only ReLU/PReLU/pooling lie between (the float "
+        "model computes the same)",
+    )
+    p.add_argument(
         "--calib-per-quantizer",
         action="store_true",
         help="choose each activation quantizer's method (max/entropy/mse/percentile) from its "
@@ -241,6 +248,7 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             compare_methods=args.compare_methods,
             max_drop=args.max_drop,
             ptq=PtqOptions(
+                equalize=args.equalize,
                 method_per_quantizer=args.calib_per_quantizer,
                 rounding=args.rounding,
                 bias_correction=args.bias_correction,

@@ -1,7 +1,11 @@
-"""What ``qdq quantize`` does after calibration to improve the INT8 model.
+"""What ``qdq quantize`` does around calibration to improve the INT8 model.
 
-PTQ switches: method per quantizer, weight rounding (kernel-sum or AdaRound), bias correction.
-Run after calibration, in that order — activation ranges first, then the weights' rounding on
+Before :func:`qdq.prepare`: cross-layer equalization (``--equalize``,
+:func:`qdq.ptq.equalize.equalize`) of a copy of the float model; it changes float weights, so the
+activation ranges are calibrated on the equalized copy.
+
+After calibration, PTQ switches: method per quantizer, weight rounding (kernel-sum or AdaRound),
+bias correction. Run in that order — activation ranges first, then the weights' rounding on
 those inputs, then the bias for what error remains — on the calibration batches. Each step's
 report goes into ``report.json["ptq"]`` under its name.
 
@@ -25,9 +29,11 @@ ROUNDINGS = ("nearest", "kernel-sum", "adaround")
 
 @dataclass(frozen=True)
 class PtqOptions:
-    """Which PTQ improvements run after calibration (all off by default).
+    """Which PTQ improvements run (all off by default).
 
     Attributes:
+        equalize: cross-layer equalization of the float model before calibration
+            (:func:`qdq.ptq.equalize.equalize`, ``alpha`` 0.5).
         method_per_quantizer: choose each activation quantizer's calibration method from its
             histogram by its layer's output error (:func:`qdq.ptq.methods.choose_methods`).
         rounding: ``"nearest"``, ``"kernel-sum"`` (data-free,
@@ -39,6 +45,7 @@ class PtqOptions:
 
     method_per_quantizer: bool = False
     rounding: str = "nearest"
+    equalize: bool = False
     bias_correction: bool = False
     adaround_samples: int = 256
     adaround_iters: int = 500
@@ -54,11 +61,16 @@ class PtqOptions:
     @property
     def active(self) -> bool:
         """Whether any step runs."""
+        return self.equalize or self.after_calibration
+
+    @property
+    def after_calibration(self) -> bool:
+        """Whether a step runs on the calibrated model (all but equalization)."""
         return self.method_per_quantizer or self.bias_correction or self.rounding != "nearest"
 
     def describe(self) -> str:
         """``"method per quantizer + AdaRound + bias correction"`` (``"none"`` when inactive)."""
-        parts = []
+        parts = ["equalization"] if self.equalize else []
         if self.method_per_quantizer:
             parts.append("method per quantizer")
         if self.rounding == "adaround":

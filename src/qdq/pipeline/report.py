@@ -13,7 +13,8 @@ decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-l
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
 ``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
 without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
-``method_per_quantizer``, ``adaround``, ``bias_correction``; ``null`` when none ran), ``qat``
+``equalize``, ``method_per_quantizer``, ``kernel_sum``, ``adaround``, ``bias_correction``; ``null``
+when none ran), ``qat``
 (``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from, and what
 :func:`qdq.qat.prepare` did; ``null`` without it),
 ``warnings``, ``files`` (names inside OUT).
@@ -36,6 +37,7 @@ STAGE_LABELS = {
     "load_model": "load model",
     "load_data": "load data",
     "check": "check one sample",
+    "equalize": "cross-layer equalization",
     "capture_plan": "capture + plan",
     "calibrate": "calibrate",
     "export": "export",

@@ -222,14 +222,25 @@ def quantize(
                 except ValueError as err:
                     raise ValueError(f"the model {source.spec} on {qdata.source}: {err}") from None
             st.detail = f"input {tuple(example.shape[1:])} → output {tuple(sample_out.shape[1:])}"
+        calib_batches = [b for b, _ in batches(qdata.calibration, size, static)]
+        options = ptq if ptq is not None else PtqOptions()
+        float_model, equalized = source.module, None  # what gets quantized
+        if options.equalize:
+            with stages("equalize") as st:
+                from qdq.ptq.equalize import equalize
+
+                equalized = equalize(
+                    source.module, (example,), calib_batches, show_progress=show_progress
+                )
+                float_model = equalized.model
+                st.detail = equalized.summary()
         with stages("capture_plan") as st:
             import qdq
 
-            prepared = qdq.prepare(source.module, (example,))
+            prepared = qdq.prepare(float_model, (example,))
             plan = qdq.plan_of(prepared)
             st.detail = plan.summary().splitlines()[0]
         with stages("calibrate") as st:
-            calib_batches = [b for b, _ in batches(qdata.calibration, size, static)]
             qdq.calibrate(
                 prepared,
                 calib_batches,
@@ -238,20 +249,22 @@ def quantize(
                 show_progress=show_progress,
             )
             st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
-        options = ptq if ptq is not None else PtqOptions()
         improve, ptq_reports = improver(options, calib_batches, show_progress)
-        if options.active:
+        if options.after_calibration:
             with stages("ptq") as st:
                 improve(prepared)
                 st.detail = "; ".join(
                     str(r.get("summary", name)) for name, r in ptq_reports.items()
                 )
+        if equalized is not None:
+            ptq_reports["equalize"] = {"summary": equalized.summary(), **equalized.to_dict()}
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
-                fallback = _fallback(source, qdata, example, prepared, calib_batches, max_drop,
-                                     calib, percentile, exporter, target, size, static,
-                                     show_progress, improve if options.active else None)  # fmt: skip
+                fallback = _fallback(source, float_model, qdata, example, prepared, calib_batches,
+                                     max_drop, calib, percentile, exporter, target, size, static,
+                                     show_progress,
+                                     improve if options.after_calibration else None)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -450,6 +463,7 @@ def _export_and_measure(
 
 def _fallback(
     source: ModelSource,
+    float_model: nn.Module,
     qdata: QuantData,
     example: torch.Tensor,
     prepared: nn.Module,
@@ -464,7 +478,11 @@ def _fallback(
     show: bool,
     improve: Any,
 ) -> Any:
-    """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch."""
+    """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch.
+
+    ``float_model`` is what was prepared (the user's model, or its equalized copy); the FP32
+    reference is always the user's model.
+    """
     from qdq.accuracy import auto_quantize
     from qdq.config import QuantConfig
 
@@ -479,7 +497,7 @@ def _fallback(
 
     cfg = QuantConfig.tensorrt(method=calib, percentile=99.99 if percentile is None else percentile)
     return auto_quantize(
-        source.module,
+        float_model,
         (example,),
         calib_batches,
         metric=metric,
