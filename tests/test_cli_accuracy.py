@@ -180,7 +180,7 @@ def test_quantize_with_equalization(inputs, tmp_path: Path, capsys) -> None:
             "--batch-size", "16", "--no-progress"]  # fmt: skip
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "PTQ: equalization" in text and "cross-layer equalization of 1 pair(s)" in text
+    assert "PTQ: equalization" in text and "cross-layer equalization of 1/1 pair(s)" in text
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["ptq"] == "equalization"
     # conv2 -> relu -> conv3 is the one pair: conv1's output meets the spikes' add first, and

@@ -205,7 +205,7 @@ def test_the_equalized_model_exports_like_any_other(tmp_path) -> None:
 
 def test_bad_arguments_are_named() -> None:
     model, x = _heads()
-    with pytest.raises(ValueError, match="alpha must be a number in"):
+    with pytest.raises(ValueError, match=r"alpha must be a number in \(0, 1\]"):
         equalize(model, (x[:1],), [x], alpha=0.0)
     with pytest.raises(ValueError, match="alpha must be a number in"):
         equalize(model, (x[:1],), [x], alpha=True)
@@ -221,6 +221,56 @@ def test_the_report_is_plain_data() -> None:
     model, x = _conv_chain()
     eq = equalize(model, (x[:1],), [x])
     d = eq.to_dict()
-    assert d["alpha"] == 0.5 and d["rows"][0]["producer"] == "bn1"
-    assert "cross-layer equalization of 1 pair(s)" in eq.summary()
+    assert d["alpha"] == 0.5 and d["guarded"] and d["rows"][0]["producer"] == "bn1"
+    assert d["rows"][0]["alpha"] == 0.5
+    assert "cross-layer equalization of 1/1 pair(s) (alpha 0.5, where the" in eq.summary()
     assert "bn1" in eq.format() and eq.to_json().startswith("{")
+
+
+def _hurt_by_equalizing() -> tuple[nn.Module, torch.Tensor]:
+    """Equal activation channels read by a diagonal 1x1 conv with column norms 0.01 .. 1: every
+    weight row holds one value (quantized exactly at any scale), so scaling only spreads the
+    activation and its per-tensor quantization gets worse."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 1)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.randn(1, 3, 3, 3).expand(8, -1, -1, -1))
+        model[2].weight.zero_()
+        model[2].weight[:, :, 0, 0] = torch.diag(torch.logspace(-2, 0, 8))
+    return model, torch.randn(16, 3, 10, 10)
+
+
+def test_the_guard_equalizes_a_pair_only_where_its_consumers_gain() -> None:
+    torch.manual_seed(3)
+    flat = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3)).eval()
+    hurt = _hurt_by_equalizing()
+    forced = equalize(hurt[0], (hurt[1][:1],), [hurt[1]], guard=False).rows[0]
+    assert forced.error_after > 1.2 * forced.error_before
+    assert equalize(hurt[0], (hurt[1][:1],), [hurt[1]]).rows[0].alpha is None
+    cases = [(flat, torch.randn(16, 3, 10, 10)), _heads(), _conv_chain(), hurt]
+    for model, x in cases:
+        for alpha in (0.25, 0.5, 1.0):
+            guarded = equalize(model, (x[:1],), [x], alpha=alpha)
+            forced = equalize(model, (x[:1],), [x], alpha=alpha, guard=False)
+            for row, other in zip(guarded.rows, forced.rows, strict=True):
+                assert other.alpha == alpha and other.error_before == row.error_before
+                if other.error_after < other.error_before:
+                    assert row.alpha == alpha and row.error_after == other.error_after
+                else:  # left alone: the error it would have cost is in the forced row
+                    assert row.alpha is None and row.error_after == row.error_before
+
+
+def test_a_pair_with_nothing_to_move_is_left_alone() -> None:
+    # identical channels and identical consumer columns: every alpha gives s = 1
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.randn(1, 3, 3, 3).expand(8, -1, -1, -1))
+        model[0].bias.fill_(0.1)
+        model[2].weight.copy_(torch.randn(4, 1, 1, 1).expand(-1, 8, -1, -1))
+    x = torch.randn(8, 3, 10, 10)
+    eq = equalize(model, (x[:1],), [x])
+    (row,) = eq.rows
+    assert not row.equalized and row.alpha is None
+    assert row.error_after == row.error_before and row.scale_min == row.scale_max == 1.0
+    assert "1 pair(s) found, none improved" in eq.summary()
+    for a, b in zip(eq.model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

@@ -20,13 +20,27 @@ The scale
 ---------
 ``s_c = r_c ** alpha / w_c ** (1 - alpha)``, where ``r_c`` is channel ``c``'s largest ``|x|`` at
 the consumers' input over the data and ``w_c`` the largest ``|weight|`` of input channel ``c`` over
-all consumers (SmoothQuant's rule). With ``alpha = 0.5`` (default) each channel's activation range
-and weight range become equal, ``sqrt(r_c * w_c)``: the activation's spread shrinks by a square
-root, and the consumers' weights take the rest. The producer's weights are quantized per output
-channel, so dividing a whole row by ``s_c`` does not change its quantization at all; the consumers'
-per-output-channel weights see columns scaled by ``s_c``. The scales are normalised so that the
-activation's largest range stays what it was; dead channels (``r_c = 0``) and channels no consumer
-reads (``w_c = 0``) keep ``s_c = 1``.
+all consumers (SmoothQuant's rule). With ``alpha = 0.5`` each channel's activation range and
+weight range become equal, ``sqrt(r_c * w_c)``; with ``alpha = 1`` every channel gets the same
+range and the consumers' weights take all of the spread. The producer's weights are quantized per
+output channel, so dividing a whole row by ``s_c`` does not change its quantization at all; the
+consumers' per-output-channel weights see columns scaled by ``s_c``, which can cost more than the
+activation gains. The scales are normalised so that the activation's largest range stays what it
+was; dead channels (``r_c = 0``) and channels no consumer reads (``w_c = 0``) keep ``s_c = 1``.
+
+Only where it helps
+-------------------
+Moving range into the consumers' weights can cost them more than the activation gains (a
+channel's range alone does not say how its consumers' weights quantize). So each pair is tried on
+a sample of the consumers' input (the first batches, at most :data:`SAMPLE_VALUES` values): the
+consumers' outputs with the input fake-quantized per tensor (amax by ``mse`` from its histogram,
+as :func:`qdq.calibrate` does by default) and their weights per output channel (abs-max), against
+their float outputs, without and with the scales. A pair is equalized only when its consumers'
+relative squared error drops (``guard=False`` equalizes every pair); the others are reported and
+left alone. ``alpha`` is not searched per pair: a larger ``alpha`` always looks better on the
+sample but amplifies the channels that were narrow there, which other inputs then clip (measured
+on MTCNN: ``alpha`` 1 chosen this way lowered the consumers' error 3x on the calibration crops and
+the box cosine on the evaluation crops from 0.9964 to 0.9903).
 
 Pairs are found on the recorded graph (:func:`qdq.graph.record.record`) and equalized in forward
 order, once; the ranges come from one FP32 pass over the data. Equalization changes the float
@@ -65,14 +79,22 @@ from torch import nn
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.calib.batches import expected_inputs, run_batch
+from qdq.calib.histogram import HistogramCalibrator
 from qdq.graph.capture import TRACE_THROUGH, module_path
 from qdq.graph.patterns import op_kind, tensor_inputs, weight_arg
 from qdq.graph.record import record
+from qdq.quant import fake_quant
 
-__all__ = ["DEFAULT_ALPHA", "EqualizeRow", "Equalized", "equalize"]
+__all__ = ["DEFAULT_ALPHA", "SAMPLE_VALUES", "EqualizeRow", "Equalized", "equalize"]
 
 DEFAULT_ALPHA = 0.5
-SETTINGS = {"method": "cross-layer equalization", "rule": "s = r**alpha / w**(1 - alpha)"}
+#: values of each pair's activation kept to try its scales (whole samples, at least one)
+SAMPLE_VALUES = 1 << 20
+SETTINGS = {
+    "method": "cross-layer equalization",
+    "rule": "s = r**alpha / w**(1 - alpha)",
+    "guard": "a pair is equalized only when its consumers' INT8 error drops on the sample",
+}
 
 #: modules that commute with a positive per-channel scale on channel dimension 1
 _CHANNEL_MODULES: tuple[type[nn.Module], ...] = (
@@ -128,6 +150,10 @@ class EqualizeRow:
         spread_before: the activation's widest channel range over its median one, before.
         spread_after: the same after equalization.
         scale_min / scale_max: the smallest and largest ``s_c`` over the live channels.
+        alpha: the ``alpha`` applied; ``None``: left alone (the scales did not lower the
+            consumers' error).
+        error_before / error_after: the consumers' INT8 output error on the sample (relative
+            squared error, see the module docstring) without and with the applied scales.
     """
 
     producer: str
@@ -138,6 +164,14 @@ class EqualizeRow:
     spread_after: float
     scale_min: float
     scale_max: float
+    alpha: float | None
+    error_before: float
+    error_after: float
+
+    @property
+    def equalized(self) -> bool:
+        """Whether scales were applied."""
+        return self.alpha is not None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable."""
@@ -153,17 +187,24 @@ class Equalized:
     model: nn.Module
     rows: tuple[EqualizeRow, ...]
     alpha: float
+    guard: bool = True
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        """One line: pairs equalized and the largest activation spread before and after."""
-        if not self.rows:
-            return "cross-layer equalization: no pair found"
-        before = max(r.spread_before for r in self.rows)
-        after = max(r.spread_after for r in self.rows)
+        """One line: pairs equalized, the widest activation spread and the consumers' error."""
+        done = [r for r in self.rows if r.equalized]
+        if not done:
+            found = f"{len(self.rows)} pair(s) found, none improved" if self.rows else "no pair"
+            return f"cross-layer equalization: {found}"
+        how = f"alpha {self.alpha:g}" + (", where the consumers' error drops" if self.guard else "")
+        before = max(r.spread_before for r in done)
+        after = max(r.spread_after for r in done)
+        err = statistics.geometric_mean(
+            max(r.error_after, 1e-30) / max(r.error_before, 1e-30) for r in done
+        )
         return (
-            f"cross-layer equalization of {len(self.rows)} pair(s) (alpha {self.alpha:g}): "
-            f"widest activation spread {before:.1f}x -> {after:.1f}x"
+            f"cross-layer equalization of {len(done)}/{len(self.rows)} pair(s) ({how}): widest "
+            f"activation spread {before:.1f}x -> {after:.1f}x, consumers' INT8 error x{err:.2f}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +212,7 @@ class Equalized:
         return {
             **SETTINGS,
             "alpha": self.alpha,
+            "guarded": self.guard,
             "rows": [r.to_dict() for r in self.rows],
             "notes": list(self.notes),
         }
@@ -184,12 +226,14 @@ class Equalized:
         width = max([len(r.producer) for r in self.rows] + [8])
         lines = [
             self.summary(),
-            f"{'producer':<{width}}  {'channels':>8}  {'spread':>17}  {'scales':>17}  consumers",
+            f"{'producer':<{width}}  {'channels':>8}  {'alpha':>5}  {'spread':>15}  "
+            f"{'INT8 error':>19}  consumers",
         ]
         for r in self.rows:
+            alpha = "-" if r.alpha is None else f"{r.alpha:g}"
             lines.append(
-                f"{r.producer:<{width}}  {r.channels:>8}  {r.spread_before:>7.1f} -> "
-                f"{r.spread_after:<7.1f}  {r.scale_min:>7.3g} .. {r.scale_max:<7.3g}  "
+                f"{r.producer:<{width}}  {r.channels:>8}  {alpha:>5}  {r.spread_before:>6.1f} -> "
+                f"{r.spread_after:<6.1f}  {r.error_before:>8.2e} -> {r.error_after:<8.2e}  "
                 + ", ".join(r.consumers)
             )
         lines.extend(f"note: {n}" for n in self.notes)
@@ -212,6 +256,7 @@ def equalize(
     data: Iterable[Any],
     *,
     alpha: float = DEFAULT_ALPHA,
+    guard: bool = True,
     num_batches: int | None = None,
     show_progress: bool = False,
 ) -> Equalized:
@@ -223,6 +268,7 @@ def equalize(
         data: batches as :func:`qdq.calibrate` takes them; the activation ranges come from them.
         alpha: in ``(0, 1]``: how much of each channel's range moves into the weights (1: all of
             it, every activation channel then has the same range).
+        guard: equalize a pair only when its consumers' INT8 error drops on the sample.
         num_batches: use at most this many batches (default: all).
         show_progress: a progress bar over the batches.
 
@@ -248,10 +294,10 @@ def equalize(
     modules = dict(work.named_modules())
     pairs, notes = _find_pairs(graph, modules)
     if not pairs:
-        return Equalized(work, (), float(alpha), tuple(notes))
-    ranges = _channel_ranges(work, pairs, data, num_batches, show_progress)
-    rows = [_apply(work, p, ranges[i], float(alpha)) for i, p in enumerate(pairs)]
-    return Equalized(work, tuple(rows), float(alpha), tuple(notes))
+        return Equalized(work, (), float(alpha), bool(guard), tuple(notes))
+    seen = _observe(work, pairs, data, num_batches, show_progress)
+    rows = [_apply(work, p, seen[i], float(alpha), bool(guard)) for i, p in enumerate(pairs)]
+    return Equalized(work, tuple(rows), float(alpha), bool(guard), tuple(notes))
 
 
 # ------------------------------------------------------------------------------ finding pairs
@@ -371,49 +417,67 @@ def _label(node: fx.Node) -> str:
 # ---------------------------------------------------------------------------- ranges, scales
 
 
-def _channel_ranges(
+@dataclass
+class _Seen:
+    """A pair's consumer input over the data: per-channel ranges and the first samples."""
+
+    dim: int
+    ranges: torch.Tensor | None = None
+    sample: list[torch.Tensor] | None = None
+    values: int = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach()
+        d = self.dim % x.dim()
+        r = x.abs().amax(dim=[k for k in range(x.dim()) if k != d]).double()
+        self.ranges = r if self.ranges is None else torch.maximum(self.ranges, r)
+        per_sample = max(1, x[:1].numel())
+        room = (SAMPLE_VALUES - self.values) // per_sample
+        if self.sample is None:
+            self.sample = []
+            room = max(room, 1)  # at least one sample
+        if room > 0 and x.dim() > 1:
+            kept = x[:room].clone()
+            self.sample.append(kept)
+            self.values += kept.numel()
+
+
+def _observe(
     work: nn.Module,
     pairs: list[_Pair],
     data: Iterable[Any],
     num_batches: int | None,
     show_progress: bool,
-) -> list[torch.Tensor]:
-    """Per pair, the largest ``|x|`` per channel of the consumers' input over ``data``."""
+) -> list[_Seen]:
+    """Per pair, what the first consumer reads over ``data`` (one FP32 pass)."""
     modules = dict(work.named_modules())
-    ranges: list[torch.Tensor | None] = [None] * len(pairs)
-
-    def hook(i: int, dim: int) -> Any:
-        def pre(_: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0].detach()
-            d = dim % x.dim()
-            r = x.abs().amax(dim=[k for k in range(x.dim()) if k != d]).double()
-            seen = ranges[i]
-            ranges[i] = r if seen is None else torch.maximum(seen, r)
-
-        return pre
-
+    seen = [_Seen(p.channel_dim) for p in pairs]
     handles = [
-        modules[module_path(p.consumers[0])].register_forward_pre_hook(hook(i, p.channel_dim))
+        modules[module_path(p.consumers[0])].register_forward_pre_hook(
+            lambda _, args, s=seen[i]: s.add(args[0])
+        )
         for i, p in enumerate(pairs)
     ]
     expected = expected_inputs(work)
-    seen = 0
+    batches = 0
     try:
         with eval_no_grad(work):
             for batch in progress(data, total=num_batches, desc="equalize", enabled=show_progress):
-                run_batch(work, batch, seen, expected)
-                seen += 1
-                if num_batches is not None and seen >= num_batches:
+                run_batch(work, batch, batches, expected)
+                batches += 1
+                if num_batches is not None and batches >= num_batches:
                     break
     finally:
         for h in handles:
             h.remove()
-    if seen == 0:
+    if batches == 0:
         raise ValueError("equalization saw no batches: the data is empty")
-    missing = [module_path(p.consumers[0]) for i, p in enumerate(pairs) if ranges[i] is None]
+    missing = [
+        module_path(p.consumers[0]) for p, s in zip(pairs, seen, strict=True) if not s.sample
+    ]
     if missing:
         raise ValueError(f"equalization: layers not called on this data: {missing[:5]}")
-    return [r for r in ranges if r is not None]
+    return seen
 
 
 def _input_channel_max(weight: torch.Tensor) -> torch.Tensor:
@@ -421,34 +485,88 @@ def _input_channel_max(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().abs().transpose(0, 1).reshape(weight.shape[1], -1).amax(dim=1).double()
 
 
-def _apply(work: nn.Module, pair: _Pair, r: torch.Tensor, alpha: float) -> EqualizeRow:
-    modules = dict(work.named_modules())
-    consumers = [modules[module_path(c)] for c in pair.consumers]
-    w = torch.stack([_input_channel_max(c.weight) for c in consumers]).amax(dim=0)
+def _weight(module: nn.Module) -> torch.Tensor:
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{type(module).__name__}.weight is not a tensor")
+    return weight
+
+
+def _scales(r: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``s_c`` (see the module docstring); 1 where the channel is dead or unread."""
     live = (r > 0) & (w > 0)
     s = torch.ones_like(r)
     if bool(live.any()):
         s[live] = r[live] ** alpha / w[live] ** (1.0 - alpha)
         s[live] *= (r[live] / s[live]).max() / r[live].max()  # the largest range stays
-    scaled = modules[pair.scaled]
+    return s
+
+
+def _int8_error(
+    consumers: list[nn.Module], x: torch.Tensor, dim: int, s: torch.Tensor, ref: list[torch.Tensor]
+) -> float:
+    """Relative squared error of the consumers' outputs with their input divided by ``s`` and
+    fake-quantized per tensor (mse amax), their weights' columns multiplied by ``s`` and
+    fake-quantized per output channel (abs-max)."""
+    d = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[d] = -1
+    xs = x / s.to(x.dtype).reshape(shape)
+    cal = HistogramCalibrator()
+    cal.collect(xs)
+    amax = cal.compute_amax("mse")
+    xq = fake_quant(xs, amax) if float(amax) > 0 else xs
+    num = den = 0.0
+    for c, y in zip(consumers, ref, strict=True):
+        weight = _weight(c)
+        col = (1, -1) + (1,) * (weight.dim() - 2)
+        ws = weight.detach() * s.to(weight.dtype).reshape(col)
+        w_amax = ws.abs().reshape(ws.shape[0], -1).amax(dim=1).clamp_min(1e-30)
+        wq = fake_quant(ws, w_amax, axis=0)
+        yq = torch.func.functional_call(c, {"weight": wq}, (xq,))
+        num += float((yq - y).double().pow(2).sum())
+        den += float(y.double().pow(2).sum())
+    return num / den if den > 0 else 0.0
+
+
+def _apply(work: nn.Module, pair: _Pair, seen: _Seen, alpha: float, guard: bool) -> EqualizeRow:
+    modules = dict(work.named_modules())
+    consumers = [modules[module_path(c)] for c in pair.consumers]
+    assert seen.ranges is not None and seen.sample  # _observe checked both
+    r = seen.ranges
+    w = torch.stack([_input_channel_max(_weight(c)) for c in consumers]).amax(dim=0)
+    x = torch.cat(seen.sample)
+    s = _scales(r, w, alpha)
     with torch.no_grad():
-        shape = (-1,) + (1,) * (scaled.weight.dim() - 1)
-        scaled.weight.div_(s.to(scaled.weight.dtype).reshape(shape))
-        if scaled.bias is not None:
-            scaled.bias.div_(s.to(scaled.bias.dtype))
-        for c in consumers:
-            col = (1, -1) + (1,) * (c.weight.dim() - 2)
-            c.weight.mul_(s.to(c.weight.dtype).reshape(col))
-    after = r / s
+        ref = [c(x) for c in consumers]
+        before = _int8_error(consumers, x, pair.channel_dim, torch.ones_like(r), ref)
+        after = _int8_error(consumers, x, pair.channel_dim, s, ref)
+    chosen: float | None = alpha
+    if guard and not after < before:
+        chosen, after, s = None, before, torch.ones_like(r)
+    if chosen is not None:
+        scaled = modules[pair.scaled]
+        with torch.no_grad():
+            shape = (-1,) + (1,) * (scaled.weight.dim() - 1)
+            scaled.weight.div_(s.to(scaled.weight.dtype).reshape(shape))
+            if scaled.bias is not None:
+                scaled.bias.div_(s.to(scaled.bias.dtype))
+            for c in consumers:
+                col = (1, -1) + (1,) * (c.weight.dim() - 2)
+                c.weight.mul_(s.to(c.weight.dtype).reshape(col))
+    live = (r > 0) & (w > 0)
     return EqualizeRow(
         producer=pair.scaled,
         consumers=tuple(module_path(c) for c in pair.consumers),
         through=tuple(_label(n) for n in pair.through),
         channels=int(r.numel()),
         spread_before=_spread(r[live]),
-        spread_after=_spread(after[live]),
+        spread_after=_spread((r / s)[live]),
         scale_min=float(s[live].min()) if bool(live.any()) else 1.0,
         scale_max=float(s[live].max()) if bool(live.any()) else 1.0,
+        alpha=chosen,
+        error_before=before,
+        error_after=after,
     )
 
 
