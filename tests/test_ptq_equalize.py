@@ -274,3 +274,32 @@ def test_a_pair_with_nothing_to_move_is_left_alone() -> None:
     assert "1 pair(s) found, none improved" in eq.summary()
     for a, b in zip(eq.model.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+class Padded(nn.Module):
+    """CREPE's layer: conv → ReLU → BatchNorm → max-pool → zero pad (of height) → conv."""
+
+    def __init__(self, pad: tuple[int, ...]) -> None:
+        super().__init__()
+        self.pad = pad
+        self.conv1 = nn.Conv2d(1, 8, (5, 1))
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8 + (pad[-1] if len(pad) > 4 else 0), 4, (3, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.max_pool2d(self.bn(torch.relu(self.conv1(x))), (2, 1))
+        return self.conv2(nn.functional.pad(y, self.pad))
+
+
+def test_zero_padding_is_crossed_unless_it_pads_the_channels() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8, 1, 32, 1)
+    model = Padded((0, 0, 3, 4)).eval()
+    _spread_channels(model.bn, 2, 20.0)
+    eq = equalize(model, (x[:1],), [x], guard=False)
+    assert [(r.producer, r.through) for r in eq.rows] == [
+        ("bn", ("relu", "bn", "max_pool2d", "pad"))
+    ]
+    torch.testing.assert_close(eq.model(x), model(x), rtol=1e-4, atol=1e-5)
+    channels = Padded((0, 0, 0, 0, 0, 2)).eval()  # two more channels: not a per-channel op
+    assert equalize(channels, (x[:1],), [x]).rows == ()

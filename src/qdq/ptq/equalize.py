@@ -7,14 +7,15 @@ of the 255 levels. On MTCNN's ONet the 256 features before the heads span 0.015 
 regression fidelity on face crops than every other quantizer of the network together.
 
 The float model can move those ranges elsewhere without changing what it computes. A *pair* is
-a producer layer P (Conv or Linear, or the BatchNorm right after it) whose output reaches one or
-more consumer layers C (Conv with ``groups=1``, or Linear) only through ops that commute with a
-positive per-channel scale: ReLU, LeakyReLU, PReLU, max and average pooling, dropout, identity
-(``f(x / s) = f(x) / s`` for ``s > 0``, channel by channel). Dividing P's output channel ``c`` by
-``s_c`` (its weight row and bias, or the BatchNorm's weight and bias) and multiplying input channel
-``c`` of every C's weight by ``s_c`` leaves the network's function unchanged up to float rounding,
-while the activation the consumers read has channel ranges ``r_c / s_c``. ReLU6, Hardtanh, SiLU,
-GELU and the like do not commute with a scale (a clip at 6 moves), so a pair never crosses them.
+a producer layer P (Conv or Linear, or the BatchNorm after it) whose output reaches one or more
+consumer layers C (Conv with ``groups=1``, or Linear) only through ops that commute with a
+positive per-channel scale: ReLU, LeakyReLU, PReLU, max and average pooling, zero padding,
+dropout, identity (``f(x / s) = f(x) / s`` for ``s > 0``, channel by channel). Dividing P's output
+channel ``c`` by ``s_c`` (its weight row and bias, or the BatchNorm's weight and bias) and
+multiplying input channel ``c`` of every C's weight by ``s_c`` leaves the network's function
+unchanged up to float rounding, while the activation the consumers read has channel ranges
+``r_c / s_c``. ReLU6, Hardtanh, SiLU, GELU and the like do not commute with a scale (a clip at 6
+moves), so a pair never crosses them.
 
 The scale
 ---------
@@ -133,7 +134,7 @@ _POOL_FUNCTIONS: frozenset[Any] = frozenset({
 })  # fmt: skip
 _ELEMENTWISE_METHODS = frozenset({"relu", "relu_"})
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-#: op kinds whose presence right after a layer is worth a note (ReLU6, SiLU, ... stop a pair)
+#: op kinds worth a note when they alone keep two layers apart (ReLU6, SiLU, ... stop a pair)
 _BLOCKING_KINDS = frozenset({"act", "silu", "hardswish", "gelu", "sigmoid"})
 
 
@@ -336,10 +337,20 @@ def _rank(node: fx.Node) -> int | None:
     return len(shape) if shape is not None else None
 
 
+def _channels(node: fx.Node, dim: int) -> int | None:
+    shape = getattr(node.meta.get("tensor_meta"), "shape", None)
+    return int(shape[dim]) if shape is not None and len(shape) > 1 else None
+
+
 def _commutes(node: fx.Node, prev: fx.Node, modules: dict[str, nn.Module], dim: int) -> bool:
-    """Whether ``node`` reads only ``prev`` and commutes with a positive scale along ``dim``."""
+    """Whether ``node`` reads only ``prev``, keeps its channels and commutes with a positive
+    scale along ``dim``."""
     if [p for _, p in tensor_inputs(node)] != [prev] or node.args[:1] != (prev,):
         return False
+    if _channels(node, dim) is None or _channels(node, dim) != _channels(prev, dim):
+        return False
+    if dim == 1 and op_kind(node, modules) == "pad":  # zero padding (not of the channels)
+        return True
     channel_one = dim == 1 or _rank(prev) == 2
     if node.op == "call_module":
         mod = modules.get(str(node.target))
@@ -393,7 +404,11 @@ def _find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[_P
         )
         if not ok:
             stop = consumers[0] if len(consumers) == 1 else None
-            if stop is not None and op_kind(stop, modules) in _BLOCKING_KINDS:
+            if (
+                stop is not None
+                and op_kind(stop, modules) in _BLOCKING_KINDS
+                and any(_weighted(u, modules) for u in stop.users)
+            ):  # a Conv/Linear pair that only this activation keeps apart
                 blocked.append(f"{module_path(node)} -> {_label(stop)}")
             continue
         pairs.append(_Pair(node, scaled, scaled_is_bn, through, consumers, dim))
