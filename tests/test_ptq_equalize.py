@@ -303,3 +303,13 @@ def test_zero_padding_is_crossed_unless_it_pads_the_channels() -> None:
     torch.testing.assert_close(eq.model(x), model(x), rtol=1e-4, atol=1e-5)
     channels = Padded((0, 0, 0, 0, 0, 2)).eval()  # two more channels: not a per-channel op
     assert equalize(channels, (x[:1],), [x]).rows == ()
+
+
+def test_an_unbatched_conv_is_not_paired() -> None:
+    # (C, H, W) with H == C: dimension 1 is the height, so no per-channel scale applies there
+    model = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 2, 1)).eval()
+    x = torch.randn(4, 6, 6)
+    eq = equalize(model, (x,), [x])
+    assert eq.rows == ()
+    batched = torch.randn(2, 4, 6, 6)
+    assert len(equalize(model, (batched[:1],), [batched], guard=False).rows) == 1

@@ -245,7 +245,6 @@ class Equalized:
 class _Pair:
     producer: fx.Node  # the Conv/Linear call
     scaled: str  # module path of what gets divided (the producer's module or its BatchNorm)
-    scaled_is_bn: bool
     through: list[fx.Node]
     consumers: list[fx.Node]
     channel_dim: int
@@ -318,8 +317,14 @@ def _weighted(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
     if found is None or len(found[1].users) != 1:
         return None
     path = module_path(node)
-    if not isinstance(modules.get(path), TRACE_THROUGH) or str(found[1].target) != f"{path}.weight":
+    owner = modules.get(path)
+    if not isinstance(owner, TRACE_THROUGH) or str(found[1].target) != f"{path}.weight":
         return None
+    source = node.args[0] if node.args else None
+    if kind == "conv" and (
+        not isinstance(source, fx.Node) or _rank(source) != _weight(owner).dim()
+    ):
+        return None  # an unbatched conv input: dimension 1 is not the channels
     bias = _param_node(node, 2, "bias")
     if bias is not None and len(bias.users) != 1:
         return None
@@ -380,7 +385,7 @@ def _find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[_P
         if kind is None:
             continue
         dim = 1 if kind == "conv" else -1
-        scaled, scaled_is_bn = module_path(node), False
+        scaled = module_path(node)
         through: list[fx.Node] = []
         tap = node
         while len(tap.users) == 1:
@@ -390,7 +395,7 @@ def _find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[_P
                 channel_one = dim == 1 or _rank(tap) == 2
                 if not (channel_one and bn.affine and tensor_inputs(user) == [(0, tap)]):
                     break
-                scaled, scaled_is_bn = str(user.target), True
+                scaled = str(user.target)
             elif not _commutes(user, tap, modules, dim):
                 break
             through.append(user)
@@ -411,7 +416,7 @@ def _find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[_P
             ):  # a Conv/Linear pair that only this activation keeps apart
                 blocked.append(f"{module_path(node)} -> {_label(stop)}")
             continue
-        pairs.append(_Pair(node, scaled, scaled_is_bn, through, consumers, dim))
+        pairs.append(_Pair(node, scaled, through, consumers, dim))
     if blocked:
         shown = ", ".join(blocked[:6]) + (f" (+{len(blocked) - 6})" if len(blocked) > 6 else "")
         notes.append(
@@ -451,7 +456,7 @@ class _Seen:
         if self.sample is None:
             self.sample = []
             room = max(room, 1)  # at least one sample
-        if room > 0 and x.dim() > 1:
+        if room > 0:
             kept = x[:room].clone()
             self.sample.append(kept)
             self.values += kept.numel()
