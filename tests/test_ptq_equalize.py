@@ -313,3 +313,19 @@ def test_an_unbatched_conv_is_not_paired() -> None:
     assert eq.rows == ()
     batched = torch.randn(2, 4, 6, 6)
     assert len(equalize(model, (batched[:1],), [batched], guard=False).rows) == 1
+
+
+def test_torchvision_resnet18_pairs_every_block_and_keeps_its_function() -> None:
+    models = pytest.importorskip("torchvision.models")
+    torch.manual_seed(0)
+    model = models.resnet18(num_classes=10).eval()
+    x = torch.randn(4, 3, 64, 64)
+    eq = equalize(model, (x[:1],), [x], guard=False)
+    # conv1 -> bn1 -> relu -> conv2 inside each BasicBlock; the stem and every block output also
+    # feed a residual add, so they pair with nothing
+    assert [r.producer for r in eq.rows] == [
+        f"layer{i}.{j}.bn1" for i in range(1, 5) for j in range(2)
+    ]
+    assert all(r.consumers == (r.producer.replace("bn1", "conv2"),) for r in eq.rows)
+    with torch.no_grad():
+        torch.testing.assert_close(eq.model(x), model(x), rtol=1e-4, atol=1e-4)
