@@ -154,6 +154,9 @@ def test_quantize_with_adaround_and_bias_correction(inputs, tmp_path: Path, caps
     assert report["ptq"]["adaround"]["rows"] and report["ptq"]["bias_correction"]["rows"]
     manifest = (out / "manifest.json").read_text()
     assert "adaround" in manifest  # the manifest says which weights carry learned rounding
+    html = (out / "report.html").read_text()
+    assert "PTQ improvements: AdaRound + bias correction" in html
+    assert "<li>adaround on" in html and "<li>bias correction" in html
     # the exported model passed the export's ORT verification; its metric is the ORT one
     assert report["int8_metric"] >= report["int8_torch"]["metric"] - 0.02
 
@@ -188,6 +191,10 @@ def test_quantize_with_equalization(inputs, tmp_path: Path, capsys) -> None:
     rows = report["ptq"]["equalize"]["rows"]
     assert [(r["producer"], r["consumers"]) for r in rows] == [("conv2", ["conv3"])]
     assert "equalize" in report["timings_s"] and "ptq" not in report["timings_s"]
+    html = (out / "report.html").read_text()
+    assert "PTQ improvements: equalization" in html
+    assert "<li>cross-layer equalization of 1/1 pair(s)" in html
+    assert "<td><code>conv2</code></td>" in html and "<td><code>conv3</code></td>" in html
     # the exported INT8 model carries the equalized float weights (conv2's rows, conv3's input
     # columns); conv1, in no pair, is exported as the user wrote it
     exported = onnx.load(str(out / "model.qdq.onnx"))

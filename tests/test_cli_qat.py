@@ -70,6 +70,8 @@ def test_qdq_qat_fine_tunes_before_export(files: dict[str, Path], tmp_path: Path
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["qat"]["learn_amax"] == "lsq" and manifest["qat"]["steps"] == qat["steps"]
     assert report["timings_s"]["qat"] > 0
+    html = (out / "report.html").read_text()
+    assert '<h3 id="qat">QAT fine-tuning</h3>' in html and qat["summary"] in html
 
 
 def test_quantize_without_qat_has_no_qat_entry(files: dict[str, Path], tmp_path: Path) -> None:
@@ -79,6 +81,8 @@ def test_quantize_without_qat_has_no_qat_entry(files: dict[str, Path], tmp_path:
     assert main(argv) == 0
     assert json.loads((out / "report.json").read_text())["qat"] is None
     assert "qat" not in json.loads((out / "manifest.json").read_text())
+    html = (out / "report.html").read_text()
+    assert 'id="qat"' not in html and 'id="ptq"' not in html
 
 
 def test_bad_qat_options_are_one_line_errors(

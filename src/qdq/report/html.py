@@ -175,7 +175,28 @@ def _context(r: Mapping[str, Any]) -> dict[str, Any]:
             s: sum(1 for f in r["lint_findings"] if f["severity"] == s) for s in _SEVERITY_ORDER
         },
         "predicted": _predicted(r),
+        "ptq_steps": _ptq_steps(r),
+        "eq_rows": ((r.get("ptq") or {}).get("equalize") or {}).get("rows", []),
     }
+
+
+_PTQ_LABELS = {
+    "equalize": "cross-layer equalization",
+    "method_per_quantizer": "method per quantizer",
+    "kernel_sum": "kernel-sum rounding",
+    "adaround": "AdaRound",
+    "bias_correction": "bias correction",
+}
+
+
+def _ptq_steps(r: Mapping[str, Any]) -> list[str]:
+    """The one-line summary of each PTQ step that ran, in pipeline order."""
+    ptq = r.get("ptq") or {}
+    return [
+        str(ptq[key].get("summary") or label)
+        for key, label in _PTQ_LABELS.items()
+        if isinstance(ptq.get(key), Mapping)
+    ]
 
 
 def _metric_formatter(metric: str) -> Any:
