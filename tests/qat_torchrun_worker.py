@@ -102,6 +102,10 @@ def main() -> None:
         out / f"rank{rank}.pt",
     )
     if world > 1:
+        # both ranks reach teardown together: a rank destroying its group while the other still
+        # talks to it can make gloo's connection threads abort the other (seen once under load:
+        # "terminate called without an active exception", SIGABRT)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
