@@ -107,14 +107,18 @@ def _groups(node: fx.Node) -> int:
     return groups if isinstance(groups, int) else 0
 
 
+def _shape(node: fx.Node) -> Any:
+    """The recorded shape of ``node``'s tensor (``None`` when it is not one tensor)."""
+    return getattr(node.meta.get("tensor_meta"), "shape", None)
+
+
 def _rank(node: fx.Node) -> int | None:
-    meta = node.meta.get("tensor_meta")
-    shape = getattr(meta, "shape", None)
+    shape = _shape(node)
     return len(shape) if shape is not None else None
 
 
 def _channels(node: fx.Node, dim: int) -> int | None:
-    shape = getattr(node.meta.get("tensor_meta"), "shape", None)
+    shape = _shape(node)
     return int(shape[dim]) if shape is not None and len(shape) > 1 else None
 
 

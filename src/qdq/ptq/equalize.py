@@ -244,12 +244,9 @@ def equalize(
     pairs, notes = find_pairs(graph, modules)
     if not pairs:
         return Equalized(work, (), float(alpha), bool(guard), tuple(notes))
-    seen = _observe(work, pairs, data, num_batches, show_progress)
-    rows = [_apply(work, p, seen[i], float(alpha), bool(guard)) for i, p in enumerate(pairs)]
+    seen = _observe(work, modules, pairs, data, num_batches, show_progress)
+    rows = [_apply(modules, p, seen[i], float(alpha), bool(guard)) for i, p in enumerate(pairs)]
     return Equalized(work, tuple(rows), float(alpha), bool(guard), tuple(notes))
-
-
-# ------------------------------------------------------------------------------ finding pairs
 
 
 # ---------------------------------------------------------------------------- ranges, scales
@@ -282,13 +279,13 @@ class _Seen:
 
 def _observe(
     work: nn.Module,
+    modules: dict[str, nn.Module],
     pairs: list[Pair],
     data: Iterable[Any],
     num_batches: int | None,
     show_progress: bool,
 ) -> list[_Seen]:
     """Per pair, what the first consumer reads over ``data`` (one FP32 pass)."""
-    modules = dict(work.named_modules())
     seen = [_Seen(p.channel_dim) for p in pairs]
     handles = [
         modules[module_path(p.consumers[0])].register_forward_pre_hook(
@@ -323,6 +320,13 @@ def _input_channel_max(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().abs().transpose(0, 1).reshape(weight.shape[1], -1).amax(dim=1).double()
 
 
+def _per_channel(s: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """``s`` in ``like``'s dtype, shaped to broadcast along dimension ``dim`` of ``like``."""
+    shape = [1] * like.dim()
+    shape[dim % like.dim()] = -1
+    return s.to(like.dtype).reshape(shape)
+
+
 def _scales(r: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
     """``s_c`` (see the module docstring); 1 where the channel is dead or unread."""
     live = (r > 0) & (w > 0)
@@ -339,19 +343,15 @@ def _int8_error(
     """Relative squared error of the consumers' outputs with their input divided by ``s`` and
     fake-quantized per tensor (mse amax), their weights' columns multiplied by ``s`` and
     fake-quantized per output channel (abs-max)."""
-    d = dim % x.dim()
-    shape = [1] * x.dim()
-    shape[d] = -1
-    xs = x / s.to(x.dtype).reshape(shape)
+    xs = x / _per_channel(s, x, dim)
     cal = HistogramCalibrator()
     cal.collect(xs)
     amax = cal.compute_amax("mse")
     xq = fake_quant(xs, amax) if float(amax) > 0 else xs
     num = den = 0.0
     for c, y in zip(consumers, ref, strict=True):
-        weight = weight_of(c)
-        col = (1, -1) + (1,) * (weight.dim() - 2)
-        ws = weight.detach() * s.to(weight.dtype).reshape(col)
+        weight = weight_of(c).detach()
+        ws = weight * _per_channel(s, weight, 1)
         w_amax = ws.abs().reshape(ws.shape[0], -1).amax(dim=1).clamp_min(1e-30)
         wq = fake_quant(ws, w_amax, axis=0)
         yq = torch.func.functional_call(c, {"weight": wq}, (xq,))
@@ -360,8 +360,9 @@ def _int8_error(
     return num / den if den > 0 else 0.0
 
 
-def _apply(work: nn.Module, pair: Pair, seen: _Seen, alpha: float, guard: bool) -> EqualizeRow:
-    modules = dict(work.named_modules())
+def _apply(
+    modules: dict[str, nn.Module], pair: Pair, seen: _Seen, alpha: float, guard: bool
+) -> EqualizeRow:
     consumers = [modules[module_path(c)] for c in pair.consumers]
     assert seen.ranges is not None and seen.sample  # _observe checked both
     r = seen.ranges
@@ -378,13 +379,13 @@ def _apply(work: nn.Module, pair: Pair, seen: _Seen, alpha: float, guard: bool) 
     if chosen is not None:
         scaled = modules[pair.scaled]
         with torch.no_grad():
-            shape = (-1,) + (1,) * (scaled.weight.dim() - 1)
-            scaled.weight.div_(s.to(scaled.weight.dtype).reshape(shape))
-            if scaled.bias is not None:
-                scaled.bias.div_(s.to(scaled.bias.dtype))
+            rows = weight_of(scaled)
+            rows.div_(_per_channel(s, rows, 0))
+            if isinstance(scaled.bias, torch.Tensor):
+                scaled.bias.div_(_per_channel(s, scaled.bias, 0))
             for c in consumers:
-                col = (1, -1) + (1,) * (c.weight.dim() - 2)
-                c.weight.mul_(s.to(c.weight.dtype).reshape(col))
+                columns = weight_of(c)
+                columns.mul_(_per_channel(s, columns, 1))
     live = (r > 0) & (w > 0)
     return EqualizeRow(
         producer=pair.scaled,
