@@ -14,10 +14,9 @@ decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-l
 ``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
 without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
 ``equalize``, ``method_per_quantizer``, ``kernel_sum``, ``adaround``, ``bias_correction``; ``null``
-when none ran), ``qat``
-(``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from, and what
-:func:`qdq.qat.prepare` did; ``null`` without it),
-``warnings``, ``files`` (names inside OUT).
+when none ran), ``qat`` (``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from,
+and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``files`` (names inside
+OUT).
 """
 
 from __future__ import annotations

@@ -180,23 +180,14 @@ def _context(r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_PTQ_LABELS = {
-    "equalize": "cross-layer equalization",
-    "method_per_quantizer": "method per quantizer",
-    "kernel_sum": "kernel-sum rounding",
-    "adaround": "AdaRound",
-    "bias_correction": "bias correction",
-}
+#: report.json's PTQ step keys in pipeline order (each step's report has a one-line summary)
+_PTQ_STEPS = ("equalize", "method_per_quantizer", "kernel_sum", "adaround", "bias_correction")
 
 
 def _ptq_steps(r: Mapping[str, Any]) -> list[str]:
     """The one-line summary of each PTQ step that ran, in pipeline order."""
     ptq = r.get("ptq") or {}
-    return [
-        str(ptq[key].get("summary") or label)
-        for key, label in _PTQ_LABELS.items()
-        if isinstance(ptq.get(key), Mapping)
-    ]
+    return [str(ptq[k].get("summary", k)) for k in _PTQ_STEPS if isinstance(ptq.get(k), Mapping)]
 
 
 def _metric_formatter(metric: str) -> Any:
