@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
+from qdq.config import QuantConfig
 from qdq.graph.capture import CaptureError
 
 
@@ -53,6 +57,72 @@ def test_calibrated_model_tracks_float_model_and_keeps_parameter_names() -> None
     keys = set(prepared.state_dict())
     assert {"conv.weight", "conv.bias", "fc.weight"} <= keys
     assert "conv.weight_quantizer.amax" in keys and "conv.input_quantizer.amax" in keys
+
+
+@pytest.mark.parametrize("mode", ["calibrate", "quantize"])
+def test_quantized_inputs_are_not_kept_to_the_end_of_the_forward(mode: str) -> None:
+    # the runtime quantizes a tensor once and shares the copy among its readers (S01), but must
+    # not keep the tensors it saw until the forward ends: that held every quantized activation at
+    # once (EfficientNet-Lite0's calibration took 1.95x its FP32 pass instead of 1.27x)
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+    )  # fmt: skip
+    full = QuantConfig.tensorrt(disable=("performance",))
+    prepared = qdq.prepare(net, (torch.randn(1, 3, 8, 8),), config=full)
+    quantizers = qdq.quantizers_of(prepared)
+    data = [torch.randn(2, 3, 8, 8)]
+    if mode == "quantize":
+        qdq.calibrate(prepared, data, show_progress=False)
+    refs: dict[str, weakref.ref[torch.Tensor]] = {}
+    alive: list[dict[str, bool]] = []
+
+    def keep(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+            refs[name] = weakref.ref(out)
+
+        return hook
+
+    prepared[1].register_forward_hook(keep("input of conv 2"))
+    quantizers["2.input_quantizer"].register_forward_hook(keep("its quantized copy"))
+    prepared[4].register_forward_pre_hook(
+        lambda module, args: alive.append({k: r() is not None for k, r in refs.items()})
+    )
+    if mode == "calibrate":
+        qdq.calibrate(prepared, data, show_progress=False)
+    else:
+        with torch.no_grad():
+            prepared(data[0])
+    assert alive == [{"input of conv 2": False, "its quantized copy": False}]
+
+
+class _SkipBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
+
+
+def test_a_tensor_read_twice_is_quantized_once_while_alive() -> None:
+    # x is read by conv1 and by the residual add, which shares conv1's input quantizer (S01):
+    # one call per forward, in calibration (one collection) and in quantize mode
+    full = QuantConfig.tensorrt(disable=("performance",))
+    prepared = qdq.prepare(_SkipBlock().eval(), (torch.randn(1, 3, 8, 8),), config=full)
+    quantizer = qdq.quantizers_of(prepared)["conv1.input_quantizer"]
+    calls: list[int] = []
+    quantizer.register_forward_hook(lambda module, args, out: calls.append(1))
+    data = [torch.randn(2, 3, 8, 8)]
+    qdq.calibrate(prepared, data, show_progress=False)
+    assert len(calls) == 1 and quantizer.calibrator.num_batches == 1
+    with torch.no_grad():
+        prepared(data[0])
+    assert len(calls) == 2
 
 
 def test_group_members_hold_one_amax_after_calibration() -> None:
