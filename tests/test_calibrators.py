@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -139,26 +141,38 @@ def test_huge_tensor_counts_are_exact() -> None:
     assert int(counts[0]) == n - 1 and int(counts.sum()) == n
 
 
+@pytest.fixture
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_counts_equal_a_direct_floor_count(dtype: torch.dtype) -> None:
-    # several chunks of the CPU kernel, signs, bin edges hit exactly, the range top itself and a
-    # non-contiguous view: every value lands in bin floor(|x| / width), the top value in the last
+def test_counts_equal_a_direct_floor_count(
+    dtype: torch.dtype, threads: int, torch_threads: Callable[[int], None]
+) -> None:
+    # several chunks of the CPU kernels (one thread: torch.bincount; three: scatter_add_ rows, the
+    # last piece padded), signs, bin edges hit exactly, the range top itself and a non-contiguous
+    # view: every value lands in bin floor(|x| / width), the top value in the last
+    torch_threads(threads)
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(3 * histogram_module._CPU_CHUNK + 11, generator=g, dtype=dtype) * 3).clamp(
-        -3.9, 3.9
-    )
+    n = histogram_module._SCATTER_CHUNK + 3 * histogram_module._CPU_CHUNK + 11
+    x = (torch.randn(n, generator=g, dtype=dtype) * 3).clamp(-3.9, 3.9)
     x[:64] = torch.arange(64, dtype=dtype) / 512 - 1 / 16  # exact multiples of the bin width
     x[64] = -4.0  # = 2**e: the top of the range
     view = x.view(-1, 1).expand(-1, 2).t()[0]  # strided: every value once
-    cal = HistogramCalibrator(num_bins=2048)
-    cal.collect(view)
-    counts, edges = cal.histogram()
-    width = edges[1]
-    assert edges[-1] == 4.0 and width == 4.0 / 4096
-    ref = np.floor(np.abs(x.numpy().astype(np.float64)) / width).astype(np.int64)
-    ref = np.minimum(ref, 4095)
-    assert np.array_equal(counts, np.bincount(ref, minlength=4096)[: len(counts)])
-    assert int(counts.sum()) == x.numel()
+    for data in (view, x.abs()):  # signed, and non-negative (no abs pass)
+        cal = HistogramCalibrator(num_bins=2048)
+        cal.collect(data)
+        counts, edges = cal.histogram()
+        width = edges[1]
+        assert edges[-1] == 4.0 and width == 4.0 / 4096
+        ref = np.floor(np.abs(x.numpy().astype(np.float64)) / width).astype(np.int64)
+        ref = np.minimum(ref, 4095)
+        assert np.array_equal(counts, np.bincount(ref, minlength=4096)[: len(counts)])
+        assert int(counts.sum()) == x.numel()
 
 
 def test_all_zero_data_gives_zero_amax() -> None:

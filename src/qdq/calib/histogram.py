@@ -14,10 +14,12 @@ range and the bin count are powers of two, the bin width is a power of two, so
 
 Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
 :meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
-``2*num_bins`` bins). Counts are int64 (``torch.bincount`` of int32 bin indices, over chunks of
-2**17 values through reused buffers on the CPU and of 2**24 values on other devices), so huge
-tensors lose nothing (a trap of ``torch.histc`` with float32 counts). The largest ``|x|`` of a
-batch comes from one ``torch.aminmax`` pass; ``|x|`` itself is never materialised.
+``2*num_bins`` bins). Counts are int64, so huge tensors lose nothing (a trap of ``torch.histc``
+with float32 counts): on the CPU ``torch.bincount`` of int32 bin indices over chunks of 2**17
+values through reused buffers with one torch thread, and ``scatter_add_`` into one row per thread
+(:func:`_scatter_cpu`) with more; ``torch.bincount`` over chunks of 2**24 values on other devices.
+The largest ``|x|`` of a batch comes from one ``torch.aminmax`` pass; ``|x|`` itself is never
+materialised.
 
 Methods (``compute_amax(method)``; one collection serves them all):
 
@@ -46,6 +48,8 @@ __all__ = ["HistogramCalibrator"]
 _MIN_EXP = -24
 _CHUNK = 1 << 24
 _CPU_CHUNK = 1 << 17
+_SCATTER_CHUNK = 1 << 19
+_PARALLEL_MIN = 1 << 16
 DEFAULT_PERCENTILE = 99.99
 
 
@@ -61,31 +65,86 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self.scaled = torch.empty(0)
         self.index = torch.empty(0, dtype=torch.int32)
+        self.wide = torch.empty(0, dtype=torch.int64)
+        self.ones = torch.empty(0, dtype=torch.int64)
 
-    def take(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scaled(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         if self.scaled.numel() < n or self.scaled.dtype != dtype:
             self.scaled = torch.empty(max(n, self.scaled.numel()), dtype=dtype)
+        return self.scaled[:n]
+
+    def take(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` values of ``dtype`` and ``n`` int32 indices."""
         if self.index.numel() < n:
             self.index = torch.empty(n, dtype=torch.int32)
-        return self.scaled[:n], self.index[:n]
+        return self._scaled(n, dtype), self.index[:n]
+
+    def take_wide(
+        self, n: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``n`` values of ``dtype``, ``n`` int64 indices and ``n`` int64 ones."""
+        if self.wide.numel() < n:
+            self.wide = torch.empty(n, dtype=torch.int64)
+            self.ones = torch.ones(n, dtype=torch.int64)
+        return self._scaled(n, dtype), self.wide[:n], self.ones[:n]
 
 
 _SCRATCH = _Scratch()
 
 
-def _bincount_cpu(values: torch.Tensor, factor: float, grid: int) -> torch.Tensor:
+def _bincount_cpu(
+    values: torch.Tensor, factor: float, grid: int, *, signed: bool = True
+) -> torch.Tensor:
     """int64 counts of ``floor(|v| * factor)`` over ``grid`` bins (the value ``grid`` counted in
-    the last bin), in pieces of at most ``_CPU_CHUNK`` values through reused buffers."""
-    counts = torch.zeros(grid + 1, dtype=torch.int64)
-    for start in range(0, values.numel(), _CPU_CHUNK):
-        chunk = values[start : start + _CPU_CHUNK]
-        scaled, index = _SCRATCH.take(chunk.numel(), chunk.dtype)
-        torch.mul(chunk, factor, out=scaled)  # factor: a power of two, exact
-        scaled.abs_()
-        index.copy_(scaled)  # truncation == floor for non-negative values
-        counts += torch.bincount(index, minlength=grid + 1)
+    the last bin); ``signed=False`` promises ``v >= 0`` (no ``abs`` pass). With one torch thread
+    (or few values): ``torch.bincount`` over pieces of at most ``_CPU_CHUNK`` values; with more,
+    :func:`_scatter_cpu`, which the threads share."""
+    threads = torch.get_num_threads()
+    if threads > 1 and values.numel() >= _PARALLEL_MIN:
+        counts = _scatter_cpu(values, factor, grid, threads, signed)
+    else:
+        counts = torch.zeros(grid + 1, dtype=torch.int64)
+        for start in range(0, values.numel(), _CPU_CHUNK):
+            chunk = values[start : start + _CPU_CHUNK]
+            scaled, index = _SCRATCH.take(chunk.numel(), chunk.dtype)
+            _bin_index(chunk, factor, scaled, index, signed)
+            counts += torch.bincount(index, minlength=grid + 1)
     counts[grid - 1] += counts[grid]
     return counts[:grid]
+
+
+def _bin_index(
+    chunk: torch.Tensor, factor: float, scaled: torch.Tensor, index: torch.Tensor, signed: bool
+) -> None:
+    """``index = floor(|chunk| * factor)`` through the buffer ``scaled``."""
+    torch.mul(chunk, factor, out=scaled)  # factor: a power of two, exact
+    if signed:
+        scaled.abs_()
+    index.copy_(scaled)  # truncation == floor for non-negative values
+
+
+def _scatter_cpu(
+    values: torch.Tensor, factor: float, grid: int, rows: int, signed: bool
+) -> torch.Tensor:
+    """The counts of :func:`_bincount_cpu` (``grid + 1`` of them), binned by all torch threads.
+
+    ``torch.bincount`` runs on one thread. Here each piece of ``_SCATTER_CHUNK`` values is cut into
+    ``rows`` runs, one per thread, and each run is counted into its own row of a
+    ``rows × (grid + 2)`` table by ``scatter_add_`` (which torch runs in parallel over the rows);
+    the rows are summed once at the end. The padding of the last piece up to a multiple of
+    ``rows`` goes to column ``grid + 1``, which is dropped. Integer adds: the same counts as the
+    serial path, whatever the thread count.
+    """
+    table = torch.zeros(rows, grid + 2, dtype=torch.int64)
+    for start in range(0, values.numel(), _SCATTER_CHUNK):
+        chunk = values[start : start + _SCATTER_CHUNK]
+        k = chunk.numel()
+        run = -(-k // rows)
+        scaled, index, ones = _SCRATCH.take_wide(run * rows, chunk.dtype)
+        _bin_index(chunk, factor, scaled[:k], index[:k], signed)
+        index[k:].fill_(grid + 1)
+        table.scatter_add_(1, index.view(rows, run), ones.view(rows, run))
+    return table.sum(dim=0)[: grid + 1]
 
 
 class HistogramCalibrator(Calibrator):
@@ -145,7 +204,7 @@ class HistogramCalibrator(Calibrator):
         # 2**exp reaches it: counted in the top bin); truncation == floor for non-negative values
         factor = 2.0 ** (self._log2_grid - self._exp)
         if x.device.type == "cpu":
-            self._counts += _bincount_cpu(x.reshape(-1), factor, self._grid)
+            self._counts += _bincount_cpu(x.reshape(-1), factor, self._grid, signed=bool(lo < 0))
             return
         flat = x.reshape(-1)
         for start in range(0, flat.numel(), _CHUNK):
