@@ -21,6 +21,7 @@ __all__ = [
     "EPILOGUE_KINDS",
     "PASS_THROUGH_KINDS",
     "WEIGHTED_KINDS",
+    "conv_groups",
     "op_kind",
     "tensor_inputs",
     "weight_arg",
@@ -296,6 +297,13 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     if isinstance(w, fx.Node) and w.op == "get_attr":
         return key, w
     return None
+
+
+def conv_groups(node: fx.Node) -> int | None:
+    """``groups`` of an ``F.conv*``/``F.conv_transpose*`` call (argument 6 in both signatures, or
+    ``groups=``; 1 when absent), ``None`` when it is not a literal int."""
+    g = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    return g if isinstance(g, int) else None
 
 
 def _constant(node: fx.Node) -> bool:

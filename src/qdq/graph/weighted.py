@@ -10,7 +10,7 @@ from qdq.config import QuantSpec
 from qdq.graph.attention import MAX_INT8_SEQUENCE, attention_role, key_length
 from qdq.graph.capture import fetch_attr
 from qdq.graph.context import PlanContext, input_label, make_point, quantize_input, skip_input
-from qdq.graph.patterns import COPY_KINDS, tensor_inputs, weight_arg
+from qdq.graph.patterns import COPY_KINDS, conv_groups, tensor_inputs, weight_arg
 from qdq.graph.plan import QUANTIZE, SKIP
 
 __all__ = ["performance_skip", "plan_weighted"]
@@ -21,9 +21,9 @@ def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
 
 
 def _conv_groups(node: fx.Node) -> int:
-    """``groups`` of F.conv*/F.conv_transpose* (argument 6 in both signatures)."""
-    g = node.kwargs.get("groups", node.args[6] if len(node.args) > 6 else 1)
-    return int(g) if isinstance(g, int) else 1
+    """``groups`` of F.conv*/F.conv_transpose*; 1 when it is not a literal int."""
+    groups = conv_groups(node)
+    return groups if groups is not None else 1
 
 
 def _is_first_layer(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:

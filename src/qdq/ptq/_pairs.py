@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qdq.graph.capture import TRACE_THROUGH, module_path
-from qdq.graph.patterns import op_kind, tensor_inputs, weight_arg
+from qdq.graph.patterns import conv_groups, op_kind, tensor_inputs, weight_arg
 
 __all__ = ["Pair", "find_pairs", "label", "weight_of"]
 
@@ -102,11 +102,6 @@ def _weighted(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
     return kind
 
 
-def _groups(node: fx.Node) -> int:
-    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
-    return groups if isinstance(groups, int) else 0
-
-
 def _shape(node: fx.Node) -> Any:
     """The recorded shape of ``node``'s tensor (``None`` when it is not one tensor)."""
     return getattr(node.meta.get("tensor_meta"), "shape", None)
@@ -180,7 +175,7 @@ def find_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[list[Pai
         ok = bool(consumers) and all(
             _weighted(c, modules) == kind
             and c.args[:1] == (tap,)
-            and (kind == "linear" or _groups(c) == 1)
+            and (kind == "linear" or conv_groups(c) == 1)
             for c in consumers
         )
         if not ok:
