@@ -264,10 +264,14 @@ def tensor_inputs(node: fx.Node) -> list[tuple[int, fx.Node]]:
 
 
 def _is_activation(arg: Any) -> bool:
-    """A tensor computed at run time from the inputs (not a parameter, buffer, a value computed
-    only from those — ``self.gamma.reshape(1, -1, 1, 1)`` — or shape arithmetic)."""
+    """A floating-point tensor computed at run time from the inputs (not a parameter, buffer, a
+    value computed only from those — ``self.gamma.reshape(1, -1, 1, 1)`` —, shape arithmetic or
+    a bool/int tensor such as a mask)."""
     if not isinstance(arg, fx.Node) or arg.op == "get_attr":
         return False
+    dtype = getattr(arg.meta.get("tensor_meta"), "dtype", None)
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
+        return False  # a mask or an index (bool/int): nothing to quantize
     if "type" in arg.meta:  # shape-propagated graph: trust the recorded result type
         return "tensor_meta" in arg.meta and not _constant(arg)
     if arg.op == "call_method" and arg.target in ("size", "dim", "numel"):

@@ -202,6 +202,9 @@ class _Recorder(CallTracker):
 def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
     """Record one forward of a deep copy of ``model`` (in eval mode, without gradients).
 
+    The copy runs once before the recorded forward, so the recording sees the calls of every
+    later forward, not those of a first one that fills caches.
+
     Args:
         model: the float model (never modified).
         example_inputs: positional inputs for one forward.
@@ -219,6 +222,17 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     clone = copy.deepcopy(model)
     clone.eval()
+    try:
+        # one forward first: code that builds a cache on its first call (anchor grids, masks)
+        # makes calls then that later forwards skip; recording that first forward would number
+        # every later call of the same op in that module wrongly, and the runtime would quantize
+        # the wrong ones. The prepared model is this clone, so it stays warm too.
+        with torch.no_grad():
+            clone(*example_inputs)
+    except Exception as err:
+        raise CaptureError(
+            f"{type(model).__name__} raised on the example inputs: {type(err).__name__}: {err}"
+        ) from err
     rec = _Recorder(clone)
     names = _input_names(clone, len(example_inputs))
     for name, value in zip(names, example_inputs, strict=True):

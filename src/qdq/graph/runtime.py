@@ -19,6 +19,7 @@ works under ``torch.export``, the TorchScript tracer, ``deepcopy`` and pickling.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,8 +84,9 @@ class SiteRuntime(CallTracker):
         self.sites = sites
         #: ``(name, shape, dtype)`` of the example inputs the plan was recorded with
         self.inputs = inputs
-        #: per forward: ``(id(x), id(quantizer))`` → ``(weakref to x, quantized x or None)``
-        self._cache: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], Any]] = {}
+        #: per forward: ``(id(x), id(quantizer))`` → ``(weakref to x, x._version, quantized x
+        #: or None)``
+        self._cache: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], int, Any]] = {}
         #: set by :mod:`qdq.ptq` while it measures layers (inside a try/finally); else ``None``
         self.tap: Tap | None = None
 
@@ -96,14 +98,17 @@ class SiteRuntime(CallTracker):
             return quantizer(x)
         key = (id(x), id(quantizer))
         hit = self._cache.get(key)
-        if hit is not None and hit[0]() is x:
-            return x if hit[1] is None else hit[1]
+        # the version counter tells an x changed in place since (x.relu_(), x.add_(y)): its
+        # quantized copy is stale then
+        if hit is not None and hit[0]() is x and hit[1] == x._version:
+            return x if hit[2] is None else hit[2]
         out = quantizer(x)
         # x is held weakly: the entry (and a quantized copy) lives as long as the model keeps x,
         # not to the end of the forward (holding every quantized input until then kept all of
         # them alive at once: EfficientNet-Lite0's calibration took 1.95x its FP32 pass, 1.27x
         # without). A quantizer that returns x itself (bypass, calibrate) stores no reference.
-        self._cache[key] = (weakref.ref(x, _forget(self._cache, key)), None if out is x else out)
+        ref = weakref.ref(x, _forget(self._cache, key))
+        self._cache[key] = (ref, x._version, None if out is x else out)
         return out
 
     def _apply(
@@ -150,17 +155,38 @@ class SiteRuntime(CallTracker):
         site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
         if site is None:
             return func(*args, **kwargs)
-        if _in_place(op, target) and any(ref == 0 for ref, _ in site.actions):
-            # x += y / x.add_(y) with x quantized here: the quantized x is a fresh tensor (never
-            # the cached one another reader of x gets) and the op runs out of place on it, so no
-            # quantizer output is mutated. x += y rebinds x to the result as usual; x itself is
-            # left as it was (code that calls x.add_(y) and then reads x would see the old x)
-            args, kwargs = self._apply(site, args, kwargs, fresh=True)
-            return getattr(torch.Tensor, _OUT_OF_PLACE[str(target)])(*args, **kwargs)
+        pure = _out_of_place(op, target, kwargs)
+        if pure is not None and any(ref == 0 for ref, _ in site.actions):
+            return self._in_place(site, pure, args, kwargs, rebinds=str(target) in _AUGMENTED)
         new_args, new_kwargs = self._apply(site, args, kwargs)
         if self.tap is not None:
             return self.tap(key, site, func, (args, kwargs), (new_args, new_kwargs))
         return func(*new_args, **new_kwargs)
+
+    def _in_place(
+        self,
+        site: Site,
+        pure: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        rebinds: bool,
+    ) -> Any:
+        """An in-place op (``x.add_(y)``, ``x.relu_()``, ``F.relu(x, inplace=True)``, ``x += y``)
+        whose ``x`` is quantized here.
+
+        The op runs out of place on a fresh quantized ``x`` (never the cached copy other readers
+        of ``x`` share). ``x += y`` rebinds ``x`` to the result, as Python does (the residual Add
+        of ResNet-style code), and leaves the old ``x`` object as it was. A named in-place op
+        writes the result into ``x`` and returns ``x``: code that calls ``x.add_(y)`` and then
+        reads ``x`` sees the new value, as in the float model.
+        """
+        x = args[0]
+        args, kwargs = self._apply(site, args, kwargs, fresh=True)
+        out = pure(*args, **kwargs)
+        if rebinds or not isinstance(x, torch.Tensor) or out is x:
+            return out
+        return x.copy_(out)
 
     def on_leaf_enter(
         self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -168,7 +194,9 @@ class SiteRuntime(CallTracker):
         site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
         if site is None:
             return None
-        return self._apply(site, args, kwargs)
+        # nn.ReLU(inplace=True) and the like change their input: give them a copy of their own,
+        # never the quantized x that other readers of x share
+        return self._apply(site, args, kwargs, fresh=getattr(module, "inplace", False) is True)
 
     def on_deactivate(self) -> None:
         self._cache.clear()
@@ -183,15 +211,28 @@ class SiteRuntime(CallTracker):
         return [k for k, s in self.sites.items() if s.hits == 0]
 
 
-#: in-place Tensor methods the plan may quantize the ``self`` operand of, and their pure forms
-_OUT_OF_PLACE = {
-    "add_": "add",
-    "__iadd__": "__add__",
-    "mul_": "mul",
-    "__imul__": "__mul__",
-    "sub_": "sub",
-    "__isub__": "__sub__",
-}
+#: augmented assignments (``x += y``): Python rebinds ``x`` to the result
+_AUGMENTED = {"__iadd__": "__add__", "__imul__": "__mul__", "__isub__": "__sub__"}
+
+
+def _out_of_place(op: str, target: Any, kwargs: dict[str, Any]) -> Callable[..., Any] | None:
+    """The pure form of an in-place call (``x.add_`` → ``Tensor.add``, ``F.relu(.., inplace=True)``
+    → ``F.relu`` with ``inplace=False``), or ``None`` for a call that changes no argument."""
+    if op == "call_method":
+        name = str(target)
+        if name in _AUGMENTED:
+            return getattr(torch.Tensor, _AUGMENTED[name])
+        if name.endswith("_") and not name.startswith("_"):
+            pure = getattr(torch.Tensor, name[:-1], None)
+            return pure if callable(pure) else None
+        return None
+    if op == "call_function" and kwargs.get("inplace") is True and callable(target):
+        return functools.partial(_without_inplace, target)
+    return None
+
+
+def _without_inplace(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return func(*args, **{**kwargs, "inplace": False})
 
 
 def _correct_bias(quantizer: Quantizer, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -204,10 +245,6 @@ def _correct_bias(quantizer: Quantizer, args: list[Any], kwargs: dict[str, Any])
         bias = quantizer.corrected_bias(kwargs.get("bias"), weight)
         if bias is not None:
             kwargs["bias"] = bias
-
-
-def _in_place(op: str, target: Any) -> bool:
-    return op == "call_method" and str(target) in _OUT_OF_PLACE
 
 
 def runtime_of(prepared: nn.Module) -> SiteRuntime | None:

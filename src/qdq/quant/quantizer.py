@@ -280,6 +280,14 @@ class Quantizer(PtqState):
         """Apply the current mode to ``x``."""
         if self._mode is QuantMode.BYPASS:
             return x
+        if not x.is_floating_point():
+            # ValueError, not TypeError: inside Tensor.__mul__ and the like, torch turns a
+            # TypeError into "unsupported operand type(s)", which hides this message
+            raise ValueError(
+                f"quantizer {self.name!r}: only floating-point tensors are quantized, got "
+                f"dtype {x.dtype} (a mask or an index?); exclude this point or set its mode "
+                "to 'bypass'"
+            )
         if current_exporter() is not None and self._mode is QuantMode.QUANTIZE:
             return self._export_qdq(x)
         if self.spec.axis is not None:
