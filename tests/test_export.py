@@ -333,3 +333,38 @@ def test_fallback_after_a_failed_dynamo_export_keeps_every_quantizer(tmp_path: P
     ref = prepared(x)
     got = torch.from_numpy(run(session(out.path), [x])[0])
     assert torch.allclose(got, ref, atol=1e-5)
+
+
+class _ShapeOnlyProjection(nn.Module):
+    """A conv reading a tensor computed from the input's shape only (EdgeNeXt's positional
+    encoding): exporters fold that branch into a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+        self.proj = nn.Conv2d(16, 32, 1)
+        self.out = nn.Conv2d(32, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        b, _, h, w = y.shape
+        pos = torch.ones(b, h, w, 8).cumsum(1)
+        pos = torch.cat([pos.sin(), pos.cos()], dim=-1).permute(0, 3, 1, 2)
+        return self.out(y + self.proj(pos))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_conv_on_a_shape_only_input_stays_float_and_exports(exporter: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    prepared = qdq.prepare(_ShapeOnlyProjection().eval(), (x,))
+    point = qdq.plan_of(prepared).point("proj:weight")
+    assert not point.quantized and "shapes and constants only" in point.reason
+    assert qdq.plan_of(prepared).point("out:weight").quantized
+    qdq.calibrate(prepared, [torch.randn(2, 3, 8, 8)], show_progress=False)
+    # with a weight Q/DQ planned there, the export was refused: "reads a float activation"
+    result = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter=exporter)
+    with torch.no_grad():
+        want = prepared(x)
+    (got,) = run(session(result.path), [x])
+    assert np.allclose(got, want.numpy(), atol=1e-5)

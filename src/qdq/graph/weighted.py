@@ -122,6 +122,10 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
         skip = _performance_skip(ctx, node, wshape)
     if skip is None and not ctx.config.family_enabled("weighted"):
         skip = ("P01", "rule family 'weighted' disabled")
+    if skip is None and not acts:
+        # e.g. a positional encoding's projection (EdgeNeXt): exporters fold it into a constant,
+        # so no Q/DQ can sit on its input, and TensorRT folds the layer at build time anyway
+        skip = ("P01", "its input is computed from shapes and constants only: folded, kept float")
     x_pos, x = acts[0] if acts else (0, None)
     if skip is not None:
         rule, reason = skip
