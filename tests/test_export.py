@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -368,3 +369,35 @@ def test_a_conv_on_a_shape_only_input_stays_float_and_exports(exporter: str, tmp
         want = prepared(x)
     (got,) = run(session(result.path), [x])
     assert np.allclose(got, want.numpy(), atol=1e-5)
+
+
+class _TwinBranches(nn.Module):
+    """Two identical depthwise branches on one input, as YOLOv10 builds its one-to-one head
+    (``copy.deepcopy`` of the one-to-many head, identical until trained)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.a = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1, groups=32), nn.ReLU())
+        self.b = copy.deepcopy(self.a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
+def test_auto_falls_back_when_an_exporter_drops_planned_qdq(tmp_path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 16, 16)
+    prepared = qdq.prepare(_TwinBranches().eval(), (x,))
+    qdq.calibrate(prepared, [torch.randn(2, 3, 16, 16)], show_progress=False)
+    # the dynamo exporter merges the two identical Q/DQ + Conv chains (torch 2.14): b's are gone
+    with pytest.raises(ExportError, match=r"b\.0: weight DequantizeLinear does not feed"):
+        qdq.export_onnx(prepared, (x,), tmp_path / "d.onnx", exporter="dynamo")
+    with pytest.warns(UserWarning, match="dynamo export failed"):
+        result = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx")  # exporter="auto"
+    assert result.exporter == "torchscript"
+    with torch.no_grad():
+        want = prepared(x)
+    (got,) = run(session(result.path), [x])
+    assert float(np.abs(got - want.numpy()).max()) < 0.02  # a rare one-code rounding flip

@@ -177,7 +177,7 @@ def export_onnx(
     start = time.perf_counter()
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
     model_proto = None
-    call_order: list[str] | None = None
+    counts = (0, 0)
     used = order[0]
     errors: list[str] = []
     for candidate in order:
@@ -188,11 +188,19 @@ def export_onnx(
                 _clean_failure(export_model),
                 _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype),
             ):
-                model_proto, call_order = run_exporter(
+                proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
                     allow_specialization, recorded=plan.capture == "recorded" and not branchy,
                 )  # fmt: skip
-            used = candidate
+            proto = postprocess(proto, call_order)
+            if fp16:
+                from qdq.export.postprocess import float32_io
+
+                float32_io(proto)
+            # inside the loop: a graph that lost planned Q/DQ (dynamo merges two identical
+            # Q/DQ + Conv chains, as in YOLOv10's freshly copied one2one head) falls back too
+            counts = validate_export(proto, plan)
+            model_proto, used = proto, candidate
             break
         except (ExportRefusedError, ScaleShapeError):
             raise  # our own refusals: another exporter would not make them right
@@ -219,12 +227,6 @@ def export_onnx(
             "inputs that take other paths (check_inputs)",
             stacklevel=2,
         )
-    model_proto = postprocess(model_proto, call_order)
-    if fp16:
-        from qdq.export.postprocess import float32_io
-
-        float32_io(model_proto)
-    counts = validate_export(model_proto, plan)
     data = model_proto.SerializeToString()
     if do_verify:
         from qdq.export.verify import verify_numerics
