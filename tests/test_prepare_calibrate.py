@@ -281,3 +281,23 @@ def test_plan_is_printable_and_serialisable() -> None:
     assert '"rule": "P01"' in plan.to_json()
     counts = plan.counts()
     assert counts["quantize"]["P01"] == 4 and counts["quantize"]["P06"] == 1
+
+
+class _StdConv2d(nn.Conv2d):
+    """timm's StdConv2d: the weight is standardized in every forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.nn.functional.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=1e-6
+        ).reshape_as(self.weight)
+        return torch.nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+def test_a_conv_with_a_weight_computed_in_forward_is_reported_float_with_why() -> None:
+    net = nn.Sequential(_StdConv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3))
+    prepared = qdq.prepare(net.eval(), (torch.randn(1, 16, 8, 8),))
+    cover = {c.module: c for c in qdq.plan_of(prepared).coverage}
+    # it was listed as "not reached: not called by forward()", though it runs every forward
+    assert cover["0"].status == "float" and "weight computed in forward" in cover["0"].reason
+    assert cover["2"].status == "int8"
+    assert not qdq.plan_of(prepared).point("0:input").quantized

@@ -303,6 +303,21 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     return None
 
 
+def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
+    """``(position or keyword, node)`` of a Conv/Linear call's weight when forward computes it
+    from parameters alone (weight standardization: timm's ``StdConv2d``, ``ScaledStdConv2d``)."""
+    if len(node.args) > 1:
+        key: int | str = 1
+        w = node.args[1]
+    elif "weight" in node.kwargs:
+        key, w = "weight", node.kwargs["weight"]
+    else:
+        return None
+    if isinstance(w, fx.Node) and w.op != "get_attr" and _constant(w):
+        return key, w
+    return None
+
+
 def conv_groups(node: fx.Node) -> int | None:
     """``groups`` of an ``F.conv*``/``F.conv_transpose*`` call (argument 6 in both signatures, or
     ``groups=``; 1 when absent), ``None`` when it is not a literal int."""

@@ -10,7 +10,13 @@ from qdq.config import QuantSpec
 from qdq.graph.attention import MAX_INT8_SEQUENCE, attention_role, key_length
 from qdq.graph.capture import fetch_attr
 from qdq.graph.context import PlanContext, input_label, make_point, quantize_input, skip_input
-from qdq.graph.patterns import COPY_KINDS, conv_groups, tensor_inputs, weight_arg
+from qdq.graph.patterns import (
+    COPY_KINDS,
+    computed_weight_arg,
+    conv_groups,
+    tensor_inputs,
+    weight_arg,
+)
 from qdq.graph.plan import QUANTIZE, SKIP
 
 __all__ = ["performance_skip", "plan_weighted"]
@@ -107,7 +113,22 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     acts = tensor_inputs(node)
     wa = weight_arg(node)
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
-    if wa is None:  # activation x activation MatMul (attention) or a conv with a computed weight
+    computed = computed_weight_arg(node) if wa is None and kind != "matmul" else None
+    if computed is not None:
+        wkey, wnode = computed
+        reason = (
+            "weight computed in forward from parameters (weight standardization, e.g. timm "
+            "StdConv2d): only parameter weights are quantized; kept float"
+        )
+        ctx.add(
+            make_point(
+                ctx, node, wkey, wnode, "weight", "weight", decision=SKIP, rule="P01", reason=reason
+            )
+        )
+        for pos, producer in acts:
+            skip_input(ctx, node, pos, producer, "P01", reason, label=input_label(node, pos))
+        return
+    if wa is None:  # activation x activation MatMul (attention)
         rule, reason, quantize = _activation_product(ctx, node, excluded)
         for pos, producer in acts:
             if quantize:
