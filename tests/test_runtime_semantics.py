@@ -15,8 +15,9 @@ from torch import nn
 
 import qdq
 from qdq.backends.onnxruntime import run, session
+from qdq.graph.runtime import runtime_of
 
-IN_PLACE = ("x.add_(y)", "x.mul_(y)", "x.relu_()", "F.relu(x, inplace=True)", "x = x + y")
+IN_PLACE = ("x.add_(y)", "x.mul_(y)", "x.relu_()", "F.relu(x, inplace=True)", "x += y", "x = x + y")
 
 
 class InPlace(nn.Module):
@@ -38,6 +39,8 @@ class InPlace(nn.Module):
             x.relu_()
         elif self.op == "F.relu(x, inplace=True)":
             F.relu(x, inplace=True)
+        elif self.op == "x += y":
+            x += y
         else:
             x = x + y
         return self.c3(x) + y
@@ -69,6 +72,20 @@ def test_an_in_place_change_of_a_quantized_tensor_reaches_its_later_readers(
     qdq.export_onnx(prepared, (x,), path, exporter="torchscript")
     (got,) = run(session(path), [x])
     assert _rel(torch.from_numpy(got), fake) < 1e-5
+
+
+def test_augmented_assignment_on_a_quantized_tensor_trains() -> None:
+    """``x += y`` reaches the runtime as ``add_``, like ``x.add_(y)``; it must not write into
+    ``x``, which the quantizer of ``x`` saved for backward (RepVGG's identity Add in QAT)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 8, 8)
+    prepared = qdq.prepare(InPlace("x += y").eval(), (x,))
+    site = runtime_of(prepared).sites[("", "add_", 0)]
+    assert 0 in [ref for ref, _ in site.actions]  # x itself is quantized at the +=
+    qdq.calibrate(prepared, [x], show_progress=False)
+    prepared.train()
+    prepared(x).square().mean().backward()  # "modified by an inplace operation" if written into
+    assert prepared.c1.weight.grad is not None
 
 
 class LazyGrid(nn.Module):

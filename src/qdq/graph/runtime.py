@@ -19,7 +19,11 @@ works under ``torch.export``, the TorchScript tracer, ``deepcopy`` and pickling.
 
 from __future__ import annotations
 
+import dis
 import functools
+import os
+import sys
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,7 +161,8 @@ class SiteRuntime(CallTracker):
             return func(*args, **kwargs)
         pure = _out_of_place(op, target, kwargs)
         if pure is not None and any(ref == 0 for ref, _ in site.actions):
-            return self._in_place(site, pure, args, kwargs, rebinds=str(target) in _AUGMENTED)
+            rebinds = str(target) in _AUGMENTED or _augmented_assignment()
+            return self._in_place(site, pure, args, kwargs, rebinds=rebinds)
         new_args, new_kwargs = self._apply(site, args, kwargs)
         if self.tap is not None:
             return self.tap(key, site, func, (args, kwargs), (new_args, new_kwargs))
@@ -177,9 +182,11 @@ class SiteRuntime(CallTracker):
 
         The op runs out of place on a fresh quantized ``x`` (never the cached copy other readers
         of ``x`` share). ``x += y`` rebinds ``x`` to the result, as Python does (the residual Add
-        of ResNet-style code), and leaves the old ``x`` object as it was. A named in-place op
-        writes the result into ``x`` and returns ``x``: code that calls ``x.add_(y)`` and then
-        reads ``x`` sees the new value, as in the float model.
+        of ResNet-style code), and leaves the old ``x`` object as it was: a quantizer may have
+        saved it for backward, and the exported graph stays that of ``x + y``. A named in-place
+        op writes the result into ``x`` and returns ``x``: code that calls ``x.add_(y)`` and then
+        reads ``x`` sees the new value, as in the float model. Both reach the runtime as
+        ``add_``; the calling instruction tells them apart (:func:`_augmented_assignment`).
         """
         x = args[0]
         args, kwargs = self._apply(site, args, kwargs, fresh=True)
@@ -229,6 +236,40 @@ def _out_of_place(op: str, target: Any, kwargs: dict[str, Any]) -> Callable[...,
     if op == "call_function" and kwargs.get("inplace") is True and callable(target):
         return functools.partial(_without_inplace, target)
     return None
+
+
+_QDQ = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: code that sits between the model's code and the runtime: torch, qdq's call tracking and
+#: quantizers (not the rest of qdq: the zoo's models are model code)
+_INTERNAL = (
+    os.path.join(os.path.dirname(torch.__file__), ""),
+    os.path.join(_QDQ, "graph", ""),
+    os.path.join(_QDQ, "quant", ""),
+)
+#: per code object: the bytecode offsets of augmented assignments (``x += y``)
+_AUGMENTED_AT: dict[types.CodeType, frozenset[int]] = {}
+
+
+def _augmented_assignment() -> bool:
+    """Whether the model code that made the current call did it with ``x += y`` (``-=``, ``*=``
+    ...) rather than a method call such as ``x.add_(y)``: the instruction the first frame
+    outside torch and qdq's graph/quant code is executing."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    code = frame.f_code
+    offsets = _AUGMENTED_AT.get(code)
+    if offsets is None:
+        offsets = frozenset(
+            i.offset
+            for i in dis.get_instructions(code)
+            if i.opname.startswith("INPLACE_")  # Python 3.10
+            or (i.opname == "BINARY_OP" and i.argrepr.endswith("="))  # 3.11+: "+=", "*=" ...
+        )
+        _AUGMENTED_AT[code] = offsets
+    return frame.f_lasti in offsets or frame.f_lasti * 2 in offsets
 
 
 def _without_inplace(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
