@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import warnings
@@ -17,7 +16,7 @@ from qdq._progress import progress
 from qdq.calib import CalibrationError
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import CALIBRATION_METHODS, QuantConfig
-from qdq.graph.capture import CaptureError
+from qdq.graph.capture import CaptureError, ForwardError
 from qdq.graph.insert import materialize
 from qdq.graph.plan import QuantPlan
 from qdq.graph.planner import build_plan
@@ -77,8 +76,13 @@ def prepare(
     cfg = config if config is not None else QuantConfig.tensorrt()
     try:
         rec = record(model, tuple(example_inputs))
+    except ForwardError as err:  # the model itself fails: nothing to fall back to
+        cause = err.__cause__
+        raise ValueError(
+            f"{type(model).__name__} raises on the example inputs "
+            f"({type(cause).__name__}: {cause}); check their number, shapes and dtypes"
+        ) from cause
     except CaptureError as err:
-        _check_runs(model, tuple(example_inputs))  # the model itself fails: nothing to fall back to
         if not fallback:
             raise
         prepared, plan = prepare_by_replacement(model, cfg, str(err))
@@ -101,19 +105,6 @@ def prepare(
     prepared.train(model.training)
     _log.info("%s", plan.summary())
     return prepared
-
-
-def _check_runs(model: nn.Module, example_inputs: tuple[Any, ...]) -> None:
-    """Raise ``ValueError`` when ``model`` itself fails on ``example_inputs`` (in eval mode)."""
-    clone = copy.deepcopy(model).eval()
-    try:
-        with torch.no_grad():
-            clone(*example_inputs)
-    except Exception as err:
-        raise ValueError(
-            f"{type(model).__name__} raises on the example inputs "
-            f"({type(err).__name__}: {err}); check their number, shapes and dtypes"
-        ) from err
 
 
 def plan_of(prepared: nn.Module) -> QuantPlan:

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["TRACE_THROUGH", "CaptureError", "fetch_attr", "module_path"]
+__all__ = ["TRACE_THROUGH", "CaptureError", "ForwardError", "fetch_attr", "module_path"]
 
 #: Module types traced through (their forward becomes functional calls on their parameters).
 TRACE_THROUGH: tuple[type[nn.Module], ...] = (
@@ -33,6 +33,11 @@ TRACE_THROUGH: tuple[type[nn.Module], ...] = (
 
 class CaptureError(RuntimeError):
     """The model's forward could not be recorded (the message names the model and the error)."""
+
+
+class ForwardError(CaptureError):
+    """The model's own forward raised on the example inputs, with no recorder attached: nothing
+    to fall back to (``__cause__`` is the model's error)."""
 
 
 def module_path(node: fx.Node) -> str:

@@ -289,6 +289,22 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     Conv/ConvTranspose/Linear: argument 1 (or ``weight=``). MatMul: the second operand when it is a
     parameter (``x @ W``). Returns ``None`` when the weight is itself an activation.
     """
+    found = _weight_operand(node)
+    return found if found is not None and found[1].op == "get_attr" else None
+
+
+def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
+    """``(position or keyword, node)`` of a Conv/Linear call's weight when forward computes it
+    from parameters alone (weight standardization: timm's ``StdConv2d``, ``ScaledStdConv2d``)."""
+    found = _weight_operand(node)
+    if found is not None and found[1].op != "get_attr" and _constant(found[1]):
+        return found
+    return None
+
+
+def _weight_operand(node: fx.Node) -> tuple[int | str, fx.Node] | None:
+    """``(position or keyword, node)`` of a weighted call's second operand: argument 1, or
+    ``weight=`` / ``other=``."""
     if len(node.args) > 1:
         key: int | str = 1
         w = node.args[1]
@@ -298,24 +314,7 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
         key, w = "other", node.kwargs["other"]
     else:
         return None
-    if isinstance(w, fx.Node) and w.op == "get_attr":
-        return key, w
-    return None
-
-
-def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
-    """``(position or keyword, node)`` of a Conv/Linear call's weight when forward computes it
-    from parameters alone (weight standardization: timm's ``StdConv2d``, ``ScaledStdConv2d``)."""
-    if len(node.args) > 1:
-        key: int | str = 1
-        w = node.args[1]
-    elif "weight" in node.kwargs:
-        key, w = "weight", node.kwargs["weight"]
-    else:
-        return None
-    if isinstance(w, fx.Node) and w.op != "get_attr" and _constant(w):
-        return key, w
-    return None
+    return (key, w) if isinstance(w, fx.Node) else None
 
 
 def conv_groups(node: fx.Node) -> int | None:

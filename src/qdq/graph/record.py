@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch import nn
 
 from qdq.graph.calls import CallTracker, SiteKey, _path_of
-from qdq.graph.capture import CaptureError
+from qdq.graph.capture import CaptureError, ForwardError
 
 __all__ = ["Recording", "record"]
 
@@ -211,7 +211,9 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        CaptureError: the forward raised (the message names the model and the error).
+        ForwardError: the model's own forward raised (before any recording).
+        CaptureError: the forward raised only under the recorder (the message names the model
+            and the error).
 
     Example:
         >>> rec = record(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()), (torch.randn(1, 4),))
@@ -230,7 +232,7 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
         with torch.no_grad():
             clone(*example_inputs)
     except Exception as err:
-        raise CaptureError(
+        raise ForwardError(
             f"{type(model).__name__} raised on the example inputs: {type(err).__name__}: {err}"
         ) from err
     rec = _Recorder(clone)
