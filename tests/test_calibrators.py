@@ -426,3 +426,50 @@ def test_mse_drops_the_candidates_that_clip_too_much_and_keeps_the_answer() -> N
     assert 0 < low < cands.size  # most small candidates clip more error than the best probe
     best = mse_amax(counts, edges, observed_max=cal.observed_max)
     assert best == mse_exhaustive(counts, edges, cal.observed_max, 8) and best >= cands[low]
+
+
+# ----------------------------------------------------------------- below the 2**-24 floor (issue 31)
+def test_below_the_floor_every_method_gives_the_observed_max() -> None:
+    """Vanishing activations (random-weight MobileNetV3 / YOLO reach 1e-10) fill only the first
+    bins of the [0, 2**-24] grid: entropy used to refuse them ("needs 128 bins, got 10")."""
+    from qdq.calib.histogram import FLOOR
+    from qdq.quant import MIN_AMAX
+
+    assert FLOOR == MIN_AMAX  # the grid's floor is the amax floor of quantization
+    cal = HistogramCalibrator()
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)).abs() * 1e-10
+    cal.collect(x)
+    counts, _ = cal.histogram()
+    assert len(counts) < 128 and cal.below_floor
+    for method in ("max", "entropy", "mse", "percentile"):
+        assert float(cal.compute_amax(method)) == pytest.approx(float(x.max()), rel=1e-6)
+
+
+def test_just_above_the_floor_the_methods_search_again() -> None:
+    cal = HistogramCalibrator()
+    x = torch.randn(1 << 14, generator=torch.Generator().manual_seed(1)) * 2.0**-22
+    cal.collect(x)
+    assert not cal.below_floor and len(cal.histogram()[0]) > 2048
+    entropy = float(cal.compute_amax("entropy"))
+    assert 0 < entropy < float(x.abs().max())
+
+
+def test_recompute_amax_on_vanishing_activations_warns_and_never_raises() -> None:
+    import qdq
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3), torch.nn.ReLU()
+    ).eval()
+    with torch.no_grad():
+        net[2].weight.mul_(1e-12)  # the second conv's output vanishes: its consumers see ~1e-12
+        net[2].bias.mul_(1e-12)
+    x = torch.rand(8, 16, 12, 12, generator=torch.Generator().manual_seed(0))
+    prepared = qdq.prepare(torch.nn.Sequential(net, torch.nn.Conv2d(32, 16, 1)).eval(), (x[:1],))
+    with pytest.warns(UserWarning, match=r"only values at or below 2\*\*-24"):
+        qdq.calibrate(prepared, [x], method="entropy", show_progress=False)
+    for method in ("max", "mse", "percentile"):
+        with pytest.warns(UserWarning, match="vanishing"):
+            qdq.recompute_amax(prepared, method)
+    quantizers = qdq.quantizers_of(prepared).values()
+    tiny = [q for q in quantizers if getattr(q.calibrator, "below_floor", False)]
+    assert tiny and all(float(q.amax) == q.calibrator.observed_max for q in tiny)

@@ -175,7 +175,8 @@ def calibrate(
             model's inputs (naming the batch index, what was expected and what came).
 
     Warns:
-        UserWarning: quantizers whose amax is 0 (they saw only zeros), by name.
+        UserWarning: quantizers whose amax is 0 (they saw only zeros), and those that saw only
+            values at or below 2**-24 (the amax floor), by name.
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
@@ -235,7 +236,8 @@ def recompute_amax(
             changes).
 
     Warns:
-        UserWarning: quantizers whose amax is 0 (they saw only zeros), by name.
+        UserWarning: quantizers whose amax is 0 (they saw only zeros), and those that saw only
+            values at or below 2**-24 (the amax floor), by name.
     """
     plan_of(prepared)
     acts = _activation_quantizers(prepared)
@@ -277,12 +279,26 @@ def _check_method(acts: dict[str, Quantizer], method: str | None, percentile: fl
 
 
 def _warn_zero_amax(acts: dict[str, Quantizer]) -> None:
-    zero = [n for n, q in acts.items() if q.is_calibrated and bool((q.amax <= MIN_AMAX).all())]
+    floored = {
+        n: q for n, q in acts.items() if q.is_calibrated and bool((q.amax <= MIN_AMAX).all())
+    }
+    zero = [n for n, q in floored.items() if not bool((q.amax > 0).any())]
+    tiny = [n for n in floored if n not in zero]
     if zero:
         warnings.warn(
             f"{len(zero)} quantizer(s) have amax 0 (they saw only zeros during calibration): "
             f"{zero[:10]}; their scale will be floored at export and every value quantizes to 0. "
             "Check the calibration data, or exclude those layers",
+            stacklevel=3,
+        )
+    if tiny:
+        worst = max(float(floored[n].amax.max()) for n in tiny)
+        warnings.warn(
+            f"{len(tiny)} quantizer(s) saw only values at or below 2**-24 (largest {worst:.3g}; "
+            f"vanishing activations, e.g. random weights): {tiny[:10]}; every calibration method "
+            "gives their observed max, their scale is floored to 2**-24/127 and such values "
+            "quantize to 0 or a few codes (FP16 flushes them to 0 too). Check the model's weights "
+            "and data, or exclude those layers",
             stacklevel=3,
         )
 

@@ -30,6 +30,15 @@ Methods (``compute_amax(method)``; one collection serves them all):
 
 Histogram-based amax values are capped at the observed maximum (an amax beyond every observed value
 only coarsens the scale).
+
+Below the floor: the grid never goes below ``[0, 2**-24]``, which is also the smallest amax qdq
+quantizes with (:data:`qdq.quant.MIN_AMAX`; a smaller one is floored to it, as pytorch-quantization
+does; ``2**-24`` is also FP16's smallest subnormal). A tensor whose values all lie at or below it
+(vanishing activations: common in networks with random weights, e.g. the squeeze-excitation paths of
+MobileNetV3 or YOLO heads, where they reach 1e-10) fills only the first few bins of that grid, too few
+for entropy's 128 candidates and too coarse for the others to mean anything. There every method
+returns the observed maximum (:attr:`HistogramCalibrator.below_floor`), named as such in the reports:
+the scale is the floored one whatever the method, so this changes no quantized value.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
 __all__ = ["HistogramCalibrator"]
 
 _MIN_EXP = -24
+#: the bottom of the grid's range: every method returns the observed max at or below it
+FLOOR = 2.0**_MIN_EXP
 _CHUNK = 1 << 24
 _CPU_CHUNK = 1 << 17
 _SCATTER_CHUNK = 1 << 19
@@ -257,6 +268,12 @@ class HistogramCalibrator(Calibrator):
 
     # ---------------------------------------------------------------- results
     @property
+    def below_floor(self) -> bool:
+        """Whether data was collected and all of it lies at or below :data:`FLOOR` (``2**-24``):
+        every method then returns the observed max (see the module docstring)."""
+        return self._numel > 0 and self._max <= FLOOR
+
+    @property
     def observed_max(self) -> float:
         """The largest ``|x|`` collected."""
         return self._max
@@ -291,8 +308,8 @@ class HistogramCalibrator(Calibrator):
         self._check_method(method, percentile)
         counts, edges = self.histogram()
         device = self._counts.device if self._counts is not None else None
-        if self._max == 0.0 or method == "max":
-            value = self._max
+        if self._max <= FLOOR or method == "max":
+            value = self._max  # below the floor: the scale is floored whatever the method
         elif method == "entropy":
             value = entropy_amax(counts, edges, num_bits=self.num_bits, unsigned=self.unsigned)
         elif method == "mse":
