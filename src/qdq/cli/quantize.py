@@ -175,13 +175,14 @@ def add_data_options(p: Any) -> None:
 def data_options(args: argparse.Namespace) -> Any:
     """A :class:`qdq.pipeline.DataOptions` from the data flags."""
     from qdq.pipeline import DataOptions
+    from qdq.pipeline.forms import image_size, per_channel
 
     return DataOptions(
         calib_samples=args.calib_samples,
         eval_samples=args.eval_samples,
-        image_size=_size(args.image_size),
-        mean=_floats(args.mean, "--mean"),
-        std=_floats(args.std, "--std"),
+        image_size=None if args.image_size is None else image_size(args.image_size, "--image-size"),
+        mean=None if args.mean is None else per_channel(args.mean, "--mean"),
+        std=None if args.std is None else per_channel(args.std, "--std"),
         channels=args.channels,
         seed=args.seed,
     )
@@ -191,27 +192,6 @@ def add_zoo_parser(sub: Any) -> None:
     """The ``zoo`` sub-command."""
     p = sub.add_parser("zoo", help="the built-in pretrained models", description="qdq zoo list")
     p.add_argument("action", choices=("list",), help="list: name, task, metric, availability")
-
-
-def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated numbers, got {text!r}") from None
-
-
-def _size(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        parts = [int(v) for v in text.lower().replace("x", ",").split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or min(parts) < 1:
-        raise ValueError(f"--image-size must be H,W or N (positive ints), got {text!r}")
-    return (parts[0], parts[-1])
 
 
 def one_line(err: BaseException) -> str:
@@ -326,11 +306,14 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
         )
         print(f"QAT: {qat['summary']}, {qat['seconds_per_epoch']:.1f} s/epoch{gain}")
     lint = r["lint"]
-    print(
-        f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
-        f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs); "
-        f"lint {r['lint_verdict']} ({r['lint_target']}, {len(r['lint_findings'])} findings)"
-    )
+    if lint is None:
+        print(f"lint {r['lint_verdict']} (the lint stage failed; see below)")
+    else:
+        print(
+            f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
+            f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs); "
+            f"lint {r['lint_verdict']} ({r['lint_target']}, {len(r['lint_findings'])} findings)"
+        )
     for s in r["skipped_layers"][:10]:
         print(f"  float: {s['name']} ({s['type']}) {s['rule']}: {s['reason']}")
     if len(r["skipped_layers"]) > 10:
@@ -343,6 +326,11 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             f"{e['name']} {_db(e['accumulated']['sqnr_db'])}" for e in errors["rows"][:3]
         )
         print(f"worst layers (SQNR vs FP32 on {errors['samples']} samples): {worst}")
+    for e in r.get("stage_errors") or []:
+        print(
+            f"warning: stage {e['stage']} failed ({e['error']}: {e['message'][:200]}); "
+            "everything else was written (report.json: stage_errors)"
+        )
     times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
     print(f"time: {r['total_s']:.1f} s ({times})")
     print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qdq.pipeline.forms import image_size, per_channel
 from qdq.specs import load_arrays
 from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, ZooMetric, get_dataset
 
@@ -45,11 +46,16 @@ class DataOptions:
     Attributes:
         calib_samples: calibration samples (default: the built-in dataset's, else 256).
         eval_samples: evaluation samples (default: the built-in dataset's, else all the rest).
-        image_size: ``(H, W)`` for image folders (default: the zoo model's).
+        image_size: ``(H, W)`` for image folders (default: the zoo model's); also ``N``, ``"N"``,
+            ``"H,W"`` or ``"HxW"``, as ``--image-size`` takes it.
         mean / std: per-channel normalization for image folders (default: the zoo model's, else
-            0 and 1: pixels in ``[0, 1]``).
+            0 and 1: pixels in ``[0, 1]``); a number, a sequence or ``"M,M,M"``.
         channels: 1 (grayscale) or 3 (RGB) for image folders (default: the zoo model's, else 3).
         seed: seed of the split and of built-in calibration samples.
+
+    Example:
+        >>> DataOptions(image_size=64, mean="0.5", std=(0.25,)).image_size
+        (64, 64)
     """
 
     calib_samples: int | None = None
@@ -67,6 +73,17 @@ class DataOptions:
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.image_size is not None:
+            object.__setattr__(self, "image_size", image_size(self.image_size, "image_size"))
+        for name in ("mean", "std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, per_channel(getattr(self, name), name))
+        if self.channels is not None and (
+            isinstance(self.channels, bool) or self.channels not in (1, 3)
+        ):
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {self.channels!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
 
 
 @dataclass(frozen=True)
