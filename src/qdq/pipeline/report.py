@@ -7,7 +7,8 @@ ONNX Runtime), ``lint`` (the lint summary: ``weighted_layers``, ``int8_weighted_
 ``data``, ``settings``, ``export``, ``fp32``/``int8``/``int8_torch`` (metric, top-1 agreement and
 cosine vs FP32), ``calibration_methods`` (per method, torch fake-quant; ``null`` unless asked),
 ``layers`` (every weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule,
-scale group, calibration method and amax; per-channel weights as min/max), ``lint_verdict``,
+scale group, calibration method and amax, per-channel weights as min/max; ``below_floor`` when it
+saw only values at or below 2**-24, where every method gives the observed max), ``lint_verdict``,
 ``lint_findings``, ``predicted_layers`` (the linter's engine prediction), ``plan`` (every Q/DQ
 decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
@@ -15,8 +16,11 @@ decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-l
 without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
 ``equalize``, ``method_per_quantizer``, ``kernel_sum``, ``adaround``, ``bias_correction``; ``null``
 when none ran), ``qat`` (``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from,
-and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``files`` (names inside
-OUT).
+and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``stage_errors`` (every
+stage after the INT8 measurement that failed — per-layer error, method comparison, lint, the page's
+drawing, plots and engine views —: ``stage``, ``error`` (the exception type), ``message``; the job
+still wrote everything, and what that stage would have written is ``null``: ``lint``,
+``lint_verdict`` ``"not run"``, ``layer_errors``, ...), ``files`` (names inside OUT).
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from torch import nn
 
 from qdq._version import __version__
 
-__all__ = ["SCHEMA", "STABLE_KEYS", "STAGE_LABELS", "build_report"]
+__all__ = [
+    "LINT_NOT_RUN",
+    "SCHEMA",
+    "STABLE_KEYS",
+    "STAGE_LABELS",
+    "build_report",
+    "stage_error",
+]
 
 SCHEMA = "qdq.quantize-report/1"
 STABLE_KEYS = ("metric_name", "fp32_metric", "int8_metric", "lint", "skipped_layers", "timings_s")
@@ -49,6 +60,14 @@ STAGE_LABELS = {
     "qat": "QAT fine-tuning",
     "lint": "lint",
 }
+#: ``lint_verdict`` when the lint stage failed (see ``stage_errors``)
+LINT_NOT_RUN = "not run"
+
+
+def stage_error(stage: str, err: BaseException) -> dict[str, str]:
+    """``{"stage", "error", "message"}`` of a failed optional stage, as ``report.json`` keeps it."""
+    message = " ".join(str(err).split()) or type(err).__name__
+    return {"stage": stage, "error": type(err).__name__, "message": message[:2000]}
 
 
 def build_report(
@@ -71,6 +90,7 @@ def build_report(
     timings: dict[str, float],
     warnings: list[str],
     files: dict[str, str],
+    stage_errors: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (see the module docstring for the keys)."""
     from qdq.api import plan_of, quantizers_of
@@ -78,7 +98,11 @@ def build_report(
     plan = plan_of(prepared)
     model = source.module
     zoo = source.zoo
-    lint_dict = lint.to_dict()
+    lint_dict = (
+        lint.to_dict()
+        if lint is not None
+        else {"target": settings.get("target"), "findings": [], "layers": []}
+    )
     layers = [
         {"name": c.module, "type": c.type, "status": c.status, "rule": c.rule, "reason": c.reason}
         for c in plan.coverage
@@ -89,7 +113,7 @@ def build_report(
         "metric_name": metric,
         "fp32_metric": fp32["metric"],
         "int8_metric": int8["metric"],
-        "lint": lint.summary,
+        "lint": None if lint is None else lint.summary,
         "skipped_layers": [layer for layer in layers if layer["status"] != "int8"],
         "timings_s": dict(timings),
         "total_s": round(sum(timings.values()), 3),
@@ -133,7 +157,7 @@ def build_report(
         "layers": layers,
         "quantizers": [_quantizer(path, q, plan) for path, q in quantizers_of(prepared).items()],
         "lint_target": lint_dict["target"],
-        "lint_verdict": lint.verdict,
+        "lint_verdict": LINT_NOT_RUN if lint is None else lint.verdict,
         "lint_findings": lint_dict["findings"],
         "predicted_layers": lint_dict["layers"],
         "plan": plan.to_dict(),
@@ -142,6 +166,7 @@ def build_report(
         "ptq": ptq,
         "qat": qat,
         "warnings": sorted(set(warnings)),
+        "stage_errors": list(stage_errors or []),
         "files": files,
     }
 
@@ -158,6 +183,8 @@ def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
         "rule": None if group is None else plan.point(group.leader).rule,
         "method": q.amax_method or q.calib.method,
         "per_channel": q.spec.axis is not None,
+        # every value at or below 2**-24: any method gives the observed max (floored at use)
+        "below_floor": bool(getattr(q.calibrator, "below_floor", False)),
     }
     if amax is None:
         entry["amax"] = None

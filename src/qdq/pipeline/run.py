@@ -16,6 +16,7 @@ renamed into place (:mod:`qdq.pipeline.outdir`).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -39,10 +40,20 @@ from qdq.pipeline.evaluate import (
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
-from qdq.pipeline.report import build_report
+from qdq.pipeline.report import build_report, stage_error
 from qdq.pipeline.sample import check_sample
 
-__all__ = ["HTML_FILE", "MANIFEST_FILE", "ONNX_FILE", "REPORT_FILE", "QuantizeResult", "quantize"]
+__all__ = [
+    "HTML_FILE",
+    "MANIFEST_FILE",
+    "ONNX_FILE",
+    "OPTIONAL_STAGES",
+    "REPORT_FILE",
+    "QuantizeResult",
+    "quantize",
+]
+
+_log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.qdq.onnx"
 MANIFEST_FILE = "manifest.json"
@@ -50,6 +61,12 @@ REPORT_FILE = "report.json"
 HTML_FILE = "report.html"
 #: evaluation samples (and the largest batch) of the per-layer error stage
 LAYER_ERROR_SAMPLES, LAYER_ERROR_BATCH = 64, 16
+
+#: stages that cannot fail the job (what comes after the INT8 measurement): an error there is
+#: recorded in ``report.json`` ``stage_errors`` and the page, and everything is still written. The
+#: page's own parts (model drawing, engine views, plots) are guarded the same way
+#: (:func:`qdq.report.write_html`).
+OPTIONAL_STAGES = ("layer_errors", "compare_methods", "lint")
 
 #: ``on_stage(name, seconds, detail)`` after every stage
 StageCallback = Callable[[str, float, str], None]
@@ -395,7 +412,8 @@ def _export_and_measure(
                     "metric"
                 ]
             st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
-        with stages("layer_errors") as st:
+        errors = None
+        with stages.optional("layer_errors") as st:
             errors = _layer_errors(prepared, qdata, s)
             st.detail = f"{len(errors.rows)} quantizers on {errors.samples} samples"
             if errors.rows:
@@ -403,10 +421,11 @@ def _export_and_measure(
                 st.detail += f"; worst {worst.name} {worst.score:.1f} dB"
         methods = None
         if s.compare_methods:
-            with stages("compare_methods") as st:
+            with stages.optional("compare_methods") as st:
                 methods = _compare_methods(prepared, qdata, ref, s)
                 st.detail = ", ".join(f"{m} {r['metric']:.4f}" for m, r in methods.items())
-        with stages("lint") as st:
+        report_lint = None
+        with stages.optional("lint") as st:
             report_lint = lint(exported.path, target=s.target)
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
         timings = stages.timings
@@ -421,7 +440,7 @@ def _export_and_measure(
             int8=int8,
             int8_torch=int8_torch,
             methods=methods,
-            layer_errors=errors.to_dict(),
+            layer_errors=None if errors is None else errors.to_dict(),
             fallback=None if fallback is None else fallback.to_dict(),
             ptq=ptq,
             qat=None if qat is None else qat[0],
@@ -438,6 +457,7 @@ def _export_and_measure(
             },
             timings=timings,
             warnings=[str(w.message) for w in caught],
+            stage_errors=stages.errors,
             files={
                 "onnx": ONNX_FILE,
                 "manifest": MANIFEST_FILE,
@@ -445,11 +465,23 @@ def _export_and_measure(
                 "html": HTML_FILE,
             },
         )
-        text = json.dumps(report, indent=2, default=str) + "\n"
-        (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
         from qdq.report import write_html
 
-        write_html(json.loads(text), tmp / HTML_FILE, onnx_path=tmp / ONNX_FILE, engine=s.engine)
+        # the page first: its own parts that fail (drawing, plots, engine views) are recorded
+        # in report.json too, and the page lists every stage that failed
+        report = json.loads(json.dumps(report, default=str))
+        page_errors: list[dict[str, str]] = []
+        write_html(report, tmp / HTML_FILE, onnx_path=tmp / ONNX_FILE, engine=s.engine,
+                   failures=page_errors)  # fmt: skip
+        report["stage_errors"] = [*report["stage_errors"], *page_errors]
+        for e in report["stage_errors"] if stages.callback is None else ():
+            _log.warning(
+                "qdq quantize: stage %s failed (%s: %s); everything else was written "
+                "(report.json: stage_errors)",
+                *(e["stage"], e["error"], e["message"][:300]),
+            )
+        text = json.dumps(report, indent=2) + "\n"
+        (tmp / REPORT_FILE).write_text(text, encoding="utf-8")
     return QuantizeResult(
         out_dir=out_dir,
         onnx_path=out_dir / ONNX_FILE,
@@ -552,14 +584,24 @@ def _params(module: nn.Module) -> int:
 
 
 class _Stages:
-    """Times stages: ``with stages("name") as st: ...; st.detail = "..."``."""
+    """Times stages: ``with stages("name") as st: ...; st.detail = "..."``.
+
+    ``stages.optional("name")`` is a stage that cannot fail the job: an exception in it is
+    recorded in :attr:`errors` (stage, error type, message) and swallowed; the callback gets the
+    stage with a ``FAILED (...)`` detail.
+    """
 
     def __init__(self, callback: StageCallback | None) -> None:
         self.callback = callback
         self.timings: dict[str, float] = {}
+        self.errors: list[dict[str, str]] = []
 
     def __call__(self, name: str) -> _Stage:
         return _Stage(self, name)
+
+    def optional(self, name: str) -> _OptionalStage:
+        """A stage whose failure is recorded, not raised (see the class docstring)."""
+        return _OptionalStage(self, name)
 
 
 class _Stage:
@@ -571,7 +613,24 @@ class _Stage:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._finish(exc_type, exc, optional=False)
+
+    def _finish(self, exc_type: Any, exc: Any, *, optional: bool) -> bool:
+        """Time the stage, record a swallowed failure, call back; whether to swallow ``exc``."""
         seconds = time.perf_counter() - self.start
         self.owner.timings[self.name] = round(seconds, 3)
-        if exc_type is None and self.owner.callback is not None:
+        failed = exc_type is not None and optional and issubclass(exc_type, Exception)
+        if failed:
+            entry = stage_error(self.name, exc)
+            self.owner.errors.append(entry)
+            self.detail = f"FAILED ({entry['error']}: {entry['message'][:160]}); recorded in report"
+        if (exc_type is None or failed) and self.owner.callback is not None:
             self.owner.callback(self.name, seconds, self.detail)
+        return failed
+
+
+class _OptionalStage(_Stage):
+    """A stage whose exception is recorded and swallowed (:meth:`_Stages.optional`)."""
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:  # type: ignore[override]
+        return self._finish(exc_type, exc, optional=True)

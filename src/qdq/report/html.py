@@ -12,7 +12,7 @@ from typing import Any
 from qdq._io import atomic_write_text
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
-from qdq.pipeline.report import STAGE_LABELS
+from qdq.pipeline.report import STAGE_LABELS, stage_error
 
 __all__ = ["check_dependencies", "render_html", "write_html"]
 
@@ -43,8 +43,15 @@ def write_html(
     onnx_path: str | Path | None = None,
     max_nodes: int = 80,
     engine: EngineReport | None = None,
+    failures: list[dict[str, str]] | None = None,
 ) -> Path:
     """Write the page for ``report`` to ``path`` and return it.
+
+    The page's own parts (the model drawing, the engine views, the plots) cannot stop it: a part
+    that raises is left out, the page says which and why, and the failure is appended to
+    ``failures`` (``{"stage", "error", "message"}``, as ``report.json``'s ``stage_errors``). Should
+    the page itself fail to render, a plain page with the headline figures and the error is
+    written instead.
 
     Args:
         report: the content of ``report.json``.
@@ -55,33 +62,76 @@ def write_html(
         engine: a real engine report of this model (trtexec ``--exportLayerInfo``, parsed by
             :func:`qdq.lint.load_engine_report`): the page also draws what TensorRT built and
             marks, in both drawings, the layers where prediction and engine disagree.
+        failures: where the parts that failed are recorded (a new list if ``None``).
     """
     from qdq.lint.draw import DrawError
 
+    failed = [] if failures is None else failures
     svg, note = None, "no ONNX model was given to draw"
     real: dict[str, Any] | None = None
     diff = None
     if engine is not None:
-        from qdq.lint.diff import diff_engine
-        from qdq.lint.engine_pages import engine_svg
-
-        diff = diff_engine(_lint_report(report), engine)
-        real = {"svg": None, "note": "", "summary": diff.format()}
         try:
-            real["svg"] = engine_svg(engine, diff, max_nodes=max_nodes)
-        except DrawError as err:
-            real["note"] = str(err)
-    if onnx_path is not None:
-        from qdq.lint.engine_pages import predicted_svg
+            from qdq.lint.diff import diff_engine
+            from qdq.lint.engine_pages import engine_svg
 
+            diff = diff_engine(_lint_report(report), engine)
+            real = {"svg": None, "note": "", "summary": diff.format()}
+            try:
+                real["svg"] = engine_svg(engine, diff, max_nodes=max_nodes)
+            except DrawError as err:
+                real["note"] = str(err)
+        except Exception as err:  # a view of the report, never a reason to lose it
+            failed.append(_failure("engine_views", err))
+            real = {"svg": None, "note": f"the engine views failed: {err}", "summary": ""}
+    if onnx_path is not None and report.get("lint") is None:
+        note = "the lint stage failed (see the stages that failed), so there is no prediction"
+    elif onnx_path is not None:
         try:
+            from qdq.lint.engine_pages import predicted_svg
+
             svg = predicted_svg(onnx_path, _lint_report(report), diff, max_nodes=max_nodes)
         except DrawError as err:
             note = str(err)
             _log.warning("report.html without the model drawing: %s", err)
+        except Exception as err:
+            failed.append(_failure("drawing", err))
+            note = f"the drawing failed: {type(err).__name__}: {err}"
     out = Path(path)
-    atomic_write_text(out, render_html(report, graph_svg=svg, graph_note=note, engine=real))
+    try:
+        page = render_html(report, graph_svg=svg, graph_note=note, engine=real, failures=failed)
+    except ImportError:
+        raise
+    except Exception as err:
+        failed.append(_failure("html", err))
+        page = _plain_page(report, failed)
+    atomic_write_text(out, page)
     return out
+
+
+def _failure(stage: str, err: BaseException) -> dict[str, str]:
+    _log.debug("report.html: %s failed", stage, exc_info=err)
+    return stage_error(stage, err)
+
+
+def _plain_page(report: Mapping[str, Any], failed: list[dict[str, str]]) -> str:
+    """The page when the full one could not be rendered: headline figures and what failed."""
+    from html import escape
+
+    rows = "".join(
+        f"<li><b>{escape(e['stage'])}</b>: <code>{escape(e['error'])}</code> "
+        f"{escape(e['message'])}</li>"
+        for e in [*(report.get("stage_errors") or []), *failed]
+    )
+    metric = escape(str(report.get("metric_name")))
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>qdq report</title></head><body>"
+        f"<h1>qdq report: {escape(str((report.get('model') or {}).get('spec')))}</h1>"
+        f"<p>{metric}: FP32 {report.get('fp32_metric')} · INT8 {report.get('int8_metric')} "
+        "(the exported ONNX in ONNX Runtime)</p>"
+        "<p>The full page could not be rendered; everything measured is in report.json.</p>"
+        f"<h2>Stages that failed</h2><ul>{rows}</ul></body></html>\n"
+    )
 
 
 def _lint_report(report: Mapping[str, Any]) -> LintReport:
@@ -105,6 +155,7 @@ def render_html(
     graph_svg: str | None = None,
     graph_note: str = "",
     engine: Mapping[str, Any] | None = None,
+    failures: list[dict[str, str]] | None = None,
 ) -> str:
     """The page as one string (inline CSS, JavaScript and SVG; it references no URL).
 
@@ -114,6 +165,7 @@ def render_html(
         graph_note: why there is no drawing (shown instead of it).
         engine: the real engine section, if an engine report was given: ``svg`` (its drawing,
             or ``None``), ``note`` (why there is none) and ``summary`` (prediction vs engine).
+        failures: parts that failed so far; a plot that fails here is left out and appended.
 
     Raises:
         ImportError: jinja2 or matplotlib is missing.
@@ -130,7 +182,9 @@ def render_html(
     )
     env.filters["num"] = _num
     env.filters["pct"] = _pct
-    context = _context(report)
+    failed = [] if failures is None else failures
+    context = _context(report, failed)
+    context["stage_errors"] = [*(report.get("stage_errors") or []), *failed]
     context["graph_svg"] = None if graph_svg is None else jinja2.filters.Markup(graph_svg)
     context["graph_note"] = graph_note
     context["engine"] = None
@@ -144,14 +198,32 @@ def render_html(
 
 
 # ------------------------------------------------------------------------------ view model
-def _context(r: Mapping[str, Any]) -> dict[str, Any]:
+#: what the page shows of the lint summary when the lint stage failed
+_NO_LINT = dict.fromkeys(
+    ("int8_weighted_layers", "weighted_layers", "int8_flops_percent", "unfused_qdq",
+     "float_islands", "scale_mismatches", "alignment_reformats"),
+    "-",
+)  # fmt: skip
+
+
+def _guarded(stage: str, failed: list[dict[str, str]], fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or ``None`` with the failure recorded (a plot never stops the page)."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        failed.append(_failure(stage, err))
+        return None
+
+
+def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, Any]:
     metric = str(r["metric_name"])
     fmt = _metric_formatter(metric)
     fp32, int8 = float(r["fp32_metric"]), float(r["int8_metric"])
-    lint = r["lint"]
+    lint = r["lint"] or _NO_LINT
     errors = r.get("layer_errors") or None
     return {
         "r": r,
+        "lint": lint,
         "title": str(r["model"]["spec"]).replace("\\", "/").rsplit("/", 1)[-1],
         "generated": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "metric": metric,
@@ -166,8 +238,8 @@ def _context(r: Mapping[str, Any]) -> dict[str, Any]:
         "timings": _timings(r),
         "errors": errors,
         "error_rows": [] if errors is None else [_error_row(e) for e in errors["rows"]],
-        "profile_svg": _profile(errors),
-        "histograms": _histograms(errors),
+        "profile_svg": _guarded("plots", failed, _profile, errors),
+        "histograms": _guarded("plots", failed, _histograms, errors) or [],
         "points": _points(r),
         "plan_counts": _plan_counts(r),
         "findings": _findings(r),
