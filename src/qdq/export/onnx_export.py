@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
 
 from qdq._io import atomic_write_files
 from qdq.api import plan_of, quantizers_of
@@ -170,9 +171,11 @@ def export_onnx(
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
     _check_forward(prepared, tuple(example_inputs))
-    export_model, export_args = prepared, tuple(example_inputs)
+    # the exporters trace a CPU model: the ONNX of a CUDA model is the ONNX of its CPU copy (the
+    # dynamo exporter traced device copies between CPU scales and CUDA weights and lost Q/DQ)
+    export_model, export_args = _on_cpu(prepared, tuple(example_inputs))
     if fp16:
-        export_model, export_args = _half_copy(prepared, export_args)
+        export_model, export_args = _half_copy(export_model, export_args)
     export_quantizers = quantizers_of(export_model)
     start = time.perf_counter()
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
@@ -275,7 +278,10 @@ def _check_batches(check_inputs: Iterable[Any] | None) -> list[tuple[Any, ...]]:
 
 
 def _caster(fp16: bool) -> Any:
+    """What the verification feeds the exported (CPU) model: CPU tensors, float16 with ``fp16``."""
+
     def cast(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        args = _to_cpu(args)
         if not fp16:
             return args
         return tuple(
@@ -283,6 +289,21 @@ def _caster(fp16: bool) -> Any:
         )
 
     return cast
+
+
+def _to_cpu(args: Any) -> Any:
+    """``args`` with every tensor on the CPU (containers kept)."""
+    return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, args)
+
+
+def _on_cpu(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The model and inputs to trace: as given when all on the CPU, else a CPU copy of the model
+    (the user's prepared model stays where it is) and the inputs moved to the CPU."""
+    tensors = [*prepared.parameters(), *prepared.buffers()]
+    tensors += [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
+    if all(t.device.type == "cpu" for t in tensors):
+        return prepared, args
+    return copy.deepcopy(prepared).cpu(), _to_cpu(args)
 
 
 def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -41,6 +42,7 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
         assert leader.spec is not None and leader.calib is not None
         quantizer = Quantizer(leader.spec, leader.calib, name=leader.name)
         path = _register(root, leader, nodes, quantizer)
+        quantizer.to(_device_near(root, path))  # amax lives where the model does (CUDA too)
         groups.append(
             ScaleGroup(group.id, group.leader, group.members, group.rules, group.crosses, path)
         )
@@ -58,6 +60,20 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
     )
     install_runtime(root, SiteRuntime(root, sites, inputs))
     return dataclasses.replace(plan, groups=tuple(groups))
+
+
+def _device_near(root: nn.Module, path: str) -> torch.device:
+    """The device of the nearest module on ``path`` (from the quantizer's parent up to ``root``)
+    that holds a parameter or buffer of its own, else of any tensor of ``root``, else the CPU."""
+    parts = path.split(".")[:-1]
+    for depth in range(len(parts), -1, -1):
+        module = root.get_submodule(".".join(parts[:depth]))
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t.numel():
+                return t.device
+    for t in (*root.parameters(), *root.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def _arg_ref(consumer: fx.Node, arg: int | str) -> ArgRef:
