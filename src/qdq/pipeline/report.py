@@ -17,6 +17,9 @@ without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's
 when none ran), ``qat`` (``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from,
 and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``files`` (names inside
 OUT).
+
+``data.inputs``: the name, per-sample shape and dtype of every model input (``data.input_shape`` and
+``data.input_dtype``: the first one's).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from qdq._version import __version__
+from qdq.pipeline.inputs import describe, num_samples
 
 __all__ = ["SCHEMA", "STABLE_KEYS", "STAGE_LABELS", "build_report"]
 
@@ -78,6 +82,7 @@ def build_report(
     plan = plan_of(prepared)
     model = source.module
     zoo = source.zoo
+    inputs = describe(data.evaluation)
     lint_dict = lint.to_dict()
     layers = [
         {"name": c.module, "type": c.type, "status": c.status, "rule": c.rule, "reason": c.reason}
@@ -111,10 +116,11 @@ def build_report(
         "data": {
             "source": data.source,
             "split": data.split,
-            "input_shape": list(data.evaluation.shape[1:]),
-            "input_dtype": str(data.evaluation.dtype).replace("torch.", ""),
-            "calibration_samples": len(data.calibration),
-            "evaluation_samples": len(data.evaluation),
+            "input_shape": inputs[0]["shape"],  # the first input's (the only one's)
+            "input_dtype": inputs[0]["dtype"],
+            "inputs": inputs,
+            "calibration_samples": num_samples(data.calibration),
+            "evaluation_samples": num_samples(data.evaluation),
             "labelled": data.labels is not None,
         },
         "settings": settings,
