@@ -15,12 +15,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from qdq.cli.quantize import add_data_options, data_options, one_line
+
+if TYPE_CHECKING:
+    from qdq.pipeline.inputs import ForwardInputs
 
 __all__ = ["add_accuracy_parsers", "run_debug", "run_sensitivity"]
 
@@ -78,13 +81,14 @@ class _Loaded:
     prepared: nn.Module
     size: int
     static: bool
+    inputs: ForwardInputs  # how the data meets forward
 
 
 def _load(args: argparse.Namespace) -> _Loaded:
     """Model and data as ``qdq quantize`` reads them; prepared and calibrated."""
     import qdq
     from qdq.pipeline.data import resolve_data
-    from qdq.pipeline.evaluate import batches
+    from qdq.pipeline.inputs import batches, bind_inputs, take
     from qdq.pipeline.models import resolve_model
 
     for flag, value in (("--samples", args.samples), ("--batch-size", args.batch_size)):
@@ -93,11 +97,15 @@ def _load(args: argparse.Namespace) -> _Loaded:
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     source = resolve_model(args.model)
-    qdata = resolve_data(args.data, source.zoo, data_options(args))
+    qdata = resolve_data(args.data, source.zoo, data_options(args), model=source.module)
     static = source.static_batch is not None
     size = source.static_batch or args.batch_size
-    calib = [b for b, _ in batches(qdata.calibration, size, static)]
-    prepared = qdq.prepare(source.module, (calib[0][:1] if not static else calib[0],))
+    inputs = bind_inputs(source.module, qdata.calibration)
+    first = next(batches(qdata.calibration, size, static))[0]
+    prepared = qdq.prepare(
+        source.module, inputs.positional(first if static else take(first, slice(0, 1)))
+    )
+    calib = [inputs.arguments(b) for b, _ in batches(qdata.calibration, size, static)]
     qdq.calibrate(
         prepared,
         calib,
@@ -105,15 +113,16 @@ def _load(args: argparse.Namespace) -> _Loaded:
         percentile=args.percentile,
         show_progress=not args.no_progress,
     )
-    return _Loaded(source, qdata, prepared, size, static)
+    return _Loaded(source, qdata, prepared, size, static, inputs)
 
 
-def _eval_batches(loaded: _Loaded, samples: int) -> list[torch.Tensor]:
-    from qdq.pipeline.evaluate import batches
+def _eval_batches(loaded: _Loaded, samples: int) -> list[Any]:
+    from qdq.pipeline.inputs import batches, take
 
     size = loaded.size if loaded.static else min(loaded.size, 16)
     count = max(samples, size if loaded.static else 0)
-    return [b for b, _ in batches(loaded.qdata.evaluation[:count], size, loaded.static)]
+    first = take(loaded.qdata.evaluation, slice(0, count))
+    return [loaded.inputs.arguments(b) for b, _ in batches(first, size, loaded.static)]
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
@@ -181,9 +190,10 @@ def _task_metric(loaded: _Loaded, samples: int) -> Any:
     """The data's metric (as ``qdq quantize`` reports it) on the first ``samples`` evaluation
     samples, in torch."""
     from qdq.pipeline.evaluate import score, torch_outputs
+    from qdq.pipeline.inputs import take
 
     q = loaded.qdata
-    x = q.evaluation[:samples]
+    x = take(q.evaluation, slice(0, samples))
     labels = None if q.labels is None else q.labels[:samples]
     targets = q.targets[:samples] if isinstance(q.targets, (list, torch.Tensor)) else q.targets
     every = q.metric is not None

@@ -34,7 +34,8 @@ def add_quantize_parser(sub: Any) -> None:
         "quantized (export it with torch.export). Data SPEC: a built-in dataset (fashion-mnist, "
         "skimage-photos, crepe-tones, lfw-faces-24, lfw-faces-48, rendered-text), an image "
         "folder (one sub-folder per class gives labels), a .npy, or a .npz with x/images "
-        "(+ y/labels). User data is split by a seeded permutation: "
+        "or arrays named after forward's parameters (several or keyword inputs) (+ y/labels). "
+        "User data is split by a seeded permutation: "
         "calibration min(--calib-samples, N/2) samples, evaluation the others.",
     )
     add_quantize_arguments(p)

@@ -11,8 +11,12 @@ ones) and, when the data has them, evaluation labels.
   convention). Images are preprocessed as the zoo model does, or as the options say
   (``image_size`` is then required).
 * **``.npy``**: the input samples stacked along axis 0 (no labels). **``.npz``**: one array, or an
-  input array named ``x``/``images``/``inputs``/``input``/``data`` plus optionally integer labels
-  named ``y``/``labels``/``label``/``targets``/``target``.
+  input array named ``x``/``images``/``inputs``/``input``/``data``, or arrays named after the
+  parameters of the model's ``forward`` (``image`` and ``mask``; ``input_ids``,
+  ``attention_mask`` and ``token_type_ids``), passed to it by name; plus optionally integer labels
+  named ``y``/``labels``/``label``/``targets``/``target`` (labels are never passed to the model,
+  even when ``forward`` has a parameter of that name). Floating arrays become float32; integer
+  and boolean arrays (token ids, masks) keep their dtype.
 
 User data (folders and arrays) is split deterministically: a seeded permutation (``seed``, default
 0); calibration takes its first ``min(calib_samples, N // 2)`` samples, evaluation the rest (at most
@@ -21,13 +25,24 @@ User data (folders and arrays) is split deterministically: a seeded permutation 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from qdq.pipeline.forms import image_size, per_channel
+from qdq.pipeline.inputs import (
+    Inputs,
+    check_inputs,
+    forward_text,
+    input_items,
+    num_samples,
+    parameter_names,
+    take,
+)
 from qdq.specs import load_arrays
 from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, ZooMetric, get_dataset
 
@@ -88,15 +103,19 @@ class DataOptions:
 
 @dataclass(frozen=True)
 class QuantData:
-    """Calibration and evaluation samples (one input tensor each) and optional labels.
+    """Calibration and evaluation samples and optional labels.
+
+    The samples are :data:`~qdq.pipeline.inputs.Inputs`: one tensor (the model's only input), a
+    tuple of tensors (positional inputs) or a dict of tensors named after ``forward``'s parameters
+    (keyword inputs), samples along dimension 0; calibration and evaluation in the same form.
 
     A built-in dataset may also carry a task ``metric`` and its ground truth ``targets`` (one per
     evaluation sample, e.g. the true pitch of every CREPE frame); the metric then replaces the
     generic one (see :mod:`qdq.pipeline.evaluate`).
     """
 
-    calibration: torch.Tensor
-    evaluation: torch.Tensor
+    calibration: Inputs
+    evaluation: Inputs
     labels: torch.Tensor | None
     source: str
     split: str
@@ -104,21 +123,29 @@ class QuantData:
     targets: object = None
 
     def __post_init__(self) -> None:
-        if len(self.calibration) == 0 or len(self.evaluation) == 0:
+        n_cal = check_inputs(self.calibration, f"{self.source}: calibration")
+        n_eval = check_inputs(self.evaluation, f"{self.source}: evaluation")
+        if n_cal == 0 or n_eval == 0:
             raise ValueError(f"{self.source}: calibration and evaluation need at least 1 sample")
-        if self.labels is not None and len(self.labels) != len(self.evaluation):
+        forms = [[name for name, _ in input_items(x)] for x in (self.calibration, self.evaluation)]
+        if type(self.calibration) is not type(self.evaluation) or forms[0] != forms[1]:
             raise ValueError(
-                f"{self.source}: {len(self.labels)} labels for {len(self.evaluation)} samples"
+                f"{self.source}: calibration inputs {forms[0]} and evaluation inputs {forms[1]} "
+                "differ; give both in the same form"
             )
+        if self.labels is not None and len(self.labels) != n_eval:
+            raise ValueError(f"{self.source}: {len(self.labels)} labels for {n_eval} samples")
         count = len(self.targets) if isinstance(self.targets, (torch.Tensor, list)) else None
-        if count is not None and count != len(self.evaluation):
-            raise ValueError(
-                f"{self.source}: {count} metric targets for {len(self.evaluation)} samples"
-            )
+        if count is not None and count != n_eval:
+            raise ValueError(f"{self.source}: {count} metric targets for {n_eval} samples")
 
 
 def resolve_data(
-    spec: str | None, zoo: ZooEntry | None = None, options: DataOptions | None = None
+    spec: str | None,
+    zoo: ZooEntry | None = None,
+    options: DataOptions | None = None,
+    *,
+    model: nn.Module | None = None,
 ) -> QuantData:
     """Load and split the data a spec names.
 
@@ -127,6 +154,8 @@ def resolve_data(
             the zoo model's own dataset.
         zoo: the zoo entry of the model, if it is one (its dataset and preprocessing).
         options: counts, image preprocessing and the seed.
+        model: the model the data is for: the arrays of a ``.npz`` named after the parameters of
+            its ``forward`` are its keyword inputs.
 
     Raises:
         ValueError: an unknown name (listing the built-in datasets), an unusable file or folder
@@ -162,8 +191,8 @@ def resolve_data(
         labelled = f"labels from {len(classes)} sub-folders (sorted)" if classes else "no labels"
         return _split(x, y, str(path), opts, f"; images {pre.describe()}; {labelled}")
     if path.suffix in (".npy", ".npz"):
-        x, y = _arrays(path)
-        return _split(x, y, str(path), opts)
+        inputs, y = _arrays(path, model)
+        return _split(inputs, y, str(path), opts)
     if path.exists():
         raise ValueError(f"data {spec!r}: expected an image folder, a .npy or a .npz file")
     if "/" in spec or "\\" in spec or path.suffix:
@@ -177,27 +206,33 @@ def resolve_data(
 # ------------------------------------------------------------------------------------ arrays
 
 
-def _arrays(path: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _arrays(path: Path, model: nn.Module | None) -> tuple[Inputs, torch.Tensor | None]:
     arrays = load_arrays(path)
-    keys = [k for k in arrays if k is not None]
     if len(arrays) == 1:
-        x_key, y_key = next(iter(arrays)), None
+        x_key, y_key, names = next(iter(arrays)), None, None
     else:
-        x_key = next((k for k in _INPUT_KEYS if k in arrays), None)
         y_key = next((k for k in _LABEL_KEYS if k in arrays), None)
-        extra = sorted(set(keys) - {x_key, y_key})
-        if x_key is None or extra:
+        rest = [k for k in arrays if k is not None and k != y_key]
+        params = parameter_names(model) if model is not None else []
+        x_key = rest[0] if len(rest) == 1 and rest[0] in _INPUT_KEYS else None
+        names = None if x_key is not None else sorted(rest, key=_order(params))
+        unmatched = [k for k in rest if k not in params] if x_key is None else []
+        more_labels = [k for k in unmatched if k in _LABEL_KEYS]
+        if more_labels:
+            raise ValueError(f"{path} holds more than one label array: {[y_key, *more_labels]}")
+        if unmatched:
+            forward = forward_text(model) if model is not None else "the model's forward"
             raise ValueError(
-                f"{path} holds arrays {keys}: expected one input array named one of "
-                f"{'/'.join(_INPUT_KEYS)} and optionally labels named one of {'/'.join(_LABEL_KEYS)}"
+                f"{path} holds arrays {list(arrays)}: {unmatched} match no "
+                f"parameter of {forward} and are not labels; expected one input array named one "
+                f"of {'/'.join(_INPUT_KEYS)} or arrays named after the parameters of {forward}, "
+                f"and optionally labels named one of {'/'.join(_LABEL_KEYS)}"
             )
-    x = arrays[x_key]
-    where = str(path) if x_key is None else f"{path}[{x_key}]"
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"{where} has shape {x.shape}: expected samples along axis 0")
-    inputs = torch.from_numpy(np.ascontiguousarray(x))
-    if inputs.is_floating_point():
-        inputs = inputs.to(torch.float32)
+    if names is None:
+        inputs: Inputs = _tensor(arrays[x_key], str(path) if x_key is None else f"{path}[{x_key}]")
+    else:
+        inputs = {k: _tensor(arrays[k], f"{path}[{k}]") for k in names}
+    n = check_inputs(inputs, str(path))
     if y_key is None:
         return inputs, None
     y = arrays[y_key]
@@ -205,17 +240,31 @@ def _arrays(path: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise ValueError(
             f"{path}[{y_key}] must be 1-D integer class labels, got {y.dtype} of shape {y.shape}"
         )
-    if len(y) != len(x):
-        raise ValueError(f"{path}: {len(x)} samples in {x_key!r} but {len(y)} labels in {y_key!r}")
+    if len(y) != n:
+        what = repr(x_key) if names is None else "each input"
+        raise ValueError(f"{path}: {n} samples in {what} but {len(y)} labels in {y_key!r}")
     if y.size and int(y.min()) < 0:
         raise ValueError(f"{path}[{y_key}] holds negative labels")
     return inputs, torch.from_numpy(y.astype(np.int64))
 
 
+def _order(params: list[str]) -> Callable[[str], int]:
+    """Sort key: the position of a parameter in ``forward``."""
+    return lambda name: params.index(name) if name in params else len(params)
+
+
+def _tensor(array: np.ndarray, where: str) -> torch.Tensor:
+    """Samples along axis 0; floating arrays become float32, others keep their dtype."""
+    if array.ndim == 0 or array.shape[0] == 0:
+        raise ValueError(f"{where} has shape {array.shape}: expected samples along axis 0")
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    return t.to(torch.float32) if t.is_floating_point() else t
+
+
 def _split(
-    x: torch.Tensor, y: torch.Tensor | None, source: str, opts: DataOptions, note: str = ""
+    x: Inputs, y: torch.Tensor | None, source: str, opts: DataOptions, note: str = ""
 ) -> QuantData:
-    n = len(x)
+    n = num_samples(x)
     if n < 2:
         raise ValueError(f"{source} holds {n} sample(s); need at least 2 (calibration, evaluation)")
     n_cal = min(opts.calib_samples or DEFAULT_CALIB, n // 2)
@@ -228,7 +277,7 @@ def _split(
         f"calibration, {len(ev_idx)} other ones for evaluation{note}"
     )
     labels = None if y is None else y[ev_idx]
-    return QuantData(x[cal_idx], x[ev_idx], labels, source, split)
+    return QuantData(take(x, cal_idx), take(x, ev_idx), labels, source, split)
 
 
 # ------------------------------------------------------------------------------- image folders

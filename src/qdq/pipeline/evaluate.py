@@ -16,7 +16,7 @@ Every score also carries the agreement and the per-sample cosine (mean and minim
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +27,10 @@ from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
+from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
 from qdq.zoo.registry import ZooMetric
 
 __all__ = ["batches", "metric_name", "ort_outputs", "output_tensors", "score", "torch_outputs"]
-
-
-def batches(x: torch.Tensor, size: int, static: bool = False) -> Iterator[tuple[torch.Tensor, int]]:
-    """``(batch, real)``: chunks of ``x``; with ``static`` the last one is padded to ``size`` by
-    repeating its last sample, and ``real`` says how many leading rows are real."""
-    for start in range(0, len(x), size):
-        chunk = x[start : start + size]
-        real = len(chunk)
-        if static and real < size:
-            chunk = torch.cat([chunk, chunk[-1:].expand(size - real, *chunk.shape[1:])])
-        yield chunk, real
 
 
 def output_tensors(output: Any, what: str) -> list[torch.Tensor]:
@@ -63,7 +53,7 @@ def _stack(parts: list[list[torch.Tensor]]) -> list[torch.Tensor]:
 
 def torch_outputs(
     model: nn.Module,
-    x: torch.Tensor,
+    x: Inputs,
     size: int,
     *,
     static: bool,
@@ -73,40 +63,56 @@ def torch_outputs(
 ) -> list[torch.Tensor]:
     """The outputs of ``model`` on every sample of ``x`` (eval mode, no grad).
 
-    Only the first output tensor unless ``every`` (every output, all batch-major).
+    ``x``: one tensor, a tuple (positional inputs) or a dict (keyword inputs); see
+    :mod:`qdq.pipeline.inputs`. Only the first output tensor unless ``every`` (every output, all
+    batch-major).
     """
     parts = []
-    total = -(-len(x) // size)
+    total = -(-num_samples(x) // size)
     with eval_no_grad(model):
         for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
-            tensors = output_tensors(model(b), desc)
+            tensors = output_tensors(call(model, b), desc)
             parts.append([t[:real].float() for t in (tensors if every else tensors[:1])])
     return _stack(parts)
 
 
 def ort_outputs(
     path: str | Path,
-    x: torch.Tensor,
+    x: Inputs,
     size: int,
     *,
     static: bool,
     desc: str,
     show: bool,
     every: bool = False,
+    forward: ForwardInputs | None = None,
 ) -> list[torch.Tensor]:
     """The outputs of the ONNX model in ONNX Runtime (CPU, ``ORT_ENABLE_BASIC``), as
-    :func:`torch_outputs` (the first only unless ``every``)."""
+    :func:`torch_outputs` (the first only unless ``every``).
+
+    ``forward``: how ``x`` was laid out for the export (:func:`~qdq.pipeline.inputs.bind_inputs`;
+    needed for a dict whose keys leave out a parameter in between). The ONNX model's inputs are
+    the tensors among the positional arguments, in order.
+    """
     from qdq.backends.onnxruntime import run, session
 
+    layout = forward if forward is not None else _layout(x)
     sess = session(path)
     parts = []
-    total = -(-len(x) // size)
+    total = -(-num_samples(x) // size)
     for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
-        arrays = run(sess, [b])
+        arrays = run(sess, layout.tensors(b))
         parts.append(
             [torch.from_numpy(a[:real]).float() for a in (arrays if every else arrays[:1])]
         )
     return _stack(parts)
+
+
+def _layout(x: Inputs) -> ForwardInputs:
+    """A tensor or tuple in order; a dict in its own key order (no parameter left out)."""
+    if isinstance(x, dict):
+        return ForwardInputs("dict", tuple((k, None) for k in x))
+    return ForwardInputs("tuple" if isinstance(x, tuple) else "tensor")
 
 
 def metric_name(

@@ -160,15 +160,18 @@ class QatOptions:
 def run_qat(
     prepared: nn.Module,
     batches: list[Any],
-    example: Any,
+    example_inputs: tuple[Any, ...],
     options: QatOptions,
     show_progress: bool,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Fine-tune a copy of ``prepared``; return it and its report (``report.json["qat"]``)."""
+    """Fine-tune a copy of ``prepared``; return it and its report (``report.json["qat"]``).
+
+    ``example_inputs``: the positional inputs of one forward (as for :func:`qdq.prepare`).
+    """
     import qdq
 
     model = qdq.qat.prepare(
-        prepared, learn_amax=options.learn_amax, bn=options.bn, example_inputs=(example,)
+        prepared, learn_amax=options.learn_amax, bn=options.bn, example_inputs=example_inputs
     )
     result = qdq.qat.finetune(
         model,

@@ -46,7 +46,8 @@ class ModelSource:
         zoo: the zoo entry for ``kind == "zoo"``.
         static_batch: the batch size the model only accepts (a ``.pt2`` exported with a static
             batch dimension), else ``None``.
-        input_shape: the input shape the model was exported with, when known (``.pt2``).
+        input_shape: the input shape the model was exported with, when known (a ``.pt2`` with
+            one input).
     """
 
     module: nn.Module
@@ -148,20 +149,27 @@ def _load_pt2(path: Path) -> ModelSource:
     from torch.export.graph_signature import InputKind
 
     users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    if len(users) != 1:
-        raise ValueError(f"{path} takes {len(users)} inputs; qdq quantize feeds one input tensor")
-    shape: tuple[Any, ...] = ()
-    for node in ep.graph.nodes:
-        if node.op == "placeholder" and node.name == users[0]:
-            shape = tuple(node.meta["val"].shape)
-    static = shape[0] if shape and isinstance(shape[0], int) else None
+    if not users:
+        raise ValueError(f"{path} takes no input tensor")
+    shapes = {
+        node.name: tuple(node.meta["val"].shape)
+        for node in ep.graph.nodes
+        if node.op == "placeholder"
+        and node.name in users
+        and hasattr(node.meta.get("val"), "shape")
+    }
+    batch = {n: s[0] for n, s in shapes.items() if s and isinstance(s[0], int)}
+    if len(set(batch.values())) > 1:
+        raise ValueError(f"{path} was exported with inputs of different static batch sizes {batch}")
+    static = next(iter(batch.values()), None)  # every batch is padded to it
+    shape = shapes.get(users[0], ()) if len(users) == 1 else ()
     module = ep.module()
     # ep.module() forbids .train()/.eval() (instance attributes that raise): its graph keeps the
     # mode it was exported in whatever the flag says, so the plain nn.Module methods are harmless
     for name in ("train", "eval"):
         module.__dict__.pop(name, None)
     _aten_to_torch(module)
-    dims = tuple(d if isinstance(d, int) else -1 for d in shape)
+    dims = tuple(d if isinstance(d, int) else -1 for d in shape) if shape else None
     return ModelSource(module.eval(), "pt2", str(path), static_batch=static, input_shape=dims)
 
 

@@ -21,6 +21,9 @@ stage after the INT8 measurement that failed — per-layer error, method compari
 drawing, plots and engine views —: ``stage``, ``error`` (the exception type), ``message``; the job
 still wrote everything, and what that stage would have written is ``null``: ``lint``,
 ``lint_verdict`` ``"not run"``, ``layer_errors``, ...), ``files`` (names inside OUT).
+
+``data.inputs``: the name, per-sample shape and dtype of every model input (``data.input_shape`` and
+``data.input_dtype``: the first one's).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from torch import nn
 
 from qdq._version import __version__
+from qdq.pipeline.inputs import describe, num_samples
 
 __all__ = [
     "LINT_NOT_RUN",
@@ -98,6 +102,7 @@ def build_report(
     plan = plan_of(prepared)
     model = source.module
     zoo = source.zoo
+    inputs = describe(data.evaluation)
     lint_dict = (
         lint.to_dict()
         if lint is not None
@@ -135,10 +140,11 @@ def build_report(
         "data": {
             "source": data.source,
             "split": data.split,
-            "input_shape": list(data.evaluation.shape[1:]),
-            "input_dtype": str(data.evaluation.dtype).replace("torch.", ""),
-            "calibration_samples": len(data.calibration),
-            "evaluation_samples": len(data.evaluation),
+            "input_shape": inputs[0]["shape"],  # the first input's (the only one's)
+            "input_dtype": inputs[0]["dtype"],
+            "inputs": inputs,
+            "calibration_samples": num_samples(data.calibration),
+            "evaluation_samples": num_samples(data.evaluation),
             "labelled": data.labels is not None,
         },
         "settings": settings,

@@ -30,7 +30,6 @@ from torch import nn
 from qdq.lint.engine_report import EngineReport
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import (
-    batches,
     check_labels,
     metric_name,
     ort_outputs,
@@ -38,6 +37,7 @@ from qdq.pipeline.evaluate import (
     torch_outputs,
 )
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
+from qdq.pipeline.inputs import ForwardInputs, batches, bind_inputs, num_samples, summary, take
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.report import build_report, stage_error
@@ -136,8 +136,9 @@ def quantize(
         model: an ``nn.Module`` or a model spec (:mod:`qdq.pipeline.models`: a zoo name,
             ``pkg.module:factory``, ``file.py:factory`` — this executes that code —, ``.pt2``,
             ``.onnx``).
-        data: a :class:`QuantData`, a data spec (:mod:`qdq.pipeline.data`), or ``None`` for a zoo
-            model's own data.
+        data: a :class:`QuantData` (its samples one tensor, or a dict of keyword or a tuple of
+            positional input tensors: :mod:`qdq.pipeline.inputs`), a data spec
+            (:mod:`qdq.pipeline.data`), or ``None`` for a zoo model's own data.
         out: the output directory (created; see ``overwrite``).
         calib: ``"mse"`` (default), ``"entropy"``, ``"percentile"`` or ``"max"``.
         percentile: for ``calib="percentile"`` (default 99.99).
@@ -220,16 +221,18 @@ def quantize(
             qdata = (
                 data
                 if isinstance(data, QuantData)
-                else resolve_data(data, source.zoo, data_options)
+                else resolve_data(data, source.zoo, data_options, model=source.module)
             )
             st.detail = qdata.split
         static = source.static_batch is not None
         size = source.static_batch or batch_size
         with stages("check") as st:
+            inputs = bind_inputs(source.module, qdata.calibration)  # how they meet forward
             # one sample; a static-batch model gets one (padded) batch of its size
-            example = next(batches(qdata.calibration, size, static))[0] if static else None
-            example = qdata.calibration[:1] if example is None else example
-            sample_outs = check_sample(source, example, qdata)
+            cal = qdata.calibration
+            sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 1))
+            example = inputs.positional(sample)  # prepare's and the export's example inputs
+            sample_outs = check_sample(source, sample, qdata)
             sample_out = sample_outs[0]
             if qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
@@ -238,8 +241,8 @@ def quantize(
                     qdata.metric.check(sample_outs)
                 except ValueError as err:
                     raise ValueError(f"the model {source.spec} on {qdata.source}: {err}") from None
-            st.detail = f"input {tuple(example.shape[1:])} → output {tuple(sample_out.shape[1:])}"
-        calib_batches = [b for b, _ in batches(qdata.calibration, size, static)]
+            st.detail = f"{summary(sample)} → output {tuple(sample_out.shape[1:])}"
+        calib_batches = [inputs.arguments(b) for b, _ in batches(cal, size, static)]
         options = ptq if ptq is not None else PtqOptions()
         float_model, equalized = source.module, None  # what gets quantized
         if options.equalize:
@@ -247,14 +250,14 @@ def quantize(
                 from qdq.ptq.equalize import equalize
 
                 equalized = equalize(
-                    source.module, (example,), calib_batches, show_progress=show_progress
+                    source.module, example, calib_batches, show_progress=show_progress
                 )
                 float_model = equalized.model
                 st.detail = equalized.summary()
         with stages("capture_plan") as st:
             import qdq
 
-            prepared = qdq.prepare(float_model, (example,))
+            prepared = qdq.prepare(float_model, example)
             plan = qdq.plan_of(prepared)
             st.detail = plan.summary().splitlines()[0]
         with stages("calibrate") as st:
@@ -265,7 +268,7 @@ def quantize(
                 percentile=percentile,
                 show_progress=show_progress,
             )
-            st.detail = f"{calib} on {len(qdata.calibration)} samples (one histogram pass)"
+            st.detail = f"{calib} on {num_samples(cal)} samples (one histogram pass)"
         improve, ptq_reports = improver(options, calib_batches, show_progress)
         if options.after_calibration:
             with stages("ptq") as st:
@@ -314,6 +317,7 @@ def quantize(
                 show_progress,
                 static,
                 engine,
+                inputs,
             ),
             caught,
             fallback,
@@ -335,13 +339,14 @@ class _Settings:
     show_progress: bool
     static: bool
     engine: EngineReport | None = None
+    inputs: ForwardInputs | None = None  # how the data meets forward (ONNX input order)
 
 
 def _export_and_measure(
     prepared: nn.Module,
     source: ModelSource,
     qdata: QuantData,
-    example: torch.Tensor,
+    example: tuple[Any, ...],
     stages: _Stages,
     out_dir: Path,
     overwrite: bool,
@@ -360,7 +365,7 @@ def _export_and_measure(
         with stages("export") as st:
             exported = qdq.export_onnx(
                 prepared,
-                (example,),
+                example,
                 tmp / ONNX_FILE,
                 opset=s.opset,
                 exporter=s.exporter,
@@ -392,6 +397,7 @@ def _export_and_measure(
                 desc="INT8 (ONNX Runtime)",
                 show=show,
                 every=every,
+                forward=s.inputs,
             )
             int8 = score(ort, ref, qdata.labels, task, targets)
             fq = torch_outputs(
@@ -497,9 +503,9 @@ def _fallback(
     source: ModelSource,
     float_model: nn.Module,
     qdata: QuantData,
-    example: torch.Tensor,
+    example: tuple[Any, ...],
     prepared: nn.Module,
-    calib_batches: list[torch.Tensor],
+    calib_batches: list[Any],
     max_drop: float,
     calib: str,
     percentile: float | None,
@@ -530,7 +536,7 @@ def _fallback(
     cfg = QuantConfig.tensorrt(method=calib, percentile=99.99 if percentile is None else percentile)
     return auto_quantize(
         float_model,
-        (example,),
+        example,
         calib_batches,
         metric=metric,
         max_drop=max_drop,
@@ -549,8 +555,11 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     from qdq.debug import layer_errors
 
     size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
-    samples = qdata.evaluation[: max(LAYER_ERROR_SAMPLES, size if s.static else 0)]
-    data = [b for b, _ in batches(samples, size, s.static)]
+    samples = take(qdata.evaluation, slice(0, max(LAYER_ERROR_SAMPLES, size if s.static else 0)))
+    data = [
+        b if s.inputs is None else s.inputs.arguments(b)
+        for b, _ in batches(samples, size, s.static)
+    ]
     return layer_errors(prepared, data, num_batches=len(data))
 
 

@@ -1,5 +1,6 @@
 """The first check of ``qdq.quantize``: the float model runs on one data sample, and a failure
-says which shapes met (the data's, the model's first weighted layer's or exported input shape)."""
+says which shapes met (the data's — every input's —, the model's first weighted layer's or
+exported input shape)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,20 @@ from torch import nn
 
 from qdq.pipeline.data import QuantData
 from qdq.pipeline.evaluate import output_tensors
+from qdq.pipeline.inputs import Inputs, call, input_items
 from qdq.pipeline.models import ModelSource
 
 __all__ = ["check_sample", "shape_message"]
 
 
-def check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> list[torch.Tensor]:
-    """Run the float model on one sample; a failure names the data's and the model's shapes."""
+def check_sample(source: ModelSource, x: Inputs, qdata: QuantData) -> list[torch.Tensor]:
+    """Run the float model on one sample (``x``: one tensor, a tuple of positional or a dict of
+    keyword inputs); a failure names the data's and the model's shapes."""
     was_training = source.module.training
     try:
         source.module.eval()
         with torch.no_grad():
-            return output_tensors(source.module(x), f"the model {source.spec}")
+            return output_tensors(call(source.module, x), f"the model {source.spec}")
     except ValueError as err:
         if "returned no tensor" in str(err):
             raise
@@ -30,7 +33,7 @@ def check_sample(source: ModelSource, x: torch.Tensor, qdata: QuantData) -> list
         source.module.train(was_training)
 
 
-def shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: Exception) -> str:
+def shape_message(source: ModelSource, x: Inputs, qdata: QuantData, err: Exception) -> str:
     why = " ".join(str(err).split())[:300]
     expects = ""
     if source.input_shape is not None:
@@ -51,7 +54,12 @@ def shape_message(source: ModelSource, x: torch.Tensor, qdata: QuantData, err: E
                 f"; its first weighted layer is {type(first).__name__} with "
                 f"{first.in_channels} input channels"
             )
+    if isinstance(x, torch.Tensor):
+        sample = f"a data sample of shape {tuple(x.shape)} ({x.dtype})"
+    else:
+        shapes = ", ".join(f"{n} {tuple(t.shape)} ({t.dtype})" for n, t in input_items(x))
+        sample = f"a data sample of inputs {shapes}"
     return (
-        f"the model {source.spec} fails on a data sample of shape {tuple(x.shape)} "
-        f"({x.dtype}) from {qdata.source}: {type(err).__name__}: {why}{expects}"
+        f"the model {source.spec} fails on {sample} from {qdata.source}: "
+        f"{type(err).__name__}: {why}{expects}"
     )
