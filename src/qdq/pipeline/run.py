@@ -31,14 +31,17 @@ from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import (
     batches,
     check_labels,
+    headline,
     metric_name,
     ort_outputs,
     score,
     torch_outputs,
 )
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
+from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
+from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, recorded_output
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_sample
 
@@ -73,7 +76,8 @@ class QuantizeResult:
 
     @property
     def metric_name(self) -> str:
-        """``top1_accuracy``, ``top1_agreement`` or ``cosine``."""
+        """The headline metric: ``top1_accuracy``, ``top1_agreement``, ``pixel_agreement``,
+        ``box_agreement``, ``cosine``, a task metric's or the user metric's name."""
         return str(self.report["metric_name"])
 
     @property
@@ -108,6 +112,7 @@ def quantize(
     on_stage: StageCallback | None = None,
     engine_report: str | Path | None = None,
     engine_profile: str | Path | None = None,
+    metric: str | MetricFn | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -148,6 +153,12 @@ def quantize(
             export (an earlier run's): ``report.html`` draws it beside the prediction, the layers
             where they disagree marked (read before anything runs).
         engine_profile: its ``--exportProfile`` JSON, for each layer's share of the latency.
+        metric: the headline metric instead of the built-in one: ``fn(outputs, labels)`` → a
+            number or a dict of named numbers (the first is the headline), or a spec of it
+            (``file.py:fn``, ``pkg.module:fn``; this executes that code). ``outputs``: every
+            output tensor, in pytree order, over all evaluation samples (batch-major); ``labels``:
+            the evaluation labels or ``None`` (:mod:`qdq.pipeline.metric`). Loaded first and
+            checked on one sample; ``max_drop`` scores with it.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -174,6 +185,7 @@ def quantize(
         or not 0 <= max_drop < float("inf")
     ):
         raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
+    user = load_metric(metric)  # a bad metric spec fails before anything runs
     if calib not in CALIBRATION_METHODS:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
@@ -212,9 +224,13 @@ def quantize(
             # one sample; a static-batch model gets one (padded) batch of its size
             example = next(batches(qdata.calibration, size, static))[0] if static else None
             example = qdata.calibration[:1] if example is None else example
-            sample_outs = check_sample(source, example, qdata)
+            with recorded_output(source.module) as seen:
+                sample_outs = check_sample(source, example, qdata)
+            names = tuple(output_names(seen.value))
             sample_out = sample_outs[0]
-            if qdata.labels is not None:
+            if user is not None:  # the user metric, checked on this sample, scores everything
+                qdata = user.bind(qdata, sample_outs)
+            elif qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
             if qdata.metric is not None:
                 try:
@@ -297,6 +313,8 @@ def quantize(
                 show_progress,
                 static,
                 engine,
+                None if user is None else user.spec,
+                names if len(names) == len(sample_outs) else None,
             ),
             caught,
             fallback,
@@ -318,6 +336,8 @@ class _Settings:
     show_progress: bool
     static: bool
     engine: EngineReport | None = None
+    metric: str | None = None  # the user metric's spec
+    output_names: tuple[str, ...] | None = None  # pytree paths of the output tensors
 
 
 def _export_and_measure(
@@ -339,6 +359,8 @@ def _export_and_measure(
 
     show, size = s.show_progress, s.batch_size
     every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
+    # FP32 and the exported model keep every output (the per-output table); the others what the
+    # headline needs
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
             exported = qdq.export_onnx(
@@ -362,7 +384,7 @@ def _export_and_measure(
                 static=s.static,
                 desc="FP32 (torch)",
                 show=show,
-                every=every,
+                every=True,
             )
             fp32 = score(ref, ref, qdata.labels, task, targets)
             st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
@@ -374,9 +396,14 @@ def _export_and_measure(
                 static=s.static,
                 desc="INT8 (ONNX Runtime)",
                 show=show,
-                every=every,
+                every=True,
             )
             int8 = score(ort, ref, qdata.labels, task, targets)
+            top = headline(ref[0], qdata.labels, task, s.metric)
+            outputs = output_table(ort, ref, s.output_names,
+                                   onnx_output_names(exported.path, len(ref)), top["output"])  # fmt: skip
+            if not every:  # only the first output is scored from here on
+                ref, ort = ref[:1], ort[:1]
             fq = torch_outputs(
                 prepared,
                 qdata.evaluation,
@@ -412,6 +439,8 @@ def _export_and_measure(
         timings = stages.timings
         report = build_report(
             metric=metric_name(ref[0], qdata.labels, task),
+            outputs=outputs,
+            headline=top,
             source=source,
             data=qdata,
             prepared=prepared,
