@@ -242,7 +242,7 @@ def output_table(
 
     Each row: ``index``, ``name`` (its pytree path, :func:`output_names`), ``onnx_name`` (the
     exported graph's output), ``shape`` (one sample's), ``headline`` (whether the headline
-    metric is this output's figure: ``index == headline``) and :func:`compare`'s figures.
+    metric scores this output: ``index == headline``) and :func:`compare`'s figures.
     """
     if len(outs) != len(references):
         raise ValueError(f"{len(outs)} outputs but {len(references)} FP32 outputs")
@@ -314,6 +314,6 @@ def describe(row: dict[str, Any]) -> str:
     text = f"{name} ({row['kind']}, {shape}): "
     if row["figure"] != "cosine":
         text += f"{row['figure']} {row['value']:.4f}, "
-    text += f"cosine {row['cosine_mean']:.5f} (min {row['cosine_min']:.5f})"
+    text += f"cosine {row['cosine_mean']:.6f} (min {row['cosine_min']:.6f})"
     text += ", relative error " + ("-" if rel is None or not math.isfinite(rel) else f"{rel:.4f}")
     return text

@@ -36,8 +36,8 @@ What the headline is, and every output (issue 31):
   ``top1_agreement``, ``pixel_agreement``, ``box_agreement`` or ``cosine``) and ``value`` (also
   under the figure's own name); ``cosine_mean``, ``cosine_min`` (per sample);
   ``relative_error`` (``||int8 - fp32|| / ||fp32||`` over the tensor; ``null`` when FP32 is all
-  zeros and INT8 is not); ``headline`` (whether the headline is this row's figure); detections
-  add ``top_k``, ``topk_overlap`` and ``layout``.
+  zeros and INT8 is not); ``headline`` (whether the headline scores this output: its figure, or
+  top-1 accuracy against the labels); detections add ``top_k``, ``topk_overlap`` and ``layout``.
 """
 
 from __future__ import annotations
