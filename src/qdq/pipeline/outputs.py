@@ -115,17 +115,18 @@ def _detections_fit(reference: torch.Tensor, layout: str, boxes: int, anchors: i
 
 
 def cosines(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Per-sample cosine similarity (float64; each sample flattened), in chunks of samples."""
+    """Per-sample cosine similarity (float64; each sample flattened, a ``(N,)`` output's samples
+    are scalars), in chunks of samples."""
     if out.shape != reference.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
-    parts = [
-        F.cosine_similarity(
-            out[i : i + _CHUNK].flatten(1).double(),
-            reference[i : i + _CHUNK].flatten(1).double(),
-            dim=1,
+    parts = []
+    for i in range(0, len(out), _CHUNK):
+        a, b = out[i : i + _CHUNK], reference[i : i + _CHUNK]
+        parts.append(
+            F.cosine_similarity(
+                a.reshape(len(a), -1).double(), b.reshape(len(b), -1).double(), dim=1
+            )
         )
-        for i in range(0, len(out), _CHUNK)
-    ]
     return torch.cat(parts)
 
 
@@ -282,7 +283,8 @@ def recorded_output(module: nn.Module) -> Iterator[_Seen]:
 
 
 def output_names(output: Any) -> list[str]:
-    """The pytree path of every tensor of a model output, as Python would index it.
+    """The pytree path of every tensor of a model output, as Python would index it (``[]``
+    when a container of the output has no key paths).
 
     Example:
         >>> import torch
@@ -293,7 +295,10 @@ def output_names(output: Any) -> list[str]:
     """
     from torch.utils._pytree import keystr, tree_flatten_with_path
 
-    leaves, _ = tree_flatten_with_path(output)
+    try:
+        leaves, _ = tree_flatten_with_path(output)
+    except (TypeError, ValueError):  # a pytree node registered without key paths
+        return []
     return [f"output{keystr(path)}" for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 

@@ -76,8 +76,7 @@ class QuantizeResult:
 
     @property
     def metric_name(self) -> str:
-        """The headline metric: ``top1_accuracy``, ``top1_agreement``, ``pixel_agreement``,
-        ``box_agreement``, ``cosine``, a task metric's or the user metric's name."""
+        """The headline metric's name (``top1_accuracy``, ``box_agreement``, ...; ``headline``)."""
         return str(self.report["metric_name"])
 
     @property
@@ -153,12 +152,9 @@ def quantize(
             export (an earlier run's): ``report.html`` draws it beside the prediction, the layers
             where they disagree marked (read before anything runs).
         engine_profile: its ``--exportProfile`` JSON, for each layer's share of the latency.
-        metric: the headline metric instead of the built-in one: ``fn(outputs, labels)`` → a
-            number or a dict of named numbers (the first is the headline), or a spec of it
-            (``file.py:fn``, ``pkg.module:fn``; this executes that code). ``outputs``: every
-            output tensor, in pytree order, over all evaluation samples (batch-major); ``labels``:
-            the evaluation labels or ``None`` (:mod:`qdq.pipeline.metric`). Loaded first and
-            checked on one sample; ``max_drop`` scores with it.
+        metric: your headline metric, ``fn(outputs, labels)`` → a number or a dict of them (the
+            first key is the headline), or its spec ``file.py:fn`` / ``pkg.module:fn`` (this
+            executes that code); :mod:`qdq.pipeline.metric`. ``max_drop`` scores with it.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -359,8 +355,6 @@ def _export_and_measure(
 
     show, size = s.show_progress, s.batch_size
     every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
-    # FP32 and the exported model keep every output (the per-output table); the others what the
-    # headline needs
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
             exported = qdq.export_onnx(
@@ -384,7 +378,7 @@ def _export_and_measure(
                 static=s.static,
                 desc="FP32 (torch)",
                 show=show,
-                every=True,
+                every=True,  # FP32 and the exported model: every output, for the table
             )
             fp32 = score(ref, ref, qdata.labels, task, targets)
             st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
