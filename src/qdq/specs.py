@@ -3,7 +3,8 @@
 * A **model spec** names a factory: ``pkg.module:factory`` (imported) or ``path/to/file.py:factory``
   (the file is executed). The factory is called with no arguments and must return an
   ``nn.Module``; an ``nn.Module`` object named by the spec is used as is. Loading a spec runs
-  the user's code, exactly as ``python -c "import ..."`` would.
+  the user's code, exactly as ``python -c "import ..."`` would. :func:`load_attribute` resolves
+  the same two forms to any object (``qdq quantize --metric file.py:fn``).
 * A **data spec** is a ``.npy`` file (one array: the samples stacked along axis 0) or a ``.npz``
   file (every array in stored order, each stacked along axis 0). Floating arrays become float32
   tensors; other dtypes keep theirs.
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["load_arrays", "load_data_spec", "load_model_spec"]
+__all__ = ["load_arrays", "load_attribute", "load_data_spec", "load_model_spec"]
 
 
 def load_model_spec(spec: str) -> nn.Module:
@@ -44,19 +45,8 @@ def load_model_spec(spec: str) -> nn.Module:
         >>> load_model_spec("torch.nn:Identity")
         Identity()
     """
-    if not isinstance(spec, str):
-        raise TypeError(f"model spec must be a string, got {type(spec).__name__}")
-    source, sep, attr = spec.rpartition(":")
-    if not sep or not source or not attr:
-        raise ValueError(
-            f"model spec {spec!r} must be 'pkg.module:factory' or 'path/to/file.py:factory'"
-        )
-    module = _module_from_file(source) if _is_path(source) else _import(source, spec)
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"model spec {spec!r}: {source} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = load_attribute(spec, "model", "factory")
+    attr = spec.rpartition(":")[2]
     if not isinstance(obj, nn.Module):
         if not callable(obj):
             raise TypeError(f"model spec {spec!r}: {attr} is not callable nor an nn.Module")
@@ -66,6 +56,43 @@ def load_model_spec(spec: str) -> nn.Module:
             f"model spec {spec!r}: {attr}() returned {type(obj).__name__}, not an nn.Module"
         )
     return obj.eval()
+
+
+def load_attribute(spec: str, what: str = "model", attribute: str = "factory") -> object:
+    """The object a ``pkg.module:name`` or ``path/to/file.py:name`` spec names (this imports or
+    executes user code). Shared by model specs and ``qdq quantize --metric``.
+
+    Args:
+        spec: ``pkg.module:name`` or ``path/to/file.py:name``; ``name`` may be dotted
+            (``module:Class.build``).
+        what: what the spec is for, in error messages (``"model"``, ``"metric"``).
+        attribute: what ``name`` is, in error messages (``"factory"``, ``"fn"``).
+
+    Raises:
+        TypeError: ``spec`` is not a string.
+        ValueError: the spec is malformed, the module cannot be imported or loaded, or it has no
+            such attribute.
+        FileNotFoundError: a ``.py`` path that does not exist.
+
+    Example:
+        >>> load_attribute("math:sqrt", "metric", "fn")
+        <built-in function sqrt>
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"{what} spec must be a string, got {type(spec).__name__}")
+    source, sep, attr = spec.rpartition(":")
+    if not sep or not source or not attr:
+        raise ValueError(
+            f"{what} spec {spec!r} must be 'pkg.module:{attribute}' or "
+            f"'path/to/file.py:{attribute}'"
+        )
+    module = _module_from_file(source, what) if _is_path(source) else _import(source, spec, what)
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what} spec {spec!r}: {source} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 def load_data_spec(spec: str | Path, *, batch_size: int | None = None) -> list[torch.Tensor]:
@@ -147,19 +174,19 @@ def _is_path(source: str) -> bool:
     return source.endswith(".py") or "/" in source or "\\" in source
 
 
-def _import(name: str, spec: str) -> ModuleType:
+def _import(name: str, spec: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
-        raise ValueError(f"model spec {spec!r}: cannot import {name!r} ({err})") from None
+        raise ValueError(f"{what} spec {spec!r}: cannot import {name!r} ({err})") from None
 
 
-def _module_from_file(source: str) -> ModuleType:
+def _module_from_file(source: str, what: str) -> ModuleType:
     path = Path(source).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"no model file at {source}")
+        raise FileNotFoundError(f"no {what} file at {source}")
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    name = f"qdq_user_model_{digest}"
+    name = f"qdq_user_{what}_{digest}"
     loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise ValueError(f"cannot load {source} as a Python module")

@@ -81,6 +81,14 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "metric on the evaluation data, each fallback's TensorRT cost predicted by the linter",
     )
     p.add_argument(
+        "--metric",
+        metavar="SPEC",
+        help="your own headline metric: path/to/file.py:fn or pkg.module:fn (this IMPORTS/EXECUTES "
+        "that code); fn(outputs, labels) gets every output tensor (pytree order, all evaluation "
+        "samples along dim 0) and the labels or None, and returns a float or a dict of floats "
+        "(the first is the headline); --max-drop then scores with it",
+    )
+    p.add_argument(
         "--equalize",
         action="store_true",
         help="cross-layer equalization before calibration: move per-channel activation ranges "
@@ -245,6 +253,7 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
             on_stage=stage,
             engine_report=args.engine_report,
             engine_profile=args.engine_profile,
+            metric=args.metric,
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)
@@ -267,12 +276,16 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
         f"{name}: FP32 {fp32:.4f} (torch)  INT8 {int8:.4f} (exported ONNX in ONNX Runtime; "
         f"{100 * (int8 - fp32):+.2f} points)"
     )
+    top = r.get("headline")
+    if top:
+        print(f"  headline: {top['text']}")
     i8 = r["int8"]
-    agree = "-" if i8["top1_agreement"] is None else f"{i8['top1_agreement']:.4f}"
+    agree = "" if i8["top1_agreement"] is None else f"top-1 agreement {i8['top1_agreement']:.4f}, "
     print(
-        f"  INT8 vs FP32: top-1 agreement {agree}, cosine mean {i8['cosine_mean']:.6f} "
+        f"  INT8 vs FP32 (output 0): {agree}cosine mean {i8['cosine_mean']:.6f} "
         f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}"
     )
+    _print_outputs(r.get("outputs") or [])
     figures = i8.get("figures")
     if figures:
         fp32_figures = r["fp32"]["figures"]
@@ -335,6 +348,17 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
     print(f"time: {r['total_s']:.1f} s ({times})")
     print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")
+
+
+def _print_outputs(rows: list[dict[str, Any]]) -> None:
+    """One line per output tensor when there are several (the headline's marked ``*``)."""
+    if len(rows) < 2:
+        return
+    from qdq.pipeline.outputs import describe
+
+    print(f"  every output, INT8 (ONNX Runtime) vs FP32 ({len(rows)} tensors):")
+    for row in rows:
+        print(f"  {'*' if row['headline'] else ' '} {describe(row)}")
 
 
 def _print_fallback(fb: dict[str, Any] | None) -> None:

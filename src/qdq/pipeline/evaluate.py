@@ -1,17 +1,20 @@
 """Model outputs in torch and ONNX Runtime, and the metrics ``qdq quantize`` reports.
 
-Data from a built-in dataset with a task metric (:class:`qdq.zoo.registry.ZooMetric`: CREPE's pitch
-accuracy, MTCNN's face accuracy, the text detector's F1) is scored by that metric, from every output
-tensor of the model (in ``torch.utils._pytree`` order, which is also the exported ONNX's output
-order) and the dataset's ground truth; its named figures are kept under ``figures``. Otherwise the
-metric is computed on the model's first output tensor:
+The headline metric (``metric_name``; :func:`headline` describes it) is, first that applies:
 
-* with labels: ``top1_accuracy`` (arg-max over dimension 1 equals the label);
-* without labels, outputs of shape ``(N, C, ...)`` with ``C >= 2``: ``top1_agreement`` with FP32
-  (arg-max over dimension 1, per sample and position); the FP32 model agrees with itself (1.0);
-* otherwise: ``cosine`` (mean per-sample cosine similarity with FP32; 1.0 for FP32).
+* a user metric (:mod:`qdq.pipeline.metric`) or a built-in dataset's task metric
+  (:class:`qdq.zoo.registry.ZooMetric`: CREPE's pitch accuracy, MTCNN's face accuracy, the text
+  detector's F1): scored from every output tensor of the model (in ``torch.utils._pytree`` order,
+  which is also the exported ONNX's output order) and the labels or the dataset's ground truth;
+  its named figures are kept under ``figures``;
+* with labels: ``top1_accuracy`` of the first output (arg-max over dimension 1 equals the label);
+* otherwise the figure of the first output's kind (:mod:`qdq.pipeline.outputs`) against FP32:
+  ``top1_agreement`` (a class vector), ``pixel_agreement`` (a class map), ``box_agreement`` (a
+  YOLO-style detection head) or ``cosine`` (mean per-sample cosine); FP32's own is 1.0.
 
-Every score also carries the agreement and the per-sample cosine (mean and minimum) against FP32.
+Every score also carries the per-sample cosine (mean and minimum) of the first output against
+FP32, and its top-1 agreement when it is a class vector or map (else ``None``).
+:func:`qdq.pipeline.outputs.output_table` compares every output.
 """
 
 from __future__ import annotations
@@ -21,16 +24,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
+from qdq.pipeline.outputs import compare, cosines, output_kind
 from qdq.zoo.registry import ZooMetric
 
-__all__ = ["batches", "metric_name", "ort_outputs", "output_tensors", "score", "torch_outputs"]
+__all__ = [
+    "batches",
+    "headline",
+    "metric_name",
+    "ort_outputs",
+    "output_tensors",
+    "score",
+    "torch_outputs",
+]
 
 
 def output_tensors(output: Any, what: str) -> list[torch.Tensor]:
@@ -118,14 +129,53 @@ def _layout(x: Inputs) -> ForwardInputs:
 def metric_name(
     reference: torch.Tensor, labels: torch.Tensor | None, metric: ZooMetric | None = None
 ) -> str:
-    """The task metric's name, else ``top1_accuracy``, ``top1_agreement`` or ``cosine``."""
+    """The headline metric's name: the task (or user) metric's, else ``top1_accuracy``, else the
+    figure of the first output's kind (``top1_agreement``, ``pixel_agreement``,
+    ``box_agreement``, ``cosine``); ``reference`` is FP32's first output."""
     if metric is not None:
         return metric.name
     if labels is not None:
         return "top1_accuracy"
-    if reference.dim() >= 2 and reference.shape[1] >= 2:
-        return "top1_agreement"
-    return "cosine"
+    return output_kind(reference).figure
+
+
+def headline(
+    reference: torch.Tensor,
+    labels: torch.Tensor | None,
+    metric: ZooMetric | None = None,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """What the headline metric is (``report.json: headline``).
+
+    Args:
+        reference: FP32's first output.
+        labels: the evaluation labels, if any.
+        metric: the task metric (a user metric is bound as one).
+        user: the user metric's spec, when ``metric`` is one.
+
+    Returns:
+        ``name`` (= ``metric_name``), ``source`` (``"user"``, ``"task"``, ``"labels"`` or
+        ``"output"``), ``output`` (the index of the output it scores, ``None`` for a metric of
+        every output), ``kind`` (that output's kind, or ``None``) and ``text`` (one line).
+    """
+    name = metric_name(reference, labels, metric)
+    if metric is not None:
+        source = "task" if user is None else "user"
+        text = (
+            f"{name}, the dataset's task metric (from every output and its ground truth)"
+            if user is None
+            else f"{name}, from the user metric {user} (every output and the labels)"
+        )
+        return {"name": name, "source": source, "output": None, "kind": None, "text": text}
+    kind = output_kind(reference)
+    shape = "x".join(str(d) for d in reference.shape[1:]) or "scalar"
+    if labels is not None:
+        text = f"top-1 accuracy of output 0 ({kind.name}, {shape}) against the labels"
+        source = "labels"
+    else:
+        text = f"{name} of output 0 ({kind.name}, {shape}) with FP32"
+        source = "output"
+    return {"name": name, "source": source, "output": 0, "kind": kind.name, "text": text}
 
 
 def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> None:
@@ -149,39 +199,34 @@ def score(
     metric: ZooMetric | None = None,
     targets: object = None,
 ) -> dict[str, Any]:
-    """The metric of ``outs`` (INT8 or FP32) and its agreement and cosine with ``references``.
+    """The headline metric of ``outs`` (INT8 or FP32) and its agreement and cosine with
+    ``references`` (FP32).
 
     Agreement and cosine are those of the first outputs. With a task ``metric``, ``metric`` is
     its figure and ``figures`` all of them (scored from every output and the ``targets``).
     """
-    result = _generic(outs[0], references[0], labels)
-    if metric is not None:
-        figures = metric.score(outs, references, targets)
-        result["metric"] = float(figures[metric.name])
-        result["figures"] = {k: float(v) for k, v in figures.items()}
-    return result
-
-
-def _generic(
-    out: torch.Tensor, reference: torch.Tensor, labels: torch.Tensor | None
-) -> dict[str, Any]:
-    if out.shape != reference.shape:
-        raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
-    cos = F.cosine_similarity(out.flatten(1).double(), reference.flatten(1).double(), dim=1)
+    out, reference = outs[0], references[0]
+    kind = output_kind(reference)
+    cos = cosines(out, reference)
     result: dict[str, Any] = {
         "cosine_mean": float(cos.mean()),
         "cosine_min": float(cos.min()),
         "top1_agreement": None,
     }
-    if out.dim() >= 2 and out.shape[1] >= 2:
-        same = out.argmax(dim=1) == reference.argmax(dim=1)
-        result["top1_agreement"] = float(same.float().mean())
-    name = metric_name(reference, labels)
-    if name == "top1_accuracy":
-        assert labels is not None
+    if kind.figure in ("top1_agreement", "pixel_agreement"):
+        result["top1_agreement"] = float(
+            (out.argmax(dim=1) == reference.argmax(dim=1)).float().mean()
+        )
+    if metric is not None:
+        figures = metric.score(outs, references, targets)
+        result["metric"] = float(figures[metric.name])
+        result["figures"] = {k: float(v) for k, v in figures.items()}
+    elif labels is not None:
         result["metric"] = float((out.argmax(dim=1) == labels).float().mean())
-    elif name == "top1_agreement":
-        result["metric"] = result["top1_agreement"]
-    else:
+    elif kind.figure == "cosine":
         result["metric"] = result["cosine_mean"]
+    elif kind.figure == "box_agreement":
+        result["metric"] = compare(out, reference, kind)["value"]
+    else:
+        result["metric"] = result["top1_agreement"]
     return result

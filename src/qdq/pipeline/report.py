@@ -1,14 +1,17 @@
 """``report.json`` of ``qdq quantize``: everything an HTML report needs, as plain data.
 
-Stable keys (issue 11): ``metric_name``, ``fp32_metric``, ``int8_metric`` (the exported ONNX in
-ONNX Runtime), ``lint`` (the lint summary: ``weighted_layers``, ``int8_weighted_layers``, ...),
-``skipped_layers`` (every Conv/ConvTranspose/Linear left in float: ``name``, ``type``, ``rule``,
-``reason``), ``timings_s`` (seconds per stage). Also: ``schema``, ``qdq_version``, ``model``,
-``data``, ``settings``, ``export``, ``fp32``/``int8``/``int8_torch`` (metric, top-1 agreement and
-cosine vs FP32), ``calibration_methods`` (per method, torch fake-quant; ``null`` unless asked),
-``layers`` (every weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule,
-scale group, calibration method and amax, per-channel weights as min/max; ``below_floor`` when it
-saw only values at or below 2**-24, where every method gives the observed max), ``lint_verdict``,
+Stable keys (issue 11): ``metric_name``, ``fp32_metric``, ``int8_metric`` (the headline metric,
+:mod:`qdq.pipeline.evaluate`; INT8 is the exported ONNX in ONNX Runtime), ``lint`` (the lint
+summary: ``weighted_layers``, ``int8_weighted_layers``, ...), ``skipped_layers`` (every
+Conv/ConvTranspose/Linear left in float: ``name``, ``type``, ``rule``, ``reason``), ``timings_s``
+(seconds per stage). Also: ``schema``, ``qdq_version``, ``model``, ``data``, ``settings``,
+``export``, ``fp32``/``int8``/``int8_torch`` (the headline ``metric``; the first output's
+``top1_agreement`` — ``null`` unless it is a class vector or map — and per-sample
+``cosine_mean``/``cosine_min`` vs FP32; a task or user metric's named ``figures``),
+``calibration_methods`` (per method, torch fake-quant; ``null`` unless asked), ``layers`` (every
+weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule, scale group,
+calibration method and amax, per-channel weights as min/max; ``below_floor`` when it saw only
+values at or below 2**-24, where every method gives the observed max), ``lint_verdict``,
 ``lint_findings``, ``predicted_layers`` (the linter's engine prediction), ``plan`` (every Q/DQ
 decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
@@ -24,6 +27,24 @@ still wrote everything, and what that stage would have written is ``null``: ``li
 
 ``data.inputs``: the name, per-sample shape and dtype of every model input (``data.input_shape`` and
 ``data.input_dtype``: the first one's).
+
+What the headline is, and every output (issue 31):
+
+* ``headline``: ``name`` (= ``metric_name``), ``source`` (``"user"``: ``--metric``;
+  ``"task"``: the dataset's task metric; ``"labels"``: top-1 accuracy of the first output;
+  ``"output"``: the first output's figure against FP32), ``output`` (the index of the output it
+  scores; ``null`` for a metric of every output), ``kind`` (that output's kind) and ``text`` (one
+  line for people).
+* ``outputs``: one row per output tensor, in pytree order (= the ONNX's output order), the
+  exported INT8 in ONNX Runtime against FP32 (:func:`qdq.pipeline.outputs.output_table`):
+  ``index``; ``name`` (its pytree path, e.g. ``output[1]['boxes']``); ``onnx_name``; ``shape`` (of
+  one sample); ``kind`` (``class_vector``, ``class_map``, ``detections`` or ``tensor``, guessed
+  from FP32's tensor, :mod:`qdq.pipeline.outputs`); ``figure`` (the kind's agreement figure:
+  ``top1_agreement``, ``pixel_agreement``, ``box_agreement`` or ``cosine``) and ``value`` (also
+  under the figure's own name); ``cosine_mean``, ``cosine_min`` (per sample);
+  ``relative_error`` (``||int8 - fp32|| / ||fp32||`` over the tensor; ``null`` when FP32 is all
+  zeros and INT8 is not); ``headline`` (whether the headline scores this output: its figure, or
+  top-1 accuracy against the labels); detections add ``top_k``, ``topk_overlap`` and ``layout``.
 """
 
 from __future__ import annotations
@@ -77,6 +98,8 @@ def stage_error(stage: str, err: BaseException) -> dict[str, str]:
 def build_report(
     *,
     metric: str,
+    headline: dict[str, Any] | None = None,
+    outputs: list[dict[str, Any]] | None = None,
     source: Any,
     data: Any,
     prepared: nn.Module,
@@ -156,6 +179,8 @@ def build_report(
             "floored_channels": exported.floored,
             "verified_in_onnxruntime": True,
         },
+        "headline": headline,
+        "outputs": outputs,
         "fp32": fp32,
         "int8": int8,
         "int8_torch": int8_torch,

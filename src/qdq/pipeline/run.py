@@ -31,6 +31,7 @@ from qdq.lint.engine_report import EngineReport
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.evaluate import (
     check_labels,
+    headline,
     metric_name,
     ort_outputs,
     score,
@@ -38,8 +39,10 @@ from qdq.pipeline.evaluate import (
 )
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
 from qdq.pipeline.inputs import ForwardInputs, batches, bind_inputs, num_samples, summary, take
+from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
+from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, recorded_output
 from qdq.pipeline.report import build_report, stage_error
 from qdq.pipeline.sample import check_sample
 
@@ -90,7 +93,7 @@ class QuantizeResult:
 
     @property
     def metric_name(self) -> str:
-        """``top1_accuracy``, ``top1_agreement`` or ``cosine``."""
+        """The headline metric's name (``top1_accuracy``, ``box_agreement``, ...; ``headline``)."""
         return str(self.report["metric_name"])
 
     @property
@@ -125,6 +128,7 @@ def quantize(
     on_stage: StageCallback | None = None,
     engine_report: str | Path | None = None,
     engine_profile: str | Path | None = None,
+    metric: str | MetricFn | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -166,6 +170,9 @@ def quantize(
             export (an earlier run's): ``report.html`` draws it beside the prediction, the layers
             where they disagree marked (read before anything runs).
         engine_profile: its ``--exportProfile`` JSON, for each layer's share of the latency.
+        metric: your headline metric, ``fn(outputs, labels)`` → a number or a dict of them (the
+            first key is the headline), or its spec ``file.py:fn`` / ``pkg.module:fn`` (this
+            executes that code); :mod:`qdq.pipeline.metric`. ``max_drop`` scores with it.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -192,6 +199,7 @@ def quantize(
         or not 0 <= max_drop < float("inf")
     ):
         raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
+    user = load_metric(metric)  # a bad metric spec fails before anything runs
     if calib not in CALIBRATION_METHODS:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
@@ -232,9 +240,13 @@ def quantize(
             cal = qdata.calibration
             sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 1))
             example = inputs.positional(sample)  # prepare's and the export's example inputs
-            sample_outs = check_sample(source, sample, qdata)
+            with recorded_output(source.module) as seen:
+                sample_outs = check_sample(source, sample, qdata)
+            names = tuple(output_names(seen.value))
             sample_out = sample_outs[0]
-            if qdata.labels is not None:
+            if user is not None:  # the user metric, checked on this sample, scores everything
+                qdata = user.bind(qdata, sample_outs)
+            elif qdata.labels is not None:
                 check_labels(sample_out, qdata.labels, qdata.source)
             if qdata.metric is not None:
                 try:
@@ -318,6 +330,8 @@ def quantize(
                 static,
                 engine,
                 inputs,
+                None if user is None else user.spec,
+                names if len(names) == len(sample_outs) else None,
             ),
             caught,
             fallback,
@@ -340,6 +354,8 @@ class _Settings:
     static: bool
     engine: EngineReport | None = None
     inputs: ForwardInputs | None = None  # how the data meets forward (ONNX input order)
+    metric: str | None = None  # the user metric's spec
+    output_names: tuple[str, ...] | None = None  # pytree paths of the output tensors
 
 
 def _export_and_measure(
@@ -384,7 +400,7 @@ def _export_and_measure(
                 static=s.static,
                 desc="FP32 (torch)",
                 show=show,
-                every=every,
+                every=True,  # FP32 and the exported model: every output, for the table
             )
             fp32 = score(ref, ref, qdata.labels, task, targets)
             st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
@@ -396,10 +412,15 @@ def _export_and_measure(
                 static=s.static,
                 desc="INT8 (ONNX Runtime)",
                 show=show,
-                every=every,
+                every=True,
                 forward=s.inputs,
             )
             int8 = score(ort, ref, qdata.labels, task, targets)
+            top = headline(ref[0], qdata.labels, task, s.metric)
+            outputs = output_table(ort, ref, s.output_names,
+                                   onnx_output_names(exported.path, len(ref)), top["output"])  # fmt: skip
+            if not every:  # only the first output is scored from here on
+                ref, ort = ref[:1], ort[:1]
             fq = torch_outputs(
                 prepared,
                 qdata.evaluation,
@@ -437,6 +458,8 @@ def _export_and_measure(
         timings = stages.timings
         report = build_report(
             metric=metric_name(ref[0], qdata.labels, task),
+            outputs=outputs,
+            headline=top,
             source=source,
             data=qdata,
             prepared=prepared,

@@ -18,7 +18,7 @@ __all__ = ["check_dependencies", "render_html", "write_html"]
 
 _log = logging.getLogger(__name__)
 _TEMPLATE = "report.html.j2"
-_PERCENT_METRICS = ("top1_accuracy", "top1_agreement")
+_PERCENT_METRICS = ("top1_accuracy", "top1_agreement", "pixel_agreement", "box_agreement")
 _SEVERITY_ORDER = ("ERROR", "WARN", "INFO")
 
 
@@ -235,6 +235,8 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
         "coverage": f"{lint['int8_weighted_layers']}/{lint['weighted_layers']}",
         "verdict": r["lint_verdict"],
         "methods": _methods(r, fmt),
+        "headline": r.get("headline"),
+        "outputs": _outputs(r),
         "timings": _timings(r),
         "errors": errors,
         "error_rows": [] if errors is None else [_error_row(e) for e in errors["rows"]],
@@ -325,6 +327,24 @@ def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
     floor = max(0.0, low - 0.1 * (1.0 - low) - 0.02) if low > 0.5 else 0.0
     for row in rows:
         row["bar"] = max(2.0, 100 * (row["raw"] - floor) / max(1e-9, 1.0 - floor))
+    return rows
+
+
+def _outputs(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``report.json: outputs``, their figure formatted (agreements in percent)."""
+    rows = []
+    for row in r.get("outputs") or []:
+        value = row["value"]
+        shown = _pct(value, 2) if row["figure"] in _PERCENT_METRICS else _num(value, 6)
+        rows.append(
+            {
+                **row,
+                "label": row["name"] or f"output {row['index']}",
+                "shape_text": "×".join(str(d) for d in row["shape"]) or "scalar",
+                "figure_label": str(row["figure"]).replace("_", " "),
+                "shown": shown,
+            }
+        )
     return rows
 
 

@@ -1,0 +1,324 @@
+"""Every output tensor of a model, INT8 against FP32: its kind, its figures, and the headline.
+
+``qdq quantize`` compares each output tensor of the exported INT8 model (ONNX Runtime) with FP32's
+(torch) and reports one row per tensor (``report.json: outputs``): per-sample cosine (mean and
+minimum), the relative error ``||int8 - fp32|| / ||fp32||`` over the whole tensor, and the figure
+of the tensor's kind. The kind is guessed from the FP32 tensor, samples along dimension 0:
+
+* ``class_vector`` — ``(N, C)`` with ``C >= 2``: ``top1_agreement``, the fraction of samples
+  whose arg-max over ``C`` is FP32's.
+* ``class_map`` — ``(N, C, H, W)`` with ``C >= 2`` (a segmentation head): ``pixel_agreement``,
+  the fraction of pixels whose arg-max over ``C`` is FP32's.
+* ``detections`` — a raw YOLO-style head, ``(N, 4 + K, A)`` (YOLOv8 and later) or
+  ``(N, A, 4 + K)`` (YOLOv5), with ``K >= 1`` class scores, at least as many anchors ``A`` as
+  ``4 + K``, and every FP32 score (entries ``4:`` of the ``4 + K`` axis) in ``[0, 1]``:
+  ``box_agreement`` (:func:`box_agreement`). When both layouts fit, the one with more anchors
+  than rows wins, and ``(N, 4 + K, A)`` on a tie.
+* ``tensor`` — anything else: ``cosine`` (the mean per-sample cosine).
+
+The guess can be wrong — a raw feature map ``(N, C, H, W)`` is called a class map, a ``(N, T, C)``
+sequence of probabilities may be called detections —, and it is wrong safely: every row also
+carries the cosine and the relative error, which mean the same for any tensor, and the kind only
+decides which agreement figure is added (and, without labels or a metric, which figure of the
+first output is the headline).
+
+Example:
+    >>> import torch
+    >>> output_kind(torch.zeros(8, 10)).figure
+    'top1_agreement'
+    >>> y = torch.rand(2, 84, 2100)  # YOLOv8 at 320x320: 4 box rows + 80 class scores per anchor
+    >>> output_kind(y).name, compare(y, y, output_kind(y))["box_agreement"]
+    ('detections', 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "IOU_THRESHOLD",
+    "TOP_K",
+    "OutputKind",
+    "box_agreement",
+    "compare",
+    "cosines",
+    "describe",
+    "onnx_output_names",
+    "output_kind",
+    "output_names",
+    "output_table",
+    "recorded_output",
+]
+
+#: highest-scoring anchors per sample compared by :func:`box_agreement` (at most; see there)
+TOP_K = 100
+#: a box agrees when its IoU with FP32's reaches this
+IOU_THRESHOLD = 0.5
+#: samples per chunk of the float64 cosine (bounds its memory on large outputs)
+_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What an output tensor looks like, and the figure that compares it with FP32.
+
+    Attributes:
+        name: ``"class_vector"``, ``"class_map"``, ``"detections"`` or ``"tensor"``.
+        figure: ``"top1_agreement"``, ``"pixel_agreement"``, ``"box_agreement"`` or ``"cosine"``.
+        layout: for detections, ``"rows"`` (``(N, 4 + K, A)``) or ``"columns"``
+            (``(N, A, 4 + K)``); else ``None``.
+    """
+
+    name: str
+    figure: str
+    layout: str | None = None
+
+
+_CLASS_VECTOR = OutputKind("class_vector", "top1_agreement")
+_CLASS_MAP = OutputKind("class_map", "pixel_agreement")
+_TENSOR = OutputKind("tensor", "cosine")
+
+
+def output_kind(reference: torch.Tensor) -> OutputKind:
+    """The kind of an FP32 output (samples along dimension 0; see the module docstring)."""
+    if reference.dim() == 2 and reference.shape[1] >= 2:
+        return _CLASS_VECTOR
+    if reference.dim() == 4 and reference.shape[1] >= 2:
+        return _CLASS_MAP
+    if reference.dim() == 3:
+        rows, cols = reference.shape[1], reference.shape[2]
+        fits = [
+            (layout, anchors - boxes)
+            for layout, boxes, anchors in (("rows", rows, cols), ("columns", cols, rows))
+            if _detections_fit(reference, layout, boxes, anchors)
+        ]
+        if fits:  # more anchors than rows first; "rows" (listed first) on a tie
+            layout = max(fits, key=lambda f: f[1])[0]
+            return OutputKind("detections", "box_agreement", layout)
+    return _TENSOR
+
+
+def _detections_fit(reference: torch.Tensor, layout: str, boxes: int, anchors: int) -> bool:
+    if boxes < 5 or anchors < boxes or reference.numel() == 0:
+        return False
+    scores = reference[:, 4:, :] if layout == "rows" else reference[:, :, 4:]
+    return bool(torch.isfinite(scores).all() and scores.min() >= 0 and scores.max() <= 1)
+
+
+def cosines(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-sample cosine similarity (float64; each sample flattened, a ``(N,)`` output's samples
+    are scalars), in chunks of samples."""
+    if out.shape != reference.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
+    parts = []
+    for i in range(0, len(out), _CHUNK):
+        a, b = out[i : i + _CHUNK], reference[i : i + _CHUNK]
+        parts.append(
+            F.cosine_similarity(
+                a.reshape(len(a), -1).double(), b.reshape(len(b), -1).double(), dim=1
+            )
+        )
+    return torch.cat(parts)
+
+
+def compare(out: torch.Tensor, reference: torch.Tensor, kind: OutputKind) -> dict[str, Any]:
+    """One output against FP32: cosine mean/min, relative error and the ``kind``'s figure.
+
+    Returns:
+        ``cosine_mean``, ``cosine_min``, ``relative_error`` (``None`` when FP32 is all zeros and
+        the output is not), ``kind``, ``figure`` (its name), ``value`` (its value) and the figure
+        under its own name; detections add ``top_k``, ``topk_overlap`` and ``layout``.
+    """
+    cos = cosines(out, reference)
+    ref_norm = float(torch.linalg.vector_norm(reference, dtype=torch.float64))
+    diff_norm = float(torch.linalg.vector_norm(out - reference, dtype=torch.float64))
+    if ref_norm > 0:
+        relative: float | None = diff_norm / ref_norm
+    else:
+        relative = 0.0 if diff_norm == 0 else None
+    row: dict[str, Any] = {
+        "kind": kind.name,
+        "figure": kind.figure,
+        "value": float(cos.mean()),
+        "cosine_mean": float(cos.mean()),
+        "cosine_min": float(cos.min()),
+        "relative_error": relative,
+    }
+    if kind.figure in ("top1_agreement", "pixel_agreement"):
+        row["value"] = float((out.argmax(dim=1) == reference.argmax(dim=1)).float().mean())
+    elif kind.figure == "box_agreement":
+        assert kind.layout is not None
+        row.update(box_agreement(out, reference, kind.layout))
+        row["value"] = row["box_agreement"]
+    row[kind.figure] = row["value"]
+    return row
+
+
+def box_agreement(
+    out: torch.Tensor, reference: torch.Tensor, layout: str, top_k: int | None = None
+) -> dict[str, Any]:
+    """How well INT8 keeps FP32's highest-scoring boxes of a raw YOLO-style head.
+
+    Per sample, each anchor's score is its highest class score (entries ``4:``; a YOLOv5
+    objectness column counts as one more class) and its class that arg-max. Of FP32's ``top_k``
+    highest-scoring anchors, ``box_agreement`` is the fraction where INT8 picks the same class
+    and its box (entries ``:4``, read as ``(cx, cy, w, h)``) has IoU >= :data:`IOU_THRESHOLD`
+    with FP32's; ``topk_overlap`` is the fraction of FP32's ``top_k`` anchors that are also among
+    INT8's ``top_k``. ``top_k`` defaults to ``min(TOP_K, max(1, A // 10))``.
+
+    Args:
+        out: the INT8 output, the same shape as ``reference``.
+        reference: the FP32 output, ``(N, 4 + K, A)`` (``layout="rows"``) or ``(N, A, 4 + K)``
+            (``"columns"``).
+        layout: ``"rows"`` or ``"columns"``.
+        top_k: anchors compared per sample.
+
+    Returns:
+        ``box_agreement``, ``topk_overlap``, ``top_k`` and ``layout``.
+
+    Raises:
+        ValueError: a bad ``layout`` or ``top_k``, or shapes that differ or are not 3-D.
+    """
+    if layout not in ("rows", "columns"):
+        raise ValueError(f"layout must be 'rows' or 'columns', got {layout!r}")
+    if out.shape != reference.shape or reference.dim() != 3:
+        raise ValueError(
+            f"box_agreement needs two equal 3-D shapes, got {tuple(out.shape)} and "
+            f"{tuple(reference.shape)}"
+        )
+    if layout == "rows":
+        out, reference = out.transpose(1, 2), reference.transpose(1, 2)
+    anchors = reference.shape[1]
+    k = min(TOP_K, max(1, anchors // 10)) if top_k is None else top_k
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= anchors:
+        raise ValueError(f"top_k must be an int in 1..{anchors} (the anchors), got {top_k!r}")
+    ref_conf, ref_cls = reference[..., 4:].max(dim=-1)
+    out_conf, out_cls = out[..., 4:].max(dim=-1)
+    ref_top = ref_conf.topk(k, dim=1).indices  # (N, k)
+    out_top = out_conf.topk(k, dim=1).indices
+    same_class = out_cls.gather(1, ref_top) == ref_cls.gather(1, ref_top)
+    index = ref_top.unsqueeze(-1).expand(-1, -1, 4)
+    iou = _iou_cxcywh(out[..., :4].gather(1, index), reference[..., :4].gather(1, index))
+    hits = same_class & (iou >= IOU_THRESHOLD)
+    in_ref = torch.zeros_like(ref_conf, dtype=torch.bool).scatter_(1, ref_top, True)
+    in_out = torch.zeros_like(out_conf, dtype=torch.bool).scatter_(1, out_top, True)
+    overlap = (in_ref & in_out).sum(dim=1).double() / k
+    return {
+        "box_agreement": float(hits.double().mean()),
+        "topk_overlap": float(overlap.mean()),
+        "top_k": k,
+        "layout": layout,
+    }
+
+
+def _iou_cxcywh(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element-wise IoU of ``(cx, cy, w, h)`` boxes (|w|, |h|); two equal empty boxes give 1."""
+    a, b = a.double(), b.double()
+    half_a, half_b = a[..., 2:].abs() / 2, b[..., 2:].abs() / 2
+    lo = torch.maximum(a[..., :2] - half_a, b[..., :2] - half_b)
+    hi = torch.minimum(a[..., :2] + half_a, b[..., :2] + half_b)
+    inter = (hi - lo).clamp(min=0).prod(dim=-1)
+    union = (2 * half_a).prod(dim=-1) + (2 * half_b).prod(dim=-1) - inter
+    equal = (a == b).all(dim=-1).double()
+    return torch.where(union > 0, inter / union.clamp(min=1e-300), equal)
+
+
+def output_table(
+    outs: Sequence[torch.Tensor],
+    references: Sequence[torch.Tensor],
+    names: Sequence[str | None] | None = None,
+    onnx_names: Sequence[str | None] | None = None,
+    headline: int | None = None,
+) -> list[dict[str, Any]]:
+    """One row per output tensor (``report.json: outputs``), INT8 ``outs`` against FP32.
+
+    Each row: ``index``, ``name`` (its pytree path, :func:`output_names`), ``onnx_name`` (the
+    exported graph's output), ``shape`` (one sample's), ``headline`` (whether the headline
+    metric scores this output: ``index == headline``) and :func:`compare`'s figures.
+    """
+    if len(outs) != len(references):
+        raise ValueError(f"{len(outs)} outputs but {len(references)} FP32 outputs")
+    rows = []
+    for i, (out, ref) in enumerate(zip(outs, references, strict=True)):
+        rows.append(
+            {
+                "index": i,
+                "name": None if names is None else names[i],
+                "onnx_name": None if onnx_names is None else onnx_names[i],
+                "shape": list(ref.shape[1:]),
+                "headline": i == headline,
+                **compare(out, ref, output_kind(ref)),
+            }
+        )
+    return rows
+
+
+@dataclass
+class _Seen:
+    value: Any = None
+
+
+@contextlib.contextmanager
+def recorded_output(module: nn.Module) -> Iterator[_Seen]:
+    """Keep what ``module`` returns while inside (``seen.value``): a forward hook, removed on exit."""
+    seen = _Seen()
+
+    def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        seen.value = output
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def output_names(output: Any) -> list[str]:
+    """The pytree path of every tensor of a model output, as Python would index it (``[]``
+    when a container of the output has no key paths).
+
+    Example:
+        >>> import torch
+        >>> output_names((torch.zeros(1), {"boxes": torch.zeros(1), "n": 3}))
+        ['output[0]', "output[1]['boxes']"]
+        >>> output_names(torch.zeros(1))
+        ['output']
+    """
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    try:
+        leaves, _ = tree_flatten_with_path(output)
+    except (TypeError, ValueError):  # a pytree node registered without key paths
+        return []
+    return [f"output{keystr(path)}" for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def onnx_output_names(path: str | Path, count: int) -> list[str | None]:
+    """The output names of an ONNX graph; ``None`` each when it has not ``count`` outputs."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    names = [o.name for o in graph.output]
+    return names if len(names) == count else [None] * count
+
+
+def describe(row: dict[str, Any]) -> str:
+    """One line of a row, e.g. ``"output[0] (detections, 84x2100): box_agreement 0.9700, ..."``."""
+    name = row["name"] or f"output {row['index']}"
+    shape = "x".join(str(d) for d in row["shape"]) or "scalar"
+    rel = row["relative_error"]
+    text = f"{name} ({row['kind']}, {shape}): "
+    if row["figure"] != "cosine":
+        text += f"{row['figure']} {row['value']:.4f}, "
+    text += f"cosine {row['cosine_mean']:.6f} (min {row['cosine_min']:.6f})"
+    text += ", relative error " + ("-" if rel is None or not math.isfinite(rel) else f"{rel:.4f}")
+    return text
