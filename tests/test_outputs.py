@@ -109,7 +109,10 @@ def test_table_names_and_headline() -> None:
     names = output_names((refs[0], {"seg": refs[1], "n": 7, "x": refs[2]}))
     assert names == ["output[0]", "output[1]['seg']", "output[1]['x']"]
     rows = output_table(refs, refs, names, ["det", "seg", "x"], headline=0)
-    assert [r["kind"] for r in rows] == ["detections", "class_map", "tensor"]
+    # a 4-D output after the first is a feature map, not a class map (YOLO's feats)
+    assert [r["kind"] for r in rows] == ["detections", "tensor", "tensor"]
+    first = output_table(refs[1:], refs[1:], None, None, headline=0)
+    assert first[0]["kind"] == "class_map" and first[0]["pixel_agreement"] == 1.0
     assert [r["headline"] for r in rows] == [True, False, False]
     assert rows[1]["shape"] == [5, 4, 4] and rows[2]["shape"] == [] and rows[2]["value"] == 1.0
     assert describe(rows[0]).startswith("output[0] (detections, 84x100): box_agreement 1.0000")

@@ -111,13 +111,9 @@ def test_every_output_in_report_summary_and_html(inputs, tmp_path: Path, capsys)
         "output[1]['logits']",
         "output[2]",
     ]
-    assert [o["kind"] for o in rows] == ["detections", "class_map", "class_vector", "tensor"]
-    assert [o["figure"] for o in rows] == [
-        "box_agreement",
-        "pixel_agreement",
-        "top1_agreement",
-        "cosine",
-    ]
+    # output[1]['seg'] is 4-D but not the first output: a feature map, compared by cosine
+    assert [o["kind"] for o in rows] == ["detections", "tensor", "class_vector", "tensor"]
+    assert [o["figure"] for o in rows] == ["box_agreement", "cosine", "top1_agreement", "cosine"]
     assert [o["headline"] for o in rows] == [True, False, False, False]
     assert rows[0]["shape"] == [7, 64] and rows[0]["top_k"] == 6 and rows[3]["shape"] == []
     assert rows[0]["value"] == r["int8_metric"] and r["int8"]["top1_agreement"] is None
@@ -128,11 +124,11 @@ def test_every_output_in_report_summary_and_html(inputs, tmp_path: Path, capsys)
     assert "headline: box_agreement of output 0 (detections, 7x64) with FP32" in printed
     assert "every output, INT8 (ONNX Runtime) vs FP32 (4 tensors):" in printed
     assert "  * output[0] (detections, 7x64): box_agreement" in printed
-    assert "    output[1]['seg'] (class_map, 5x8x8): pixel_agreement" in printed
+    assert "    output[1]['seg'] (tensor, 5x8x8): cosine" in printed
 
     html = (out / "report.html").read_text(encoding="utf-8")
     assert 'id="outputs">Every output, INT8 vs FP32 (4)' in html
-    assert "<code>output[1][&#39;seg&#39;]</code>" in html and "pixel agreement" in html
+    assert "<code>output[1][&#39;seg&#39;]</code>" in html and "box agreement" in html
     assert 'title="the headline metric">headline</span>' in html
 
 

@@ -7,8 +7,11 @@ of the tensor's kind. The kind is guessed from the FP32 tensor, samples along di
 
 * ``class_vector`` — ``(N, C)`` with ``C >= 2``: ``top1_agreement``, the fraction of samples
   whose arg-max over ``C`` is FP32's.
-* ``class_map`` — ``(N, C, H, W)`` with ``C >= 2`` (a segmentation head): ``pixel_agreement``,
-  the fraction of pixels whose arg-max over ``C`` is FP32's.
+* ``class_map`` — ``(N, C, H, W)`` with ``C >= 2`` as the *first* output (a segmentation head):
+  ``pixel_agreement``, the fraction of pixels whose arg-max over ``C`` is FP32's. A later 4-D
+  output is a ``tensor``: detectors return their feature maps after the head (YOLO's ``feats``),
+  and the arg-max over a feature map's channels means nothing (random-weight yolov8n: "0 %" on
+  a feature map whose cosine is 0.21).
 * ``detections`` — a raw YOLO-style head, ``(N, 4 + K, A)`` (YOLOv8 and later) or
   ``(N, A, 4 + K)`` (YOLOv5), with ``K >= 1`` class scores, at least as many anchors ``A`` as
   ``4 + K``, and every FP32 score (entries ``4:`` of the ``4 + K`` axis) in ``[0, 1]``:
@@ -16,7 +19,7 @@ of the tensor's kind. The kind is guessed from the FP32 tensor, samples along di
   than rows wins, and ``(N, 4 + K, A)`` on a tie.
 * ``tensor`` — anything else: ``cosine`` (the mean per-sample cosine).
 
-The guess can be wrong — a raw feature map ``(N, C, H, W)`` is called a class map, a ``(N, T, C)``
+The guess can be wrong — a raw feature map returned first is called a class map, a ``(N, T, C)``
 sequence of probabilities may be called detections —, and it is wrong safely: every row also
 carries the cosine and the relative error, which mean the same for any tensor, and the kind only
 decides which agreement figure is added (and, without labels or a metric, which figure of the
@@ -88,11 +91,12 @@ _CLASS_MAP = OutputKind("class_map", "pixel_agreement")
 _TENSOR = OutputKind("tensor", "cosine")
 
 
-def output_kind(reference: torch.Tensor) -> OutputKind:
-    """The kind of an FP32 output (samples along dimension 0; see the module docstring)."""
+def output_kind(reference: torch.Tensor, *, first: bool = True) -> OutputKind:
+    """The kind of an FP32 output (samples along dimension 0; see the module docstring);
+    ``first``: whether it is the model's first output (only that one can be a class map)."""
     if reference.dim() == 2 and reference.shape[1] >= 2:
         return _CLASS_VECTOR
-    if reference.dim() == 4 and reference.shape[1] >= 2:
+    if reference.dim() == 4 and reference.shape[1] >= 2 and first:
         return _CLASS_MAP
     if reference.dim() == 3:
         rows, cols = reference.shape[1], reference.shape[2]
@@ -256,7 +260,7 @@ def output_table(
                 "onnx_name": None if onnx_names is None else onnx_names[i],
                 "shape": list(ref.shape[1:]),
                 "headline": i == headline,
-                **compare(out, ref, output_kind(ref)),
+                **compare(out, ref, output_kind(ref, first=i == 0)),
             }
         )
     return rows
