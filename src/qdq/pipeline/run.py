@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +35,16 @@ from qdq.pipeline.evaluate import (
     score,
     torch_outputs,
 )
+from qdq.pipeline.fallback import fallback_search
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
 from qdq.pipeline.inputs import ForwardInputs, batches, bind_inputs, num_samples, summary, take
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, recorded_output
-from qdq.pipeline.report import build_report, stage_error
+from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_sample
+from qdq.pipeline.stages import StageCallback, Stages
 
 __all__ = [
     "HTML_FILE",
@@ -70,9 +70,6 @@ LAYER_ERROR_SAMPLES, LAYER_ERROR_BATCH = 64, 16
 #: page's own parts (model drawing, engine views, plots) are guarded the same way
 #: (:func:`qdq.report.write_html`).
 OPTIONAL_STAGES = ("layer_errors", "compare_methods", "lint")
-
-#: ``on_stage(name, seconds, detail)`` after every stage
-StageCallback = Callable[[str, float, str], None]
 
 
 @dataclass(frozen=True)
@@ -219,7 +216,7 @@ def quantize(
         raise ValueError("engine_profile needs engine_report (the --exportLayerInfo JSON)")
     out_dir = Path(out)
     check_out_dir(out_dir, overwrite)
-    stages = _Stages(on_stage)
+    stages = Stages(on_stage)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with stages("load_model") as st:
@@ -293,7 +290,7 @@ def quantize(
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
-                fallback = _fallback(source, float_model, qdata, example, prepared, calib_batches,
+                fallback = fallback_search(source, float_model, qdata, example, prepared, calib_batches,
                                      max_drop, calib, percentile, exporter, target, size, static,
                                      show_progress,
                                      improve if options.after_calibration else None)  # fmt: skip
@@ -363,7 +360,7 @@ def _export_and_measure(
     source: ModelSource,
     qdata: QuantData,
     example: tuple[Any, ...],
-    stages: _Stages,
+    stages: Stages,
     out_dir: Path,
     overwrite: bool,
     s: _Settings,
@@ -522,57 +519,6 @@ def _export_and_measure(
     )
 
 
-def _fallback(
-    source: ModelSource,
-    float_model: nn.Module,
-    qdata: QuantData,
-    example: tuple[Any, ...],
-    prepared: nn.Module,
-    calib_batches: list[Any],
-    max_drop: float,
-    calib: str,
-    percentile: float | None,
-    exporter: str,
-    target: str,
-    size: int,
-    static: bool,
-    show: bool,
-    improve: Any,
-) -> Any:
-    """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch.
-
-    ``float_model`` is what was prepared (the user's model, or its equalized copy); the FP32
-    reference is always the user's model.
-    """
-    from qdq.accuracy import auto_quantize
-    from qdq.config import QuantConfig
-
-    every = qdata.metric is not None
-    ref = torch_outputs(source.module, qdata.evaluation, size, static=static, desc="FP32",
-                        show=False, every=every)  # fmt: skip
-
-    def metric(model: nn.Module) -> float:
-        outs = torch_outputs(model, qdata.evaluation, size, static=static, desc="INT8",
-                             show=False, every=every)  # fmt: skip
-        return float(score(outs, ref, qdata.labels, qdata.metric, qdata.targets)["metric"])
-
-    cfg = QuantConfig.tensorrt(method=calib, percentile=99.99 if percentile is None else percentile)
-    return auto_quantize(
-        float_model,
-        example,
-        calib_batches,
-        metric=metric,
-        max_drop=max_drop,
-        config=cfg,
-        prepared=prepared,
-        improve=improve,
-        fp32_metric=metric(source.module),
-        exporter=exporter,
-        target=target,
-        show_progress=show,
-    )
-
-
 def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     """:func:`qdq.debug.layer_errors` on the first evaluation samples, in small batches."""
     from qdq.debug import layer_errors
@@ -613,56 +559,3 @@ def _compare_methods(
 
 def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-class _Stages:
-    """Times stages: ``with stages("name") as st: ...; st.detail = "..."``.
-
-    ``stages.optional("name")`` is a stage that cannot fail the job: an exception in it is
-    recorded in :attr:`errors` (stage, error type, message) and swallowed; the callback gets the
-    stage with a ``FAILED (...)`` detail.
-    """
-
-    def __init__(self, callback: StageCallback | None) -> None:
-        self.callback = callback
-        self.timings: dict[str, float] = {}
-        self.errors: list[dict[str, str]] = []
-
-    def __call__(self, name: str) -> _Stage:
-        return _Stage(self, name)
-
-    def optional(self, name: str) -> _OptionalStage:
-        """A stage whose failure is recorded, not raised (see the class docstring)."""
-        return _OptionalStage(self, name)
-
-
-class _Stage:
-    def __init__(self, owner: _Stages, name: str) -> None:
-        self.owner, self.name, self.detail, self.start = owner, name, "", 0.0
-
-    def __enter__(self) -> _Stage:
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._finish(exc_type, exc, optional=False)
-
-    def _finish(self, exc_type: Any, exc: Any, *, optional: bool) -> bool:
-        """Time the stage, record a swallowed failure, call back; whether to swallow ``exc``."""
-        seconds = time.perf_counter() - self.start
-        self.owner.timings[self.name] = round(seconds, 3)
-        failed = exc_type is not None and optional and issubclass(exc_type, Exception)
-        if failed:
-            entry = stage_error(self.name, exc)
-            self.owner.errors.append(entry)
-            self.detail = f"FAILED ({entry['error']}: {entry['message'][:160]}); recorded in report"
-        if (exc_type is None or failed) and self.owner.callback is not None:
-            self.owner.callback(self.name, seconds, self.detail)
-        return failed
-
-
-class _OptionalStage(_Stage):
-    """A stage whose exception is recorded and swallowed (:meth:`_Stages.optional`)."""
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:  # type: ignore[override]
-        return self._finish(exc_type, exc, optional=True)
