@@ -3,7 +3,8 @@
 Usage:
     python scripts/engine_docs.py [--fixtures DIR] [--out docs/img]
 
-Writes, for the real TensorRT engine reports in the fixtures (trtexec --exportLayerInfo and
+Writes, for the real TensorRT engine reports in the fixtures (``tests/fixtures/trt-engines/`` by
+default, the directory ``tests/trt_engines.py`` names; trtexec --exportLayerInfo and
 --exportProfile, A100):
 
 * ``engine-<fixture>.svg``: each engine drawn (MobileNet collapsed to one box per block);
@@ -22,6 +23,7 @@ and prints ``qdq engine compare`` of the FP16 and the Q/DQ ResNet-18 engines. Ne
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -36,7 +38,10 @@ from qdq.lint.compare import compare_engines
 from qdq.lint.compare_draw import comparison_svg
 from qdq.lint.engine_pages import engine_svg, predicted_svg
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
+# the engine-report fixtures: where the tests find them (tests/trt_engines.py, the one place)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from trt_engines import TRT_ENGINES
+
 ENGINES = {  # fixture: max_nodes (MobileNet's 73 layers collapse to one box per block)
     "resnet18-a100-fp32": 150,
     "resnet18-a100-fp16": 150,
@@ -65,7 +70,7 @@ def _write(path: Path, svg: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--fixtures", type=Path, default=FIXTURES)
+    parser.add_argument("--fixtures", type=Path, default=TRT_ENGINES)
     parser.add_argument("--out", type=Path, default=Path(__file__).parents[1] / "docs" / "img")
     args = parser.parse_args()
     fx: Path = args.fixtures

@@ -1,4 +1,5 @@
-"""Engine layer-information reader on real trtexec reports (shared fixtures) and synthetic ones."""
+"""Engine layer-information reader on real trtexec reports (the in-repository fixtures,
+``tests/fixtures/trt-engines/``) and synthetic ones."""
 
 from __future__ import annotations
 
@@ -16,21 +17,17 @@ from qdq.lint.engine_report import (
     normalize_dtype,
     parse_engine_report,
 )
+from trt_engines import KINDS, PREFIXES, TRT_ENGINES, engine_file
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
-pytestmark = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"engine-report fixtures not found at {FIXTURES}"
-)
-PREFIXES = ("resnet18-a100-fp32", "resnet18-a100-fp16", "resnet18-a100-qat", "mobilenet-qat")
 # the fixtures' README: sum of per-layer median times, ResNet-18, A100, batch 32
 README_MS = {"resnet18-a100-fp32": 2.12, "resnet18-a100-fp16": 1.02, "resnet18-a100-qat": 1.10}
 
 
 def _load(prefix: str) -> EngineReport:
     return load_engine_report(
-        FIXTURES / f"{prefix}.graph.json",
-        FIXTURES / f"{prefix}.profile.json",
-        FIXTURES / f"{prefix}.build.metadata.json",
+        engine_file(prefix),
+        engine_file(prefix, "profile"),
+        engine_file(prefix, "build.metadata"),
     )
 
 
@@ -39,10 +36,21 @@ def _dtypes(report: EngineReport) -> set[str | None]:
     return {t.dtype for t in tensors} | {x.weights_dtype for x in report.layers if x.weights_dtype}
 
 
+def test_the_fixtures_are_in_the_repository() -> None:
+    # every engine's three files and the README (their origin) ship with the tests, so no test
+    # that reads them can skip on a fresh clone; a missing one raises instead of skipping
+    assert TRT_ENGINES.is_relative_to(Path(__file__).resolve().parent)
+    expected = {f"{p}.{k}.json" for p in PREFIXES for k in KINDS} | {"README.md"}
+    assert {x.name for x in TRT_ENGINES.iterdir()} == expected
+    assert all(engine_file(p, k).stat().st_size > 0 for p in PREFIXES for k in KINDS)
+    with pytest.raises(FileNotFoundError, match="missing from the repository"):
+        engine_file("resnet18-a100-int4")
+
+
 @pytest.mark.parametrize("prefix", PREFIXES)
 def test_every_fixture_parses(prefix: str) -> None:
     report = _load(prefix)
-    raw = json.loads((FIXTURES / f"{prefix}.graph.json").read_text())
+    raw = json.loads(engine_file(prefix).read_text())
     assert [x.name for x in report.layers] == [x["Name"] for x in raw["Layers"]]
     assert report.schema == "trt8-10"
     assert _dtypes(report) <= set(DTYPES)  # every tensor's format string understood
@@ -178,7 +186,7 @@ def _signature(report: EngineReport) -> list[tuple[Any, ...]]:
 
 
 def test_trt11_schema_parses_the_same(tmp_path: Path) -> None:
-    raw = json.loads((FIXTURES / "resnet18-a100-qat.graph.json").read_text())
+    raw = json.loads(engine_file("resnet18-a100-qat").read_text())
     layers = _as_trt11(raw)
     io = [
         {"Name": "input.1", "IOMode": "Input", "DataType": "Float", "Dimensions": [32, 3, 224, 224],
@@ -191,7 +199,7 @@ def test_trt11_schema_parses_the_same(tmp_path: Path) -> None:
     ]  # fmt: skip
     (tmp_path / "obj.json").write_text(json.dumps({"Layers": layers, "I/O Tensors": io}))
     (tmp_path / "list.json").write_text(json.dumps(layers))
-    profile = FIXTURES / "resnet18-a100-qat.profile.json"
+    profile = engine_file("resnet18-a100-qat", "profile")
     original = _load("resnet18-a100-qat")
     for name in ("obj.json", "list.json"):
         report = load_engine_report(tmp_path / name, profile)
@@ -270,7 +278,7 @@ def test_normalize_dtype(text: str | None, dtype: str | None) -> None:
 def test_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_engine_report(tmp_path / "nope.json")
-    graph = FIXTURES / "resnet18-a100-qat.graph.json"
+    graph = engine_file("resnet18-a100-qat")
     with pytest.raises(FileNotFoundError, match="profile JSON"):
         load_engine_report(graph, tmp_path / "missing.profile.json")
     names_only = tmp_path / "names.json"

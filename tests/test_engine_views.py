@@ -1,7 +1,7 @@
-"""Engine views on the real trtexec reports (shared fixtures): drawings of real engines (parsed as
-SVG: one node per layer, precision colours, labels), the engine comparison (totals equal to the
-profile, precision mix), the docs' committed drawings, and ``qdq engine`` / ``qdq lint --draw``
-end to end (exit codes, one-line errors)."""
+"""Engine views on the real trtexec reports (``tests/fixtures/trt-engines/``): drawings of real
+engines (parsed as SVG: one node per layer, precision colours, labels), the engine comparison
+(totals equal to the profile, precision mix), the docs' committed drawings, and ``qdq engine`` /
+``qdq lint --draw`` end to end (exit codes, one-line errors)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,17 @@ from qdq.lint.compare_draw import comparison_svg
 from qdq.lint.draw import MARK_COLOR, PRECISION_COLORS, dot_available, to_dot
 from qdq.lint.engine_draw import draw_engine_svg, engine_graph, short_format
 from qdq.lint.engine_report import EngineReport, load_engine_report, parse_engine_report
+from trt_engines import PREFIXES, engine_file
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PREFIXES = ["resnet18-a100-fp32", "resnet18-a100-fp16", "resnet18-a100-qat", "mobilenet-qat"]
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no fixtures at {FIXTURES}")
 needs_dot = pytest.mark.skipif(not dot_available(), reason="Graphviz dot is not installed")
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _load(prefix: str, profile: bool = True) -> EngineReport:
-    graph = FIXTURES / f"{prefix}.graph.json"
-    return load_engine_report(graph, FIXTURES / f"{prefix}.profile.json" if profile else None)
+    return load_engine_report(
+        engine_file(prefix), engine_file(prefix, "profile") if profile else None
+    )
 
 
 def _nodes(svg: str) -> dict[str, tuple[str, set[str]]]:
@@ -115,7 +114,7 @@ def test_short_format(text: str, short: str) -> None:
 
 def _as_trt11(prefix: str) -> dict[str, Any]:
     """The fixture in TensorRT 11's schema: split Format/DataType, an I/O Tensors list."""
-    raw = json.loads((FIXTURES / f"{prefix}.graph.json").read_text())
+    raw = json.loads(engine_file(prefix).read_text())
     layers = copy.deepcopy(raw["Layers"])
     for layer in layers:
         for t in (*layer["Inputs"], *layer["Outputs"]):
@@ -289,8 +288,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def test_cli_draw_and_errors(tmp_path: Path, capsys, monkeypatch) -> None:
-    graph = str(FIXTURES / "resnet18-a100-qat.graph.json")
-    profile = str(FIXTURES / "resnet18-a100-qat.profile.json")
+    graph = str(engine_file("resnet18-a100-qat"))
+    profile = str(engine_file("resnet18-a100-qat", "profile"))
     if dot_available():
         code, out, _ = _run(capsys, "engine", "draw", graph, "--profile", profile,
                             "-o", str(tmp_path / "e.svg"))  # fmt: skip
@@ -314,8 +313,8 @@ def test_cli_draw_and_errors(tmp_path: Path, capsys, monkeypatch) -> None:
 
 
 def test_cli_compare(tmp_path: Path, capsys) -> None:
-    a, b = (str(FIXTURES / f"resnet18-a100-{k}.graph.json") for k in ("fp16", "qat"))
-    pa, pb = (str(FIXTURES / f"resnet18-a100-{k}.profile.json") for k in ("fp16", "qat"))
+    a, b = (str(engine_file(f"resnet18-a100-{k}")) for k in ("fp16", "qat"))
+    pa, pb = (str(engine_file(f"resnet18-a100-{k}", "profile")) for k in ("fp16", "qat"))
     code, out, _ = _run(capsys, "engine", "compare", a, b, "--profiles", pa, pb)
     assert code == 0 and "A = resnet18-a100-fp16 (36 layers)" in out
     assert "Reformat (Q/DQ)" in out and "B takes 1.08x the time of A" in out
@@ -335,7 +334,7 @@ def test_cli_diff_and_lint_draw(tmp_path: Path, capsys) -> None:
 
     model = tmp_path / "t01.onnx"
     onnx.save(t01(), model)
-    graph = str(FIXTURES / "resnet18-a100-qat.graph.json")
+    graph = str(engine_file("resnet18-a100-qat"))
     page = tmp_path / "diff.html"
     code, out, _ = _run(capsys, "engine", "diff", str(model), graph, "-o", str(page))
     html = page.read_text()

@@ -17,8 +17,7 @@ import torch
 import qdq
 from lint_graphs import G
 from qdq.lint import diff_engine, lint, load_engine_report
-
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
+from trt_engines import engine_file
 
 
 # ------------------------------------------------------- real exports + engine
@@ -37,11 +36,9 @@ NAIVE = ("residual", "pooling", "performance")  # Q/DQ on conv inputs and weight
 
 def test_naive_resnet18_prediction_matches_the_real_engine(tmp_path: Path) -> None:
     tv = pytest.importorskip("torchvision.models")
-    if not FIXTURES.is_dir():
-        pytest.skip(f"engine fixtures not found at {FIXTURES}")
     # the fixture engine's ONNX: Q/DQ on conv inputs and weights only (residual + GAP float)
     report = lint(_export(tv.resnet18(), tmp_path, qdq.QuantConfig.tensorrt(disable=NAIVE)))
-    engine = load_engine_report(FIXTURES / "resnet18-a100-qat.graph.json")
+    engine = load_engine_report(engine_file("resnet18-a100-qat"))
     assert report.summary["weighted_layers"] == len(engine.weighted_layers()) == 21
     int8_engine = [lay for lay in engine.weighted_layers() if lay.input_precision == "int8"]
     assert report.summary["int8_weighted_layers"] == len(int8_engine) == 21
@@ -60,10 +57,8 @@ def test_naive_resnet18_prediction_matches_the_real_engine(tmp_path: Path) -> No
 
 def test_naive_mobilenet_v2_prediction_matches_the_real_engine(tmp_path: Path) -> None:
     tv = pytest.importorskip("torchvision.models")
-    if not FIXTURES.is_dir():
-        pytest.skip(f"engine fixtures not found at {FIXTURES}")
     report = lint(_export(tv.mobilenet_v2(), tmp_path, qdq.QuantConfig.tensorrt(disable=NAIVE)))
-    engine = load_engine_report(FIXTURES / "mobilenet-qat.graph.json")
+    engine = load_engine_report(engine_file("mobilenet-qat"))
     diff = diff_engine(report, engine)
     assert diff.compare == {
         "weighted_layers": (53, 53),
@@ -123,16 +118,15 @@ def test_cli_exit_codes_json_targets_and_engine_diff(tmp_path: Path) -> None:
     assert run(str(clean), "--flags", "fp16").returncode == 2  # V13: Q/DQ without --int8
     shown = run(str(clean), "--layers", "--target", "trt10.5")
     assert "predicted engine layers" in shown.stdout and "(trt10.5)" in shown.stdout
-    if (FIXTURES / "resnet18-a100-qat.graph.json").is_file():
-        engine = str(FIXTURES / "resnet18-a100-qat.graph.json")
-        doc = json.loads(run(str(clean), "--json", "--engine-report", engine).stdout)
-        assert doc["engine"]["compare"]["weighted_layers"] == [1, 21]
-        assert {"matched_by", "layer_mismatches", "only_engine"} <= doc["engine"].keys()
-        text = run(str(clean), "--engine-report", engine).stdout
-        assert "engine report vs prediction" in text
-        broken = tmp_path / "broken.json"
-        broken.write_text("{")
-        assert run(str(clean), "--engine-report", str(broken)).returncode == 3
+    engine = str(engine_file("resnet18-a100-qat"))
+    doc = json.loads(run(str(clean), "--json", "--engine-report", engine).stdout)
+    assert doc["engine"]["compare"]["weighted_layers"] == [1, 21]
+    assert {"matched_by", "layer_mismatches", "only_engine"} <= doc["engine"].keys()
+    text = run(str(clean), "--engine-report", engine).stdout
+    assert "engine report vs prediction" in text
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert run(str(clean), "--engine-report", str(broken)).returncode == 3
 
 
 def _bad_model() -> onnx.ModelProto:

@@ -228,6 +228,9 @@ def test_float64_reference_is_the_noise_floor(calibrated, tmp_path: Path) -> Non
     assert ref.torch_top1 == 1.0 and ref.onnx_top1 == 1.0
     assert 0.0 < ref.torch_max_abs_diff < 1e-2 and 0.0 < ref.onnx_max_abs_diff < 1e-2
     assert ref.explains_top1()
+    assert ref.torch_max_abs_diff_by_output == (ref.torch_max_abs_diff,)  # one output
+    assert ref.onnx_max_abs_diff_by_output == (ref.onnx_max_abs_diff,)
+    assert ref.torch_top1_flips == ref.onnx_top1_flips == ref.top1_flips_beyond_rounding() == ()
     assert report.to_dict()["reference"]["onnx_top1"] == 1.0
     after = prepared.state_dict()
     assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
@@ -252,8 +255,25 @@ def test_float64_reference_exposes_a_wrong_export(calibrated, tmp_path: Path) ->
     assert ref is not None and ref.torch_top1 == 1.0
     assert ref.onnx_top1 is not None and ref.onnx_top1 < 0.5
     assert not ref.explains_top1(0.01)
+    # the flipped rows are no near-ties: their float64 margins dwarf float32 rounding
+    beyond = ref.top1_flips_beyond_rounding()
+    assert len(beyond) == len(ref.onnx_top1_flips) == round((1 - ref.onnx_top1) * len(x))
+    assert min(m for _, m in beyond) > 2 * ref.torch_max_abs_diff
     (message,) = failures(report, 0.01)
     assert "float64 reference ORT agrees on" in message and "torch float32 on 100.00%" in message
+
+
+def test_top1_flips_are_judged_by_their_distance_from_a_tie() -> None:
+    """A row ORT flips is excused when its float64 margin is within twice torch's float32
+    deviation on that output, whatever the other outputs' scales."""
+    from qdq.backends.parity import ReferenceParity
+
+    flips = ((0, 0.15), (0, 0.25), (1, 3.9), (1, 4.1), (0, 0.0))
+    ref = ReferenceParity(1.0, 0.9, 2.0, 5.0, None, (0.1, 2.0), (0.3, 5.0), (), flips)
+    assert ref.top1_flips_beyond_rounding() == ((0, 0.25), (1, 4.1))
+    assert ReferenceParity(1.0, 1.0, 0.1, 0.1).top1_flips_beyond_rounding() == ()
+    exact = ReferenceParity(1.0, 0.5, 0.0, 0.0, None, (0.0,), (0.0,), (), ((0, 1e-12),))
+    assert exact.top1_flips_beyond_rounding() == ((0, 1e-12),)  # no rounding at all: no excuse
 
 
 class _Float32Only(nn.Module):

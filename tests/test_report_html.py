@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from qdq.pipeline import quantize
+from trt_engines import engine_file
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("jinja2")
@@ -153,19 +154,16 @@ def test_renders_in_headless_chromium(result: Any, tmp_path: Path) -> None:
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "trt-engines"
-
-
 def test_engine_report_adds_the_real_engine(result: Any, tmp_path: Path, capsys) -> None:
     from qdq.cli.main import main
     from qdq.lint.draw import MARK_COLOR, dot_available
 
-    if not FIXTURES.is_dir() or not dot_available():
-        pytest.skip("needs the engine-report fixtures and Graphviz dot")
+    if not dot_available():
+        pytest.skip("needs Graphviz dot")
     out = tmp_path / "out"
     shutil.copytree(result.out_dir, out)
-    graph = FIXTURES / "resnet18-a100-qat.graph.json"
-    profile = FIXTURES / "resnet18-a100-qat.profile.json"
+    graph = engine_file("resnet18-a100-qat")
+    profile = engine_file("resnet18-a100-qat", "profile")
     code = main(["engine", "report", str(out), str(graph), "--profile", str(profile)])
     assert code == 0 and "37-layer engine" in capsys.readouterr().out
     html = (out / "report.html").read_text(encoding="utf-8")
@@ -181,8 +179,8 @@ def test_engine_report_adds_the_real_engine(result: Any, tmp_path: Path, capsys)
 def test_quantize_with_an_engine_report(tmp_path: Path) -> None:
     from qdq.lint.draw import dot_available
 
-    if not FIXTURES.is_dir() or not dot_available():
-        pytest.skip("needs the engine-report fixtures and Graphviz dot")
+    if not dot_available():
+        pytest.skip("needs Graphviz dot")
     (tmp_path / "tiny_model.py").write_text(MODEL_PY)
     x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0)).numpy()
     np.savez(tmp_path / "d.npz", x=x)
@@ -191,7 +189,7 @@ def test_quantize_with_an_engine_report(tmp_path: Path) -> None:
         quantize(spec, data, out=tmp_path / "bad", engine_report=tmp_path / "none.json")
     assert not (tmp_path / "bad").exists()  # checked before anything runs
     res = quantize(spec, data, out=tmp_path / "out", exporter="torchscript", show_progress=False,
-                   engine_report=FIXTURES / "mobilenet-qat.graph.json",
-                   engine_profile=FIXTURES / "mobilenet-qat.profile.json")  # fmt: skip
+                   engine_report=engine_file("mobilenet-qat"),
+                   engine_profile=engine_file("mobilenet-qat", "profile"))  # fmt: skip
     html = res.html_path.read_text(encoding="utf-8")
     assert '<section id="engine">' in html and "Conv_12" in html and " ms · " in html

@@ -20,6 +20,10 @@ of the fake-quant model (products and sums of INT8 codes are then exact, as in T
 accumulation; only the float epilogues round) runs on the same batches, and both torch float32 and
 ORT are compared with it (:class:`ReferenceParity`). When ORT is as close to the exact reference
 as torch's own float32 forward is, a torch-vs-ORT top-1 difference is float accumulation order.
+Row by row (:meth:`ReferenceParity.top1_flips_beyond_rounding`): a row whose ORT top-1 differs
+from the reference's is a near-tie, and the difference rounding, only when the reference's margin
+between the two classes is within twice the largest deviation of torch's float32 forward from the
+reference on that output (the measured float32 rounding scale of this model and data).
 
 onnxruntime and onnx are imported lazily.
 """
@@ -93,6 +97,13 @@ class ReferenceParity:
         torch_max_abs_diff: largest |torch float32 - reference| over all outputs and batches.
         onnx_max_abs_diff: largest |ORT - reference|.
         error: why the reference could not run (then every figure is ``None``/``nan``).
+        torch_max_abs_diff_by_output: ``torch_max_abs_diff`` per model output (flattened output
+            order; 0.0 for an output never compared): the float32 rounding scale of each.
+        onnx_max_abs_diff_by_output: ``onnx_max_abs_diff`` per model output.
+        torch_top1_flips: one ``(output, margin)`` per row (2-D outputs) whose torch top-1 differs
+            from the reference's; ``margin``: the reference's value of its own top class minus
+            its value of torch's (float64, >= 0): how far from a tie the row is.
+        onnx_top1_flips: the same for ORT's top-1.
     """
 
     torch_top1: float | None
@@ -100,6 +111,10 @@ class ReferenceParity:
     torch_max_abs_diff: float
     onnx_max_abs_diff: float
     error: str | None = None
+    torch_max_abs_diff_by_output: tuple[float, ...] = ()
+    onnx_max_abs_diff_by_output: tuple[float, ...] = ()
+    torch_top1_flips: tuple[tuple[int, float], ...] = ()
+    onnx_top1_flips: tuple[tuple[int, float], ...] = ()
 
     def explains_top1(self, tolerance: float = 0.0) -> bool:
         """ORT agrees with the exact reference (almost, ``tolerance``) as often as torch's own
@@ -107,6 +122,28 @@ class ReferenceParity:
         if self.error is not None or self.torch_top1 is None or self.onnx_top1 is None:
             return False
         return self.onnx_top1 >= self.torch_top1 - tolerance
+
+    def top1_flips_beyond_rounding(self) -> tuple[tuple[int, float], ...]:
+        """ORT's top-1 differences from the exact reference that float rounding cannot explain.
+
+        A row's top class can move from ``a`` to ``b`` only when its values of ``a`` and ``b``
+        move, together, by at least the reference margin ``ref[a] - ref[b]``: one of them by at
+        least half of it. The scale of float32 rounding for this model and data is measured, on
+        the same rows, by torch's own float32 forward: its largest deviation from the reference
+        on that output, ``d``. ORT computes the same function in float32 in another order, so a
+        row it flips with a margin of at most ``2 d`` is a near-tie that rounding decides; a
+        flip with a larger margin needs ORT to stray from the exact model further than float32
+        rounding ever did: an export defect. ORT's own deviation is not the scale, since a
+        defect inflates it.
+
+        Returns:
+            the ``(output, margin)`` of each such row, from :attr:`onnx_top1_flips`; empty when
+            every ORT flip is a near-tie (or the reference did not run: see :attr:`error`).
+        """
+        scale = self.torch_max_abs_diff_by_output
+        return tuple(
+            (i, m) for i, m in self.onnx_top1_flips if i >= len(scale) or m > 2.0 * scale[i]
+        )
 
 
 @dataclass(frozen=True)
@@ -280,6 +317,8 @@ class _EndToEnd:
         self._outputs = 0
         self.size_differs: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.ref_max = [0.0, 0.0]  # torch, ORT
+        self.ref_by_output: list[list[float]] = [[], []]  # per side, per output
+        self.ref_flips: list[list[tuple[int, float]]] = [[], []]  # per side: (output, margin)
         self.ref_agree = [0, 0]
         self.ref_rows = 0
         self.ref_ok = True
@@ -311,10 +350,17 @@ class _EndToEnd:
             if r_np.shape != a.shape:  # value-dependent size: not comparable
                 continue
             for side, other in enumerate((a, b)):  # 0: torch, 1: ORT
-                diff = np.abs(other.astype(np.float64) - r_np).max(initial=0.0)
-                self.ref_max[side] = max(self.ref_max[side], float(diff))
+                diff = float(np.abs(other.astype(np.float64) - r_np).max(initial=0.0))
+                self.ref_max[side] = max(self.ref_max[side], diff)
+                by_output = self.ref_by_output[side]
+                by_output.extend([0.0] * (self._outputs - len(by_output)))
+                by_output[i] = max(by_output[i], diff)
                 if r_np.ndim == 2:
-                    self.ref_agree[side] += int((other.argmax(1) == r_np.argmax(1)).sum())
+                    ours, exact_top = other.argmax(1), r_np.argmax(1)
+                    self.ref_agree[side] += int((ours == exact_top).sum())
+                    rows = np.flatnonzero(ours != exact_top)
+                    margins = r_np[rows, exact_top[rows]] - r_np[rows, ours[rows]]
+                    self.ref_flips[side].extend((i, float(m)) for m in margins)
             if r_np.ndim == 2:
                 self.ref_rows += r_np.shape[0]
 
@@ -337,6 +383,10 @@ class _EndToEnd:
                     self.ref_agree[1] / rows if rows else None,
                     self.ref_max[0],
                     self.ref_max[1],
+                    torch_max_abs_diff_by_output=tuple(self.ref_by_output[0]),
+                    onnx_max_abs_diff_by_output=tuple(self.ref_by_output[1]),
+                    torch_top1_flips=tuple(self.ref_flips[0]),
+                    onnx_top1_flips=tuple(self.ref_flips[1]),
                 )
         return ParityReport(
             self.max_abs, rel, self.min_cos, top1, count, layers, ref, dict(self.size_differs)
