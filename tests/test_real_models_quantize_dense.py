@@ -1,0 +1,34 @@
+"""``qdq quantize`` as users run it (a subprocess) on the detector and segmenter rows of the
+real-model suite (issue 31): ultralytics YOLO (train and export forms, detect/segment/pose),
+segmentation-models-pytorch's U-Net and torchvision's RetinaNet head, DeepLabV3 and the whole
+Faster/Keypoint R-CNN models.
+
+Each row is given as ``factory.py:build`` with a folder of 8 images; the classifier rows and the
+``.pt2`` are in ``test_real_models_quantize.py``. The helpers, sizes and the exporter choice are in
+``tests/real_quantize.py``. Run with ``-s`` for one line per row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.real import ARCHS
+from real_quantize import arch_params, run_row, write_images
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("PIL")
+
+ROWS = [name for name, arch in ARCHS.items() if arch.family != "timm"]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.mark.parametrize("name", arch_params(ROWS))
+def test_quantize_cli_on_real_dense_model(name: str, images: Path, tmp_path: Path) -> None:
+    report = run_row(name, images, tmp_path)
+    assert report["data"]["input_shape"] == [3, 64, 64]
