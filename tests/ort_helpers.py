@@ -30,5 +30,10 @@ def ort_qdq(x: np.ndarray, scale: np.ndarray, axis: int | None, opset: int = 13)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        model.SerializeToString(),
+        opts,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=["WeightBiasQuantization"],  # as qdq.backends.onnxruntime.session
+    )
     return sess.run(["y"], {"x": x.astype(np.float32)})[0]

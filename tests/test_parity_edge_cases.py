@@ -368,3 +368,31 @@ def test_outputs_whose_size_depends_on_values_are_set_aside() -> None:
     ]
     with pytest.raises(ValueError, match="torch returned 1 output tensors, the ONNX 2"):
         ends.add([torch.eye(3)], [np.eye(3), np.zeros((30, 4))])
+
+
+def test_a_large_bias_at_a_tiny_input_scale_is_added_in_float(tmp_path) -> None:
+    """ORT's WeightBiasQuantization rewrite (on at ORT_ENABLE_BASIC) turns a float bias into int32
+    at scale s_x * s_w; here 0.06 / (~1e-8 * ~2e-5) overflows int32 and ORT's output moved by
+    ~4e-4 (yolov8n-seg's mask upsample: 0.10, a failed export verification). Our sessions switch
+    it off: the ONNX computes what torch's fake-quant model computes, bit for bit."""
+    import numpy as np
+
+    import qdq
+    from qdq.backends.onnxruntime import run, session
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(32, 16, 2, stride=2),
+    ).eval()
+    with torch.no_grad():
+        net[2].bias.fill_(0.06)
+        net[2].weight.mul_(0.01)
+    x = torch.rand(4, 16, 8, 8, generator=torch.Generator().manual_seed(0)) * 1e-6
+    prepared = qdq.prepare(net, (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", check_inputs=[(x,)])
+    with torch.no_grad():
+        expected = prepared(x).numpy()
+    assert np.array_equal(run(session(out.path), [x])[0], expected)

@@ -4,7 +4,13 @@
 
 Sessions use ``GraphOptimizationLevel.ORT_ENABLE_BASIC``: Q/DQ nodes run as written. (At
 ``ORT_ENABLE_ALL`` ORT fuses them into integer kernels that saturate on AVX2 CPUs without VNNI and
-do not represent TensorRT.) onnxruntime is imported lazily (extra ``qdq[onnx]``).
+do not represent TensorRT.) One basic-level rewrite is switched off: ``WeightBiasQuantization``
+(ORT 1.2x+) turns the float bias of a Conv/ConvTranspose/Gemm whose input and weight are
+dequantized into int32 at scale ``s_x * s_w``, Q/DQ nodes that are not in the file. With a small
+input scale the bias overflows int32 (yolov8n-seg's mask upsample ConvTranspose: bias 0.061 at
+``3.75e-8 * 4.92e-4`` is 3.3e9 steps; its output was off by 0.10 of 0.061 and the export failed
+verification), and TensorRT adds the bias in float anyway. onnxruntime is imported lazily (extra
+``qdq[onnx]``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import torch
 
 from qdq.backends.parity import LayerParity, ParityReport, parity
 
-__all__ = ["LayerParity", "ParityReport", "parity", "run", "session"]
+__all__ = ["DISABLED_OPTIMIZERS", "LayerParity", "ParityReport", "parity", "run", "session"]
+
+#: ORT graph rewrites that add arithmetic the ONNX file does not have (see the module docstring)
+DISABLED_OPTIMIZERS = ("WeightBiasQuantization",)
 
 
 def _ort() -> Any:
@@ -47,7 +56,12 @@ def session(model: str | Path | bytes | Any, *, threads: int | None = None) -> A
         if not Path(model).is_file():
             raise FileNotFoundError(f"no ONNX file at {model}")
         model = str(model)
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model,
+        opts,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(DISABLED_OPTIMIZERS),
+    )
 
 
 def run(sess: Any, inputs: Sequence[torch.Tensor | np.ndarray]) -> list[np.ndarray]:
