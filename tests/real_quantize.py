@@ -14,11 +14,15 @@ patch embedding checks the size it was built for). The factory builds the row fo
 YOLO ``*_deploy`` rows clamp ``max_det`` to its anchor count, the R-CNNs resize to it inside
 (``min_size``/``max_size``).
 
-The exporter is the default ``auto`` (dynamo, else TorchScript), what users get. Dynamo costs
-more: measured alone on 2 cores, 7-20 s per row against 1-7 s for TorchScript (the export stage is
-10-54 s per row under ``-n 2`` on a busy machine); the suite pays that to test the users' path. Except the R-CNNs (:data:`EXPORTERS`): torch.export
-cannot take their data-dependent shapes (NMS), so ``auto`` always ends in TorchScript after a
-failed dynamo attempt of 10-15 s; ``--exporter torchscript`` gives the same file without it.
+The exporter: ``auto`` (dynamo, else TorchScript), what users get, on one row per family
+(:data:`AUTO_ROWS`: a residual CNN, a YOLO, the U-Net, a YOLO-seg, the ViT, the ``.pt2``), and
+``--exporter torchscript`` on the others. Dynamo costs 7-20 s per row alone on 2 cores against 1-7 s
+for TorchScript (10-54 s per row under ``-n 2`` on a busy machine), and both exporters are checked
+per family by ``test_real_models.py``; what these tests add is the whole job as users run it.
+
+Rows whose outputs are not one row per sample (:data:`REFUSED`: torchvision's R-CNNs return
+per-image detection lists after NMS) are refused by the job's check stage, before any long stage,
+with what to do instead: these rows assert that refusal.
 
 With ``-s`` every row prints one line (exit code, wall time, files, metrics, lint verdict, export
 and per-layer-error seconds); with ``QDQ_QUANTIZE_TABLE=path`` it also appends it, as a Markdown
@@ -43,8 +47,9 @@ import pytest
 from models.real import ARCHS
 
 __all__ = [
-    "EXPORTERS",
+    "AUTO_ROWS",
     "FILES",
+    "REFUSED",
     "SIZES",
     "arch_params",
     "check",
@@ -61,11 +66,12 @@ TIMEOUT_S = 900
 DEFAULT_SIZE = 64
 #: rows that cannot take DEFAULT_SIZE
 SIZES: dict[str, int] = {"vit_tiny_patch16_224": 224}  # timm PatchEmbed: strict image size
-#: rows that do not use the default exporter (``auto``); see the module docstring
-EXPORTERS: dict[str, str] = {
-    "fasterrcnn_resnet50_fpn": "torchscript",
-    "keypointrcnn_resnet50_fpn": "torchscript",
-}
+#: rows on the default exporter (``auto``); the others pass ``--exporter torchscript``
+AUTO_ROWS = frozenset(
+    {"resnet50", "yolo11n", "yolov8n_seg", "unet_resnet34", "vit_tiny_patch16_224"}
+)
+#: rows the check stage refuses: per-image outputs of varying size (see the module docstring)
+REFUSED = frozenset({"fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn"})
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -142,9 +148,11 @@ def run_row(name: str, images: Path, tmp_path: Path) -> dict[str, Any]:
     size = SIZES.get(name, DEFAULT_SIZE)
     factory = tmp_path / "factory.py"
     factory.write_text(FACTORY.format(size=size, name=name))
-    extra = ("--exporter", EXPORTERS[name]) if name in EXPORTERS else ()
+    extra = () if name in AUTO_ROWS else ("--exporter", "torchscript")
     run = quantize_cli(f"{factory}:build", images, size, tmp_path / "out", *extra)
     record(name, size, run)
+    if name in REFUSED:
+        return refused(run)
     report = check(run)
     assert report["model"]["kind"] == "factory"
     return report
@@ -173,6 +181,18 @@ def record(row: str, size: int, run: dict[str, Any]) -> None:
     if table:
         with open(table, "a", encoding="utf-8") as f:
             f.write(line + "\n")
+
+
+def refused(run: dict[str, Any]) -> dict[str, Any]:
+    """Exit 2 at the check stage: one line naming the per-image output and what to do; no files."""
+    proc = run["proc"]
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "one row per sample" in err, err
+    assert "['boxes']" in err and "wrap the model" in err, err
+    assert "export" not in proc.stdout.split("check one sample")[-1], proc.stdout
+    assert run["files"] == [], run["files"]
+    return {}
 
 
 def check(run: dict[str, Any]) -> dict[str, Any]:

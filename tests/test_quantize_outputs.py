@@ -216,3 +216,29 @@ def test_metric_flag_in_a_subprocess(inputs, tmp_path: Path) -> None:
     assert bad.returncode == 2 and not (tmp_path / "bad").exists()
     assert bad.stderr.startswith("qdq quantize: error: TypeError: metric ")
     assert "not_a_number returned list ([1.0]), not a number" in bad.stderr
+
+
+class _PerImage(torch.nn.Module):
+    """Per-image detection lists of varying length, as torchvision's R-CNNs return them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        y = self.conv(x).flatten(1)
+        return [{"boxes": row[: 4 * (i + 3)].reshape(-1, 4)} for i, row in enumerate(y)]
+
+
+@pytest.mark.parametrize("model", [_PerImage(), torch.nn.Sequential(torch.nn.Flatten(0))])
+def test_outputs_that_are_not_one_row_per_sample_are_refused_at_the_check(
+    model: torch.nn.Module, tmp_path: Path
+) -> None:
+    from qdq.pipeline import QuantData
+
+    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    data = QuantData(x[:4], x[4:], None, "tensors", "4 + 4")
+    with pytest.raises(ValueError, match=r"one row per sample .*wrap the model") as err:
+        quantize(model.eval(), data, out=tmp_path / "out", show_progress=False)
+    assert "for 2 samples" in str(err.value)
+    assert not (tmp_path / "out").exists()

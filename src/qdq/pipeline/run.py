@@ -43,7 +43,7 @@ from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, recorded_output
 from qdq.pipeline.report import build_report
-from qdq.pipeline.sample import check_sample
+from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages
 
 __all__ = [
@@ -235,11 +235,15 @@ def quantize(
             inputs = bind_inputs(source.module, qdata.calibration)  # how they meet forward
             # one sample; a static-batch model gets one (padded) batch of its size
             cal = qdata.calibration
-            sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 1))
-            example = inputs.positional(sample)  # prepare's and the export's example inputs
+            # two samples (a static-batch model: one padded batch), so that outputs that are not
+            # one row per sample show; prepare and the export take one sample (or that batch)
+            first = take(cal, slice(0, 1))
+            sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 2))
+            example = inputs.positional(sample if static else first)
             with recorded_output(source.module) as seen:
                 sample_outs = check_sample(source, sample, qdata)
             names = tuple(output_names(seen.value))
+            check_batch_major(sample_outs, num_samples(sample), names, source.spec)
             sample_out = sample_outs[0]
             if user is not None:  # the user metric, checked on this sample, scores everything
                 qdata = user.bind(qdata, sample_outs)

@@ -12,7 +12,7 @@ from qdq.pipeline.evaluate import output_tensors
 from qdq.pipeline.inputs import Inputs, call, input_items
 from qdq.pipeline.models import ModelSource
 
-__all__ = ["check_sample", "shape_message"]
+__all__ = ["check_batch_major", "check_sample", "shape_message"]
 
 
 def check_sample(source: ModelSource, x: Inputs, qdata: QuantData) -> list[torch.Tensor]:
@@ -31,6 +31,32 @@ def check_sample(source: ModelSource, x: Inputs, qdata: QuantData) -> list[torch
         raise ValueError(shape_message(source, x, qdata, err)) from None
     finally:
         source.module.train(was_training)
+
+
+def check_batch_major(outs: list[torch.Tensor], n: int, names: tuple[str, ...], spec: str) -> None:
+    """Every output tensor must hold one row per sample (dimension 0 of size ``n``).
+
+    The job scores and compares outputs sample by sample (and the export's batch dimension is
+    dynamic). A model that returns, say, per-image detection lists after NMS (torchvision's
+    Faster/Keypoint R-CNN: ``[{"boxes": (k_i, 4), ...} per image]``) or a batch-reduced value is
+    refused here, before anything long runs, with what to do instead.
+
+    Raises:
+        ValueError: naming the first such output, its shape and the sample count.
+    """
+    for i, t in enumerate(outs):
+        if t.dim() == 0 or t.shape[0] != n:
+            name = names[i] if len(names) == len(outs) else f"output {i}"
+            shape = tuple(t.shape)
+            raise ValueError(
+                f"the model {spec} returns {name} of shape {shape} for {n} samples: qdq quantize "
+                "needs every output tensor to hold one row per sample (dimension 0), to compare "
+                "INT8 with FP32 sample by sample. Per-image results of varying size (detections "
+                "after NMS, as torchvision's R-CNNs return) cannot be; wrap the model so that it "
+                "returns the network's raw tensors before post-processing (backbone and heads; "
+                "post-processing stays float in TensorRT anyway), or quantize it from Python "
+                "with qdq.prepare / qdq.calibrate / qdq.export_onnx and your own evaluation"
+            )
 
 
 def shape_message(source: ModelSource, x: Inputs, qdata: QuantData, err: Exception) -> str:
