@@ -173,3 +173,24 @@ def test_user_metric_values_and_errors(tmp_path) -> None:
         load_metric("score")
     with pytest.raises(TypeError, match="metric must be a function"):
         load_metric(3)
+
+
+def test_seg_and_pose_heads_are_detections_over_their_scores() -> None:
+    """YOLO-seg's head is (N, 4 + 80 + 32, A): 32 mask coefficients follow the scores; YOLO-pose's
+    (N, 4 + 1 + 51, A): 17 keypoints (x, y in pixels, visibility) follow the one person score."""
+    g = torch.Generator().manual_seed(3)
+    det = _yolo(n=3, anchors=400)
+    seg = torch.cat([det, torch.randn(3, 32, 400, generator=g)], dim=1)
+    kind = output_kind(seg)
+    assert (kind.name, kind.layout, kind.classes) == ("detections", "rows", 80)
+    masks_off = seg.clone()
+    masks_off[:, 84:] += 1.0  # the mask coefficients say nothing about the boxes
+    assert compare(masks_off, seg, kind)["box_agreement"] == 1.0
+    classes_off = seg.clone()
+    classes_off[:, 4:84] = classes_off[:, 4:84].flip(1)  # every anchor's class changes
+    assert compare(classes_off, seg, kind)["box_agreement"] < 0.1
+    keypoints = torch.rand(3, 51, 400, generator=g) * 64
+    pose = torch.cat([det[:, :5], keypoints], dim=1)
+    assert output_kind(pose).classes == 1 and output_kind(pose).figure == "box_agreement"
+    with pytest.raises(ValueError, match="classes must be in"):
+        box_agreement(seg, seg, "rows", classes=0)

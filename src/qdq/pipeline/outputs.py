@@ -12,11 +12,12 @@ of the tensor's kind. The kind is guessed from the FP32 tensor, samples along di
   output is a ``tensor``: detectors return their feature maps after the head (YOLO's ``feats``),
   and the arg-max over a feature map's channels means nothing (random-weight yolov8n: "0 %" on
   a feature map whose cosine is 0.21).
-* ``detections`` — a raw YOLO-style head, ``(N, 4 + K, A)`` (YOLOv8 and later) or
-  ``(N, A, 4 + K)`` (YOLOv5), with ``K >= 1`` class scores, at least as many anchors ``A`` as
-  ``4 + K``, and every FP32 score (entries ``4:`` of the ``4 + K`` axis) in ``[0, 1]``:
-  ``box_agreement`` (:func:`box_agreement`). When both layouts fit, the one with more anchors
-  than rows wins, and ``(N, 4 + K, A)`` on a tie.
+* ``detections`` — a raw YOLO-style head, ``(N, 4 + K + E, A)`` (YOLOv8 and later) or
+  ``(N, A, 4 + K + E)`` (YOLOv5): 4 box entries, ``K >= 1`` scores — the longest run of entries
+  after the box whose FP32 values all lie in ``[0, 1]`` —, then ``E >= 0`` extra entries (YOLO-seg's
+  32 mask coefficients, YOLO-pose's keypoints), with at least ``4 + K`` anchors ``A``:
+  ``box_agreement`` (:func:`box_agreement`) over the ``K`` scores. When both layouts fit, the one
+  with more anchors wins, and ``(N, 4 + K + E, A)`` on a tie.
 * ``tensor`` — anything else: ``cosine`` (the mean per-sample cosine).
 
 The guess can be wrong — a raw feature map returned first is called a class map, a ``(N, T, C)``
@@ -79,11 +80,14 @@ class OutputKind:
         figure: ``"top1_agreement"``, ``"pixel_agreement"``, ``"box_agreement"`` or ``"cosine"``.
         layout: for detections, ``"rows"`` (``(N, 4 + K, A)``) or ``"columns"``
             (``(N, A, 4 + K)``); else ``None``.
+        classes: for detections, ``K``: the score entries after the 4 box entries (more entries
+            may follow: YOLO-seg's mask coefficients, YOLO-pose's keypoints); else ``None``.
     """
 
     name: str
     figure: str
     layout: str | None = None
+    classes: int | None = None
 
 
 _CLASS_VECTOR = OutputKind("class_vector", "top1_agreement")
@@ -100,22 +104,28 @@ def output_kind(reference: torch.Tensor, *, first: bool = True) -> OutputKind:
         return _CLASS_MAP
     if reference.dim() == 3:
         rows, cols = reference.shape[1], reference.shape[2]
-        fits = [
-            (layout, anchors - boxes)
-            for layout, boxes, anchors in (("rows", rows, cols), ("columns", cols, rows))
-            if _detections_fit(reference, layout, boxes, anchors)
-        ]
-        if fits:  # more anchors than rows first; "rows" (listed first) on a tie
-            layout = max(fits, key=lambda f: f[1])[0]
-            return OutputKind("detections", "box_agreement", layout)
+        fits = []
+        for layout, entries, anchors in (("rows", rows, cols), ("columns", cols, rows)):
+            classes = _score_entries(reference, layout, entries)
+            if classes >= 1 and anchors >= 4 + classes:
+                fits.append((layout, anchors - 4 - classes, classes))
+        if fits:  # more anchors than entries first; "rows" (listed first) on a tie
+            layout, _, classes = max(fits, key=lambda f: f[1])
+            return OutputKind("detections", "box_agreement", layout, classes)
     return _TENSOR
 
 
-def _detections_fit(reference: torch.Tensor, layout: str, boxes: int, anchors: int) -> bool:
-    if boxes < 5 or anchors < boxes or reference.numel() == 0:
-        return False
-    scores = reference[:, 4:, :] if layout == "rows" else reference[:, :, 4:]
-    return bool(torch.isfinite(scores).all() and scores.min() >= 0 and scores.max() <= 1)
+def _score_entries(reference: torch.Tensor, layout: str, entries: int) -> int:
+    """How many entries after the 4 box entries are scores: the longest run of them whose FP32
+    values all lie in [0, 1] (YOLO-seg's 32 mask coefficients and YOLO-pose's keypoints follow
+    the class scores and are not)."""
+    if entries < 5 or reference.numel() == 0:
+        return 0
+    scores = reference[:, 4:, :] if layout == "rows" else reference[:, :, 4:].transpose(1, 2)
+    ok = (scores >= 0) & (scores <= 1)  # NaN fails both
+    in_range = ok.transpose(0, 1).reshape(entries - 4, -1).all(dim=1)
+    bad = (~in_range).nonzero()
+    return int(bad[0, 0]) if len(bad) else entries - 4
 
 
 def cosines(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -161,14 +171,19 @@ def compare(out: torch.Tensor, reference: torch.Tensor, kind: OutputKind) -> dic
         row["value"] = float((out.argmax(dim=1) == reference.argmax(dim=1)).float().mean())
     elif kind.figure == "box_agreement":
         assert kind.layout is not None
-        row.update(box_agreement(out, reference, kind.layout))
+        row.update(box_agreement(out, reference, kind.layout, classes=kind.classes))
         row["value"] = row["box_agreement"]
     row[kind.figure] = row["value"]
     return row
 
 
 def box_agreement(
-    out: torch.Tensor, reference: torch.Tensor, layout: str, top_k: int | None = None
+    out: torch.Tensor,
+    reference: torch.Tensor,
+    layout: str,
+    top_k: int | None = None,
+    *,
+    classes: int | None = None,
 ) -> dict[str, Any]:
     """How well INT8 keeps FP32's highest-scoring boxes of a raw YOLO-style head.
 
@@ -185,6 +200,7 @@ def box_agreement(
             (``"columns"``).
         layout: ``"rows"`` or ``"columns"``.
         top_k: anchors compared per sample.
+        classes: the score entries ``4 : 4 + classes`` (default: every entry after the box).
 
     Returns:
         ``box_agreement``, ``topk_overlap``, ``top_k`` and ``layout``.
@@ -205,8 +221,11 @@ def box_agreement(
     k = min(TOP_K, max(1, anchors // 10)) if top_k is None else top_k
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= anchors:
         raise ValueError(f"top_k must be an int in 1..{anchors} (the anchors), got {top_k!r}")
-    ref_conf, ref_cls = reference[..., 4:].max(dim=-1)
-    out_conf, out_cls = out[..., 4:].max(dim=-1)
+    end = reference.shape[-1] if classes is None else 4 + classes
+    if not 5 <= end <= reference.shape[-1]:
+        raise ValueError(f"classes must be in 1..{reference.shape[-1] - 4}, got {classes!r}")
+    ref_conf, ref_cls = reference[..., 4:end].max(dim=-1)
+    out_conf, out_cls = out[..., 4:end].max(dim=-1)
     ref_top = ref_conf.topk(k, dim=1).indices  # (N, k)
     out_top = out_conf.topk(k, dim=1).indices
     same_class = out_cls.gather(1, ref_top) == ref_cls.gather(1, ref_top)
