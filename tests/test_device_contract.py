@@ -1,0 +1,37 @@
+"""The device contract of issue 32, as far as it can be checked without a GPU (the CUDA runs are
+in ``test_gpu_contract.py``): quantizers are created on the device of the module they serve, and
+the exporters trace the model itself when it is on the CPU (a copy only otherwise)."""
+
+from __future__ import annotations
+
+import torch
+
+import qdq
+from qdq.export.onnx_export import _on_cpu
+from qdq.graph.insert import _device_near
+
+
+def test_a_quantizer_is_placed_on_the_device_of_the_module_it_serves() -> None:
+    root = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Module())
+    root[1].add_module("head", torch.nn.Linear(4, 2, device="meta"))
+    root[1].head.add_module("input_quantizer", torch.nn.Identity())
+    root[1].add_module("pool_quantizer", torch.nn.Identity())
+    assert _device_near(root, "1.head.input_quantizer").type == "meta"  # the Linear's own weight
+    assert _device_near(root, "1.pool_quantizer").type == "cpu"  # nothing nearer: root's first
+    assert _device_near(torch.nn.Module(), "q").type == "cpu"  # no tensor at all
+
+
+def test_prepare_creates_every_quantizer_where_the_model_is() -> None:
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 1)
+    )
+    prepared = qdq.prepare(net.eval(), (torch.randn(1, 3, 8, 8),))
+    weights = {p.device for p in prepared.parameters()}
+    assert {q.amax.device for q in qdq.quantizers_of(prepared).values()} == weights
+
+
+def test_a_cpu_model_is_exported_as_it_is_not_copied() -> None:
+    net = torch.nn.Linear(4, 2)
+    args = (torch.randn(1, 4),)
+    model, same = _on_cpu(net, args)
+    assert model is net and same is args
