@@ -227,7 +227,7 @@ class _PerImage(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         y = self.conv(x).flatten(1)
-        return [{"boxes": row[: 4 * (i + 3)].reshape(-1, 4)} for i, row in enumerate(y)]
+        return [{"boxes": row[: 4 * (i + 3)].reshape(-1, 4)} for i, row in enumerate(y)]  # 3+ rows
 
 
 @pytest.mark.parametrize("model", [_PerImage(), torch.nn.Sequential(torch.nn.Flatten(0))])
@@ -240,5 +240,5 @@ def test_outputs_that_are_not_one_row_per_sample_are_refused_at_the_check(
     data = QuantData(x[:4], x[4:], None, "tensors", "4 + 4")
     with pytest.raises(ValueError, match=r"one row per sample .*wrap the model") as err:
         quantize(model.eval(), data, out=tmp_path / "out", show_progress=False)
-    assert "for 2 samples" in str(err.value)
+    assert "for 1 sample:" in str(err.value)
     assert not (tmp_path / "out").exists()

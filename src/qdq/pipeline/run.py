@@ -235,11 +235,9 @@ def quantize(
             inputs = bind_inputs(source.module, qdata.calibration)  # how they meet forward
             # one sample; a static-batch model gets one (padded) batch of its size
             cal = qdata.calibration
-            # two samples (a static-batch model: one padded batch), so that outputs that are not
-            # one row per sample show; prepare and the export take one sample (or that batch)
-            first = take(cal, slice(0, 1))
-            sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 2))
-            example = inputs.positional(sample if static else first)
+            # one sample; a static-batch model gets one (padded) batch of its size
+            sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 1))
+            example = inputs.positional(sample)  # prepare's and the export's example inputs
             with recorded_output(source.module) as seen:
                 sample_outs = check_sample(source, sample, qdata)
             names = tuple(output_names(seen.value))

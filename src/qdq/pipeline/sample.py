@@ -48,8 +48,9 @@ def check_batch_major(outs: list[torch.Tensor], n: int, names: tuple[str, ...], 
         if t.dim() == 0 or t.shape[0] != n:
             name = names[i] if len(names) == len(outs) else f"output {i}"
             shape = tuple(t.shape)
+            samples = "1 sample" if n == 1 else f"{n} samples"
             raise ValueError(
-                f"the model {spec} returns {name} of shape {shape} for {n} samples: qdq quantize "
+                f"the model {spec} returns {name} of shape {shape} for {samples}: qdq quantize "
                 "needs every output tensor to hold one row per sample (dimension 0), to compare "
                 "INT8 with FP32 sample by sample. Per-image results of varying size (detections "
                 "after NMS, as torchvision's R-CNNs return) cannot be; wrap the model so that it "
