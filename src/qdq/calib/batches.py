@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten
 
 from qdq.calib.base import CalibrationError
 
-__all__ = ["InputSpec", "batch_samples", "expected_inputs", "run_batch"]
+__all__ = ["InputSpec", "batch_samples", "expected_inputs", "forward_parameters", "run_batch"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class _Expected:
 
 def expected_inputs(model: nn.Module) -> _Expected:
     """The model's positional inputs (recorded at prepare time when available) and keywords."""
-    params = _forward_parameters(model)
+    params = forward_parameters(model)
     names = [p.name for p in params if p.kind in _POSITIONAL and p.default is p.empty]
     var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
     keywords = None if var_keyword else {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
@@ -77,7 +77,8 @@ def expected_inputs(model: nn.Module) -> _Expected:
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
+def forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
+    """The parameters of ``model.forward`` (empty when it has no signature)."""
     try:
         return list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature

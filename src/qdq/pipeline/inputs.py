@@ -33,6 +33,8 @@ from typing import Any, TypeAlias
 import torch
 from torch import nn
 
+from qdq.calib.batches import forward_parameters
+
 __all__ = [
     "ForwardInputs",
     "Inputs",
@@ -164,14 +166,6 @@ def summary(inputs: Inputs) -> str:
     if isinstance(inputs, torch.Tensor):
         return f"input {tuple(inputs.shape[1:])}"
     return "inputs " + ", ".join(f"{n} {tuple(t.shape[1:])}" for n, t in items)
-
-
-def forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
-    """The parameters of ``model.forward`` (empty when it has no signature)."""
-    try:
-        return list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):  # builtins without a signature
-        return []
 
 
 def parameter_names(model: nn.Module) -> list[str]:
