@@ -12,6 +12,7 @@ often the module is called. Weight quantizers are calibrated from the weight rig
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.fx as fx
@@ -71,9 +72,8 @@ def _device_near(root: nn.Module, path: str) -> torch.device:
         for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
             if t.numel():
                 return t.device
-    for t in (*root.parameters(), *root.buffers()):
-        return t.device
-    return torch.device("cpu")
+    first = next(itertools.chain(root.parameters(), root.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def _arg_ref(consumer: fx.Node, arg: int | str) -> ArgRef:
