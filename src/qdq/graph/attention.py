@@ -96,7 +96,28 @@ def is_mha(func: Any) -> bool:
     return func is F.multi_head_attention_forward
 
 
-_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+_MHA_PARAMETERS = tuple(inspect.signature(F.multi_head_attention_forward).parameters.values())
+_MHA_NAMES = tuple(p.name for p in _MHA_PARAMETERS)
+_MHA_DEFAULTS = {p.name: p.default for p in _MHA_PARAMETERS if p.default is not p.empty}
+
+
+def _bind_mha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The arguments of an ``F.multi_head_attention_forward`` call by name, defaults filled in, or
+    ``None`` for a call that does not bind. Plain dict work (``inspect.Signature.bind`` is not
+    something ``torch.compile`` can trace)."""
+    if len(args) > len(_MHA_NAMES):
+        return None
+    bound = dict(zip(_MHA_NAMES, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in _MHA_NAMES or name in bound:
+            return None
+        bound[name] = value
+    for name in _MHA_NAMES:
+        if name not in bound:
+            if name not in _MHA_DEFAULTS:
+                return None
+            bound[name] = _MHA_DEFAULTS[name]
+    return bound
 
 
 def multi_head_attention_math(*args: Any, **kwargs: Any) -> tuple[Any, Any] | None:
@@ -119,12 +140,9 @@ def multi_head_attention_math(*args: Any, **kwargs: Any) -> tuple[Any, Any] | No
         >>> bool(torch.allclose(out, ref, atol=1e-6)), bool(torch.allclose(w, w2, atol=1e-6))
         (True, True)
     """
-    try:
-        bound = _MHA_SIGNATURE.bind(*args, **kwargs)
-    except TypeError:
+    a = _bind_mha(args, kwargs)
+    if a is None:
         return None
-    bound.apply_defaults()
-    a = bound.arguments
     query, key, value = a["query"], a["key"], a["value"]
     unsupported = (
         a["bias_k"] is not None

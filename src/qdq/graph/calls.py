@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from qdq.graph.attention import attention_math, is_mha, is_sdpa, multi_head_attention_math
 from qdq.graph.capture import TRACE_THROUGH
 
-__all__ = ["MODULE", "CallTracker", "SiteKey", "is_leaf", "normalize_call"]
+__all__ = ["MODULE", "CallTracker", "SiteKey", "compiling", "is_leaf", "normalize_call"]
 
 #: ``(module path, family, ordinal)``; the ordinal is ``None`` in a key that matches every call
 SiteKey = tuple[str, str, int | None]
@@ -122,7 +122,17 @@ def normalize_call(func: Callable[..., Any]) -> tuple[str, Any, str]:
 _CALL_INFO: dict[Any, tuple[str, Any, str, bool]] = {}
 
 
+def compiling() -> bool:
+    """Whether dynamo (``torch.compile``) is tracing this call. ``torch.export``'s default
+    (non-strict) tracing, which the ONNX exporter uses, runs the eager runtime: that is what
+    keeps one Q per shared tensor in the exported graph."""
+    return bool(torch.compiler.is_dynamo_compiling())
+
+
 def _call_info(func: Callable[..., Any]) -> tuple[str, Any, str, bool]:
+    if compiling():
+        op, name, family, parts_seen = _call_info_constant(func)
+        return op, (func if op == "call_function" else name), family, parts_seen
     try:
         info = _CALL_INFO.get(func)
     except TypeError:  # an unhashable callable: not cached
@@ -135,6 +145,15 @@ def _call_info(func: Callable[..., Any]) -> tuple[str, Any, str, bool]:
         if cache and len(_CALL_INFO) < 4096:
             _CALL_INFO[func] = info
     return info
+
+
+@torch.compiler.assume_constant_result
+def _call_info_constant(func: Callable[..., Any]) -> tuple[str, str, str, bool]:
+    """:func:`_call_info` as dynamo sees it: run once while tracing, its result a constant
+    (dynamo cannot trace the attribute reads of :func:`normalize_call`, and a cache that grows
+    while a frame is traced fails that frame's own guards)."""
+    op, target, family = normalize_call(func)
+    return op, target if isinstance(target, str) else family, family, is_sdpa(func) or is_mha(func)
 
 
 class _Mode(TorchFunctionMode):

@@ -15,6 +15,13 @@ Because it acts on calls, not on a traced graph, the prepared model keeps everyt
 had: its ``forward`` signature and outputs, ``train()``/``eval()`` branches, attributes
 (``model.stride``, ``model.names``), hooks, ``state_dict`` (plus the quantizers' ``amax``), and it
 works under ``torch.export``, the TorchScript tracer, ``deepcopy`` and pickling.
+
+Under ``torch.compile`` dynamo traces this runtime with the model's code (``fullgraph=True`` where
+the float model allows it). What dynamo cannot trace is eager-only (:func:`compiling`): the
+share-once cache (tensor identities, weakrefs and version counters; in the graph every reader
+quantizes and the compiler merges the identical nodes), the hit counts, and the bytecode look-up
+that tells ``x += y`` from ``x.add_(y)`` (in a functional graph writing the result into ``x`` is
+exactly Python's semantics for both).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.graph.calls import CallTracker, SiteKey
+from qdq.graph.calls import CallTracker, SiteKey, compiling
 from qdq.quant import Quantizer
 
 __all__ = ["ArgRef", "Call", "Site", "SiteRuntime", "Tap", "runtime_of"]
@@ -98,7 +105,10 @@ class SiteRuntime(CallTracker):
     def _quantize(self, quantizer: nn.Module, x: Any, fresh: bool = False) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        if fresh:
+        if fresh or compiling():
+            # under torch.compile every reader quantizes x itself: the values are the same, and
+            # the compiler merges the identical fake-quant nodes (tensor identities, weakrefs
+            # and version counters are what dynamo cannot trace)
             return quantizer(x)
         key = (id(x), id(quantizer))
         hit = self._cache.get(key)
@@ -143,7 +153,8 @@ class SiteRuntime(CallTracker):
                 and quantizer.has_bias_delta
             ):
                 _correct_bias(quantizer, new_args, new_kwargs)
-        site.hits += 1
+        if not compiling():  # a counter read under dynamo would be guarded on: a recompile
+            site.hits += 1  # per call
         return tuple(new_args), new_kwargs
 
     # ------------------------------------------------------------- tracker
@@ -161,7 +172,7 @@ class SiteRuntime(CallTracker):
             return func(*args, **kwargs)
         pure = _out_of_place(op, target, kwargs)
         if pure is not None and any(ref == 0 for ref, _ in site.actions):
-            rebinds = str(target) in _AUGMENTED or _augmented_assignment()
+            rebinds = str(target) in _AUGMENTED or (not compiling() and _augmented_assignment())
             return self._in_place(site, pure, args, kwargs, rebinds=rebinds)
         new_args, new_kwargs = self._apply(site, args, kwargs)
         if self.tap is not None:

@@ -293,11 +293,9 @@ class Quantizer(PtqState):
         if self.spec.axis is not None:
             self._check_tensor_channels(x, calibrating=self._mode is QuantMode.CALIBRATE)
         if self._mode is QuantMode.CALIBRATE:
-            try:
-                self.calibrator.collect(x)
-            except CalibrationError as err:
-                raise CalibrationError(f"quantizer {self.name!r}: {err}") from None
-            return x
+            if torch.compiler.is_dynamo_compiling():
+                return _collect_uncompiled(self, x)
+            return self._collect(x)
         if not self.is_calibrated:
             raise RuntimeError(
                 f"quantizer {self.name!r} has no amax: calibrate it first "
@@ -323,6 +321,13 @@ class Quantizer(PtqState):
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
         )
+
+    def _collect(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            self.calibrator.collect(x)
+        except CalibrationError as err:
+            raise CalibrationError(f"quantizer {self.name!r}: {err}") from None
+        return x
 
     def _check_tensor_channels(self, x: torch.Tensor, *, calibrating: bool) -> None:
         """Record (first call) or check the channel count of a per-channel input tensor."""
@@ -430,6 +435,15 @@ class Quantizer(PtqState):
             if present
         )  # fmt: skip
         return ", ".join(parts)
+
+
+@torch.compiler.disable(
+    reason="calibration statistics (histograms, running max) are host-side work: qdq.calibrate "
+    "runs the model uncompiled; calibrate before torch.compile, or compile without fullgraph"
+)
+def _collect_uncompiled(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
+    """A ``CALIBRATE`` forward reached by ``torch.compile``: run outside the compiled graph."""
+    return quantizer._collect(x)
 
 
 @contextlib.contextmanager
