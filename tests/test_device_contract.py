@@ -4,8 +4,12 @@ the exporters trace the model itself when it is on the CPU (a copy only otherwis
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
+import device_verbs as verbs
 import qdq
 from qdq.export.onnx_export import _on_cpu
 from qdq.graph.insert import _device_near
@@ -35,3 +39,41 @@ def test_a_cpu_model_is_exported_as_it_is_not_copied() -> None:
     args = (torch.randn(1, 4),)
     model, same = _on_cpu(net, args)
     assert model is net and same is args
+
+
+# every verb on the CPU through the same checks the GPU file runs on CUDA (tests/device_verbs.py)
+
+
+@pytest.mark.parametrize("method", ["max", "entropy", "mse", "percentile"])
+def test_calibrate_keeps_every_tensor_where_the_model_is(method: str) -> None:
+    verbs.check_calibrate("cpu", method)
+
+
+def test_fake_quant_of_the_model_equals_its_copy() -> None:
+    verbs.check_fake_quant_matches_cpu("cpu")
+
+
+def test_debug_sensitivity_and_fallback_keep_the_device() -> None:
+    verbs.check_debug_sensitivity_fallback("cpu")
+
+
+def test_ptq_switches_keep_the_device() -> None:
+    verbs.check_ptq("cpu")
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_qat_steps_in_a_users_loop(dtype: torch.dtype | None) -> None:
+    verbs.check_qat_steps("cpu", dtype)
+
+
+def test_finetune_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    verbs.check_finetune_resume("cpu", tmp_path)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_export_is_deterministic_for_a_copy(exporter: str, tmp_path: Path) -> None:
+    verbs.check_export_equals_cpu_copy("cpu", exporter, tmp_path)
+
+
+def test_parity_on_the_models_device(tmp_path: Path) -> None:
+    verbs.check_parity("cpu", tmp_path)

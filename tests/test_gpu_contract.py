@@ -10,12 +10,20 @@ exporters trace a CPU copy.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+import device_verbs as verbs
 import qdq
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 pytestmark = pytest.mark.gpu
 
@@ -59,3 +67,81 @@ def test_the_onnx_of_a_cuda_model_is_the_onnx_of_its_cpu_copy(
     ga, gb = onnx.load(a.path).graph, onnx.load(b.path).graph
     assert [n.op_type for n in ga.node] == [n.op_type for n in gb.node]
     assert (a.num_quantize, a.num_dequantize) == (b.num_quantize, b.num_dequantize)
+
+
+# every verb on CUDA: the checks of tests/device_verbs.py (test_device_contract.py runs them on
+# the CPU), a torchvision ResNet-18 at 32×32, and the CLI with --device cuda
+
+
+@pytest.mark.parametrize("method", ["max", "entropy", "mse", "percentile"])
+def test_calibrate_keeps_every_qdq_tensor_on_cuda(method: str) -> None:
+    verbs.check_calibrate("cuda", method)
+
+
+def test_fake_quant_on_cuda_computes_what_the_cpu_copy_computes() -> None:
+    verbs.check_fake_quant_matches_cpu("cuda")
+
+
+def test_debug_sensitivity_and_auto_quantize_on_cuda() -> None:
+    verbs.check_debug_sensitivity_fallback("cuda")
+
+
+def test_equalize_kernel_sums_adaround_and_bias_correction_on_cuda() -> None:
+    verbs.check_ptq("cuda")
+
+
+@pytest.mark.parametrize(
+    "dtype", [None, torch.bfloat16, torch.float16], ids=["fp32", "bf16-autocast", "fp16-scaler"]
+)
+def test_qat_steps_on_cuda(dtype: torch.dtype | None) -> None:
+    verbs.check_qat_steps("cuda", dtype)
+
+
+def test_finetune_resumes_from_its_checkpoint_on_cuda(tmp_path: Path) -> None:
+    verbs.check_finetune_resume("cuda", tmp_path)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_export_of_cuda_model_is_byte_for_byte_its_cpu_copys(exporter: str, tmp_path: Path) -> None:
+    verbs.check_export_equals_cpu_copy("cuda", exporter, tmp_path)
+
+
+def test_parity_of_a_cuda_model_with_its_onnx(tmp_path: Path) -> None:
+    verbs.check_parity("cuda", tmp_path)
+
+
+def test_resnet18_calibrates_runs_and_exports_on_cuda(tmp_path: Path) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(num_classes=10).eval().cuda()
+    data = [torch.randn(16, 3, 32, 32, device="cuda") for _ in range(2)]
+    prepared = qdq.prepare(net, (data[0][:1],))
+    qdq.calibrate(prepared, data, method="mse", show_progress=False)
+    verbs.assert_on(prepared, "cuda")
+    with torch.no_grad():
+        assert torch.isfinite(prepared(data[1])).all()
+    exported = qdq.export_onnx(prepared, (data[0][:1],), tmp_path / "r18.onnx")
+    assert exported.num_quantize > 20
+
+
+@pytest.mark.parametrize("verb", ["quantize", "qat"])
+def test_cli_with_device_cuda(verb: str, tmp_path: Path) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from device_verbs import tiny_net\n\n\ndef build():\n    return tiny_net('cpu')\n"
+    )
+    x = torch.randn(48, 3, 16, 16, generator=torch.Generator().manual_seed(0)).numpy()
+    np.savez(tmp_path / "data.npz", x=x, y=np.arange(48) % 10)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    cmd = [sys.executable, "-c", "import sys; from qdq.cli.main import main; sys.exit(main())",
+           verb, "--model", f"{model}:build", "--data", str(tmp_path / "data.npz"),
+           "--out", str(tmp_path / "out"), "--device", "cuda", "--batch-size", "8",
+           "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["settings"]["device"].startswith("cuda:")
+    assert (report["qat"] is not None) == (verb == "qat")
+    assert report["int8"]["cosine_mean"] > 0.99

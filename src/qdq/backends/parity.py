@@ -251,13 +251,18 @@ def parity(
     stats: dict[str, LayerParity] = {}
     order: dict[str, None] = {}
     count = 0
+    device = next((t.device for t in (*prepared.parameters(), *prepared.buffers())), None)
     was_training = prepared.training
     prepared.eval()
     try:
         with torch.no_grad():
             for batch in batches:
                 inputs = [batch] if isinstance(batch, torch.Tensor) else list(batch)
-                theirs = run(sess, inputs)
+                theirs = run(sess, inputs)  # ORT on the CPU; torch where the model is
+                inputs = [
+                    t.to(device) if isinstance(t, torch.Tensor) and device is not None else t
+                    for t in inputs
+                ]
                 by_name = dict(zip(out_names, theirs, strict=True))
                 with _Recorder(quantizers) as free:
                     ours = _flatten_outputs(prepared(*inputs))
@@ -429,7 +434,7 @@ class _Recorder:
             match = next((i for i, t in enumerate(pending) if t.shape == output.shape), None)
             if match is None:
                 return None
-            return torch.from_numpy(pending.pop(match)).to(output.dtype)
+            return torch.from_numpy(pending.pop(match)).to(output.device, output.dtype)
 
         return hook
 
@@ -457,7 +462,10 @@ def _fold(
         pre, value = by_name[pre_name], by_name[value_name]
         scale = _scale(q, value.ndim)
         ours_on_theirs = fake_quant(
-            torch.from_numpy(pre), q.amax, axis=q.spec.axis, narrow_range=q.spec.narrow_range
+            torch.from_numpy(pre),
+            q.amax.detach().cpu(),
+            axis=q.spec.axis,
+            narrow_range=q.spec.narrow_range,
         ).numpy()
         exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
         lp = replace(lp, qdq_mismatches=lp.qdq_mismatches + exact)

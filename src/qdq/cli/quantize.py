@@ -154,6 +154,13 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--engine-profile", metavar="PROFILE.json", help="its trtexec --exportProfile JSON"
     )
+    p.add_argument(
+        "--device",
+        metavar="DEV",
+        help="where the model runs for calibration, PTQ, QAT and the torch evaluations: cpu, "
+        "cuda or cuda:N (default: cuda when available, else cpu); export and ONNX Runtime run on "
+        "the CPU. Under torchrun each rank runs on cuda:LOCAL_RANK (nccl) or the CPU (gloo)",
+    )
     add_data_options(p)
     p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -212,17 +219,35 @@ def one_line(err: BaseException) -> str:
 
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
+    from qdq.pipeline.device import resolve_device
+    from qdq.qat.distributed import process_group, rank
+
+    try:
+        device = resolve_device(args.device)
+        with process_group(device) as device:
+            # under torchrun only rank 0 prints (every rank runs the job; rank 0 writes)
+            return _run_quantize(args, prog, device, quiet=rank() != 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as err:  # a device or process group that cannot be used: one line
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool) -> int:
     from qdq.pipeline import PtqOptions, QatOptions, quantize
     from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
-        if not args.json:
+        if not args.json and not quiet:
             print(f"  {STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
 
     try:
         options = data_options(args)
-        if not args.json:
-            print(f"{prog}: {args.model} on {args.data or 'its own data'} → {args.out}", flush=True)
+        if not args.json and not quiet:
+            data = args.data or "its own data"
+            print(f"{prog}: {args.model} on {data} ({device}) → {args.out}", flush=True)
         result = quantize(
             args.model,
             args.data,
@@ -249,11 +274,12 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
                 bn=args.qat_bn,
             ),
             overwrite=args.overwrite,
-            show_progress=not args.no_progress,
+            show_progress=not args.no_progress and not quiet,
             on_stage=stage,
             engine_report=args.engine_report,
             engine_profile=args.engine_profile,
             metric=args.metric,
+            device=device,
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)
@@ -261,6 +287,8 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     except Exception as err:  # user code and files: one line, never a traceback
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return 2
+    if quiet:
+        return 0
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:

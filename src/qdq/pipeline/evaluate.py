@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
+from qdq.pipeline.device import module_device, to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
 from qdq.pipeline.outputs import compare, cosines, output_kind
 from qdq.zoo.registry import ZooMetric
@@ -80,10 +81,11 @@ def torch_outputs(
     """
     parts = []
     total = -(-num_samples(x) // size)
+    device = module_device(model)  # batches go where the model is; outputs come back to the CPU
     with eval_no_grad(model):
         for b, real in progress(batches(x, size, static), total=total, desc=desc, enabled=show):
-            tensors = output_tensors(call(model, b), desc)
-            parts.append([t[:real].float() for t in (tensors if every else tensors[:1])])
+            tensors = output_tensors(call(model, to_device(b, device)), desc)
+            parts.append([t[:real].float().cpu() for t in (tensors if every else tensors[:1])])
     return _stack(parts)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from torch import nn
 
 from qdq.lint.engine_report import EngineReport
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
+from qdq.pipeline.device import module_on, resolve_device, to_device
 from qdq.pipeline.evaluate import (
     check_labels,
     headline,
@@ -45,6 +46,7 @@ from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, 
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages
+from qdq.qat import distributed as dist
 
 __all__ = [
     "HTML_FILE",
@@ -126,6 +128,7 @@ def quantize(
     engine_report: str | Path | None = None,
     engine_profile: str | Path | None = None,
     metric: str | MetricFn | None = None,
+    device: str | torch.device | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -170,6 +173,11 @@ def quantize(
         metric: your headline metric, ``fn(outputs, labels)`` → a number or a dict of them (the
             first key is the headline), or its spec ``file.py:fn`` / ``pkg.module:fn`` (this
             executes that code); :mod:`qdq.pipeline.metric`. ``max_drop`` scores with it.
+        device: where the model runs for capture, calibration, PTQ, fallback, QAT and the torch
+            evaluations (FP32, fake-quant): ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``None`` (CUDA
+            when available, else the CPU; :mod:`qdq.pipeline.device`). A model elsewhere is
+            copied there (yours is not moved); export and ONNX Runtime run on the CPU.
+            ``report.json["settings"]["device"]`` records it.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -204,6 +212,7 @@ def quantize(
     from qdq.lint import parse_target
 
     parse_target(target)  # a bad target fails now, not after the export
+    dev = resolve_device(device)  # nor a device that is not there
     from qdq.report import check_dependencies
 
     check_dependencies()  # nor a missing package of the HTML report
@@ -221,7 +230,10 @@ def quantize(
         warnings.simplefilter("always")
         with stages("load_model") as st:
             source = resolve_model(model)
-            st.detail = f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params)"
+            source = replace(source, module=module_on(source.module, dev))
+            st.detail = (
+                f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params) on {dev}"
+            )
         with stages("load_data") as st:
             qdata = (
                 data
@@ -233,13 +245,13 @@ def quantize(
         size = source.static_batch or batch_size
         with stages("check") as st:
             inputs = bind_inputs(source.module, qdata.calibration)  # how they meet forward
-            # one sample; a static-batch model gets one (padded) batch of its size
             cal = qdata.calibration
             # one sample; a static-batch model gets one (padded) batch of its size
             sample = next(batches(cal, size, static))[0] if static else take(cal, slice(0, 1))
-            example = inputs.positional(sample)  # prepare's and the export's example inputs
+            # prepare's and the export's example inputs (the export copies them to the CPU)
+            example = to_device(inputs.positional(sample), dev)
             with recorded_output(source.module) as seen:
-                sample_outs = check_sample(source, sample, qdata)
+                sample_outs = [t.cpu() for t in check_sample(source, to_device(sample, dev), qdata)]
             names = tuple(output_names(seen.value))
             check_batch_major(sample_outs, num_samples(sample), names, source.spec)
             sample_out = sample_outs[0]
@@ -253,7 +265,7 @@ def quantize(
                 except ValueError as err:
                     raise ValueError(f"the model {source.spec} on {qdata.source}: {err}") from None
             st.detail = f"{summary(sample)} → output {tuple(sample_out.shape[1:])}"
-        calib_batches = [inputs.arguments(b) for b, _ in batches(cal, size, static)]
+        calib_batches = [to_device(inputs.arguments(b), dev) for b, _ in batches(cal, size, static)]
         options = ptq if ptq is not None else PtqOptions()
         float_model, equalized = source.module, None  # what gets quantized
         if options.equalize:
@@ -274,7 +286,7 @@ def quantize(
         with stages("calibrate") as st:
             qdq.calibrate(
                 prepared,
-                calib_batches,
+                calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
                 method=calib,
                 percentile=percentile,
                 show_progress=show_progress,
@@ -309,34 +321,40 @@ def quantize(
                 trained, qat_report = run_qat(prepared, calib_batches, example, qat, show_progress)
                 qat_run, prepared = (qat_report, prepared), trained
                 st.detail = qat_report["summary"]
-        result = _export_and_measure(
-            prepared,
-            source,
-            qdata,
-            example,
-            stages,
-            out_dir,
-            overwrite,
-            _Settings(
-                calib,
-                percentile,
-                exporter,
-                opset,
-                target,
-                size,
-                compare_methods,
-                show_progress,
-                static,
-                engine,
-                inputs,
-                None if user is None else user.spec,
-                names if len(names) == len(sample_outs) else None,
-            ),
-            caught,
-            fallback,
-            {"steps": options.describe(), **ptq_reports} if options.active else None,
-            qat_run,
-        )
+        if not dist.is_main_process():  # torchrun: rank 0 exports, measures and writes
+            return _written_by_rank0(out_dir, prepared)
+        try:
+            result = _export_and_measure(
+                prepared,
+                source,
+                qdata,
+                example,
+                stages,
+                out_dir,
+                overwrite,
+                _Settings(
+                    calib,
+                    percentile,
+                    exporter,
+                    opset,
+                    target,
+                    size,
+                    compare_methods,
+                    show_progress,
+                    static,
+                    engine,
+                    inputs,
+                    None if user is None else user.spec,
+                    names if len(names) == len(sample_outs) else None,
+                    str(dev),
+                ),
+                caught,
+                fallback,
+                {"steps": options.describe(), **ptq_reports} if options.active else None,
+                qat_run,
+            )
+        finally:
+            dist.barrier()  # the other ranks wait for the files (nothing in one process)
     return result
 
 
@@ -355,6 +373,7 @@ class _Settings:
     inputs: ForwardInputs | None = None  # how the data meets forward (ONNX input order)
     metric: str | None = None  # the user metric's spec
     output_names: tuple[str, ...] | None = None  # pytree paths of the output tensors
+    device: str = "cpu"  # where the torch stages ran
 
 
 def _export_and_measure(
@@ -482,6 +501,8 @@ def _export_and_measure(
                 "target": s.target,
                 "exporter": s.exporter,
                 "opset": s.opset,
+                "device": s.device,
+                "world_size": dist.world_size(),  # torchrun: the ranks that calibrated and trained
             },
             timings=timings,
             warnings=[str(w.message) for w in caught],
@@ -521,6 +542,24 @@ def _export_and_measure(
     )
 
 
+def _written_by_rank0(out_dir: Path, prepared: nn.Module) -> QuantizeResult:
+    """Another rank than 0 under ``torchrun``: wait for rank 0's files; its report, this rank's
+    model (identical after calibration sync and DDP)."""
+    dist.barrier()
+    path = out_dir / REPORT_FILE
+    if not path.is_file():
+        raise RuntimeError(f"rank 0 did not write {path}; its own output has the error")
+    return QuantizeResult(
+        out_dir=out_dir,
+        onnx_path=out_dir / ONNX_FILE,
+        manifest_path=out_dir / MANIFEST_FILE,
+        report_path=path,
+        report=json.loads(path.read_text(encoding="utf-8")),
+        prepared=prepared,
+        html_path=out_dir / HTML_FILE,
+    )
+
+
 def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     """:func:`qdq.debug.layer_errors` on the first evaluation samples, in small batches."""
     from qdq.debug import layer_errors
@@ -528,7 +567,7 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
     samples = take(qdata.evaluation, slice(0, max(LAYER_ERROR_SAMPLES, size if s.static else 0)))
     data = [
-        b if s.inputs is None else s.inputs.arguments(b)
+        to_device(b if s.inputs is None else s.inputs.arguments(b), torch.device(s.device))
         for b, _ in batches(samples, size, s.static)
     ]
     return layer_errors(prepared, data, num_batches=len(data))

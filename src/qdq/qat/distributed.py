@@ -6,10 +6,17 @@ Under ``torchrun`` each rank calibrates on its own share of the data; :func:`syn
 identical amax, bit for bit, equal to a single process's on the union of the batches: max
 calibrators take the element-wise max, histograms (whose power-of-two grid makes merging exact)
 add their int64 counts. See ``docs/distributed.md``.
+
+:func:`process_group` is what ``qdq quantize`` / ``qdq qat`` do when ``torchrun`` launched them
+(``WORLD_SIZE`` > 1) and no group is initialised yet: nccl with each rank on ``cuda:LOCAL_RANK``
+when the job runs on CUDA, gloo on the CPU; the group is destroyed when the job ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,7 +29,10 @@ __all__ = [
     "active",
     "barrier",
     "is_main_process",
+    "launch_plan",
     "mean_over_ranks",
+    "process_group",
+    "rank",
     "shard_batch",
     "world_size",
     "wrap_ddp",
@@ -117,3 +127,73 @@ def mean_over_ranks(value: torch.Tensor) -> float:
         t = t.cuda()
     torch.distributed.all_reduce(t)
     return float(t.item()) / world_size()
+
+
+def launch_plan(
+    device: torch.device, env: Mapping[str, str] | None = None
+) -> tuple[str, torch.device] | None:
+    """``(backend, this rank's device)`` when ``torchrun`` launched this process with more than
+    one rank (``WORLD_SIZE`` > 1 in ``env``, default ``os.environ``), else ``None``.
+
+    On CUDA: nccl, the rank on ``cuda:LOCAL_RANK``; on the CPU: gloo.
+
+    Raises:
+        ValueError: an explicit GPU other than ``cuda:LOCAL_RANK`` (two ranks would share it),
+            or a ``WORLD_SIZE`` / ``LOCAL_RANK`` that is not a number.
+
+    Example:
+        >>> launch_plan(torch.device("cuda"), {"WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+        ('nccl', device(type='cuda', index=1))
+        >>> launch_plan(torch.device("cpu"), {"WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+        ('gloo', device(type='cpu'))
+        >>> launch_plan(torch.device("cpu"), {}) is None
+        True
+    """
+    env = os.environ if env is None else env
+    world = _env_int(env, "WORLD_SIZE", 1)
+    if world <= 1:
+        return None
+    if device.type != "cuda":
+        return "gloo", torch.device("cpu")
+    local = _env_int(env, "LOCAL_RANK", 0)
+    if device.index is not None and device.index != local:
+        raise ValueError(
+            f"under torchrun each rank runs on cuda:LOCAL_RANK, but this rank (LOCAL_RANK "
+            f"{local}) was given {device}; pass --device cuda (device='cuda')"
+        )
+    return "nccl", torch.device("cuda", local)
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device) -> Iterator[torch.device]:
+    """Initialise the process group when ``torchrun`` launched this process and none is yet;
+    yield this rank's device (``device`` itself otherwise); destroy the group it created at exit.
+
+    nccl on CUDA (``torch.cuda.set_device(cuda:LOCAL_RANK)`` first), gloo on the CPU
+    (:func:`launch_plan`). A group the caller initialised is used as it is and left alone.
+    """
+    plan = launch_plan(device)
+    d = torch.distributed
+    if plan is None or (d.is_available() and d.is_initialized()):
+        yield device if plan is None else plan[1]
+        return
+    backend, rank_device = plan
+    if not d.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 (torchrun), but this torch has no torch.distributed")
+    if rank_device.type == "cuda":
+        torch.cuda.set_device(rank_device)
+    d.init_process_group(backend)
+    try:
+        yield rank_device
+    finally:
+        d.destroy_process_group()

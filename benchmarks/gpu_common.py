@@ -1,0 +1,100 @@
+"""What ``benchmarks/gpu.py`` (qdq) and ``benchmarks/peers/gpu_peers.py`` (ModelOpt, in its own
+environment) share: the models, the data, the timer and the figures' names. Imports torch and
+torchvision only, never qdq, so the peer environment can load it by path."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the figures, in table order: (key, label)
+FIGURES = (
+    ("calib_max", "calibration max, × one FP32 pass over the batches"),
+    ("calib_mse", "calibration mse, × one FP32 pass over the batches"),
+    ("fq_forward", "fake-quant forward, × FP32 forward"),
+    ("qat_fp32", "QAT step (fwd, bwd, SGD), × float step, fp32"),
+    ("qat_bf16", "QAT step, × float step, bf16 autocast"),
+    ("compiled_fq_forward", "torch.compile: fake-quant forward, × compiled FP32 forward"),
+    ("compiled_qat_fp32", "torch.compile: QAT step, × compiled float step, fp32"),
+    ("compiled_qat_bf16", "torch.compile: QAT step, × compiled float step, bf16"),
+)
+
+
+def build(name: str, device: str) -> nn.Module:
+    """A torchvision model with random (seeded) weights, eval mode, on ``device``."""
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.get_model(name, weights=None).eval().to(device)
+
+
+def batches(n: int, batch: int, size: int, device: str) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(batch, 3, size, size, generator=g).to(device) for _ in range(n)]
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], Any], device: str, repeats: int, warmup: int) -> float:
+    """The median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs; on CUDA
+    measured by CUDA events between synchronised points."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def forward_pass(model: nn.Module, data: list[torch.Tensor]) -> Callable[[], None]:
+    def run() -> None:
+        with torch.no_grad():
+            for x in data:
+                model(x)
+
+    return run
+
+
+def train_step(
+    model: nn.Module, x: torch.Tensor, device: str, dtype: torch.dtype | None
+) -> Callable[[], None]:
+    """One step: forward (under autocast when ``dtype``), a mean-square loss, backward, SGD."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    kind = torch.device(device).type
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(kind, dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = model(x)
+        out.float().square().mean().backward()
+        opt.step()
+
+    return step
+
+
+def cell(fn: Callable[[], float]) -> float | str:
+    """A ratio, or ``"fails: <error type>"``."""
+    try:
+        return fn()
+    except Exception as err:  # a benchmark cell that cannot run is reported, not fatal
+        return f"fails: {type(err).__name__}"

@@ -1,0 +1,116 @@
+"""ModelOpt's half of ``benchmarks/gpu.py``: the same figures for ``INT8_DEFAULT_CFG``.
+
+Runs in the peer environment only (ModelOpt pins other onnx/onnxruntime versions; it is never a
+qdq dependency); ``benchmarks/gpu.py`` starts it as a subprocess and reads the last stdout line, one
+JSON object ``{"version": ..., "models": {name: {figure: ratio | "fails: <error>"}}}``. Same models,
+data, timer and steps as qdq's half (``benchmarks/gpu_common.py``, loaded by path).
+
+Calibration figures time ``mtq.calibrate(model, algorithm, forward_loop)`` on a copy of the
+quantized model each (``max``, ``mse``) over the same batches; the fake-quant forward and the QAT
+steps use the model ``mtq.quantize`` returned (calibrated by max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_common as common
+
+
+def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import modelopt.torch.quantization as mtq
+
+    dev, reps, warm = args.device, args.repeats, args.warmup
+    model = common.build(name, dev)
+    data = common.batches(args.batches, args.batch, args.size, dev)
+
+    def t(fn: Any, repeats: int = reps) -> float:
+        return common.median_seconds(fn, dev, repeats, warm)
+
+    def loop(m: torch.nn.Module) -> None:
+        common.forward_pass(m, data)()
+
+    fp32_pass = t(common.forward_pass(model, data))
+    quantized = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG, loop)
+    out: dict[str, Any] = {}
+    for method in ("max", "mse"):
+        target = copy.deepcopy(quantized)  # a failed calibration leaves no trace on the others
+
+        def calib(a: str = method, m: torch.nn.Module = target) -> None:
+            mtq.calibrate(m, algorithm=a, forward_loop=loop)
+
+        out[f"calib_{method}"] = common.cell(lambda c=calib: t(c, max(1, reps // 2)) / fp32_pass)
+    x = data[0]
+    fwd = t(common.forward_pass(model, [x]))
+    out["fq_forward"] = common.cell(lambda: t(common.forward_pass(quantized, [x])) / fwd)
+    for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
+        out[key] = common.cell(lambda d=dtype: _step_ratio(quantized, model, x, dev, d, t))
+    if args.compile:
+        cq, cm = torch.compile(quantized), torch.compile(copy.deepcopy(model))
+        out["compiled_fq_forward"] = common.cell(
+            lambda: t(common.forward_pass(cq, [x])) / t(common.forward_pass(cm, [x]))
+        )
+        for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
+            out[key] = common.cell(
+                lambda d=dtype: _step_ratio(quantized, model, x, dev, d, t, compiled=True)
+            )
+    return out
+
+
+def _step_ratio(
+    quantized: torch.nn.Module,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    dev: str,
+    dtype: torch.dtype | None,
+    t: Any,
+    compiled: bool = False,
+) -> float:
+    mine, theirs = copy.deepcopy(quantized).train(), copy.deepcopy(model).train()
+    if compiled:
+        mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
+    return float(
+        t(common.train_step(mine, x, dev, dtype)) / t(common.train_step(theirs, x, dev, dtype))
+    )
+
+
+def main() -> None:
+    import modelopt
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--batches", type=int, required=True)
+    p.add_argument("--size", type=int, required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = {}
+    for name in args.models:
+        try:
+            models[name] = measure(name, args)
+        except Exception as err:  # ModelOpt cannot quantize this model: every cell says so
+            models[name] = {
+                k: f"fails: {type(err).__name__}"
+                for k, _ in common.FIGURES
+                if args.compile or not k.startswith("compiled")
+            }
+        print(f"{name}: {json.dumps(models[name])}", file=sys.stderr, flush=True)
+    print(json.dumps({"version": modelopt.__version__, "models": models}))
+
+
+if __name__ == "__main__":
+    main()
