@@ -186,6 +186,11 @@ def _as_amax_tensor(x: torch.Tensor, amax: torch.Tensor | float, axis: int | Non
     return amax_t.reshape(-1)
 
 
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    """A float32 ``+0.0`` scalar tensor on ``like``'s device."""
+    return torch.zeros((), dtype=torch.float32, device=like.device)
+
+
 def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
     shape = [1] * ndim
     if axis is not None:
@@ -213,20 +218,22 @@ class _FakeQuantSTE(torch.autograd.Function):
         if ax is not None:
             scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
         scaled = x32 / scale
-        # + 0.0 turns -0.0 into +0.0: integer codes have no signed zero, so DequantizeLinear
-        # never returns -0.0 and neither do we (bit-identical outputs, not just equal values)
-        q = torch.clamp(torch.round(scaled), qmin, qmax) + 0.0
-        out = (q * scale).to(x.dtype)
         ctx.axis = ax
         ctx.qmax = qmax
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
-        if ctx.amax_needs_grad:
+        if ctx.amax_needs_grad:  # backward reads the unrounded values: round a copy
+            q = torch.round(scaled).clamp_(qmin, qmax)
             ctx.save_for_backward(x32, scale, q, scaled)
-        else:
+        else:  # nothing else reads scaled: round and clip it in place (no more allocations)
+            q = scaled.round_().clamp_(qmin, qmax)
             ctx.save_for_backward(x32, scale)
-        return out
+        # 0 + q·scale in one pass: adding +0.0 turns -0.0 into +0.0 (integer codes have no signed
+        # zero, so DequantizeLinear never returns -0.0 and neither do we: bit-identical outputs,
+        # not just equal values); q·scale is exact-rounded either way (an FMA adds an exact 0)
+        out = torch.addcmul(_zero(scale), q, scale)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -236,10 +243,10 @@ class _FakeQuantSTE(torch.autograd.Function):
         else:
             x32, scale = ctx.saved_tensors
         amax_b = scale * ctx.qmax  # the (floored) amax, broadcast to x
-        inside = (x32 >= -amax_b) & (x32 <= amax_b)
+        inside = x32.abs() <= amax_b  # -amax <= x <= amax (NaN: outside either way)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.where(inside, grad_out, torch.zeros_like(grad_out))
+            grad_x = torch.where(inside, grad_out, 0.0)
         grad_amax = None
         if ctx.amax_needs_grad:
             inner = torch.zeros_like(q) if ctx.pact else q - scaled
