@@ -71,7 +71,7 @@ AUTO_ROWS = frozenset(
     {"resnet50", "yolo11n", "yolov8n_seg", "unet_resnet34", "vit_tiny_patch16_224"}
 )
 #: rows the check stage refuses: per-image outputs of varying size (see the module docstring)
-REFUSED = frozenset({"fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn"})
+REFUSED: frozenset[str] = frozenset()
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
