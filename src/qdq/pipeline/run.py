@@ -512,7 +512,8 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     from qdq.debug import layer_errors
 
     size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
-    samples = take(qdata.evaluation, slice(0, max(LAYER_ERROR_SAMPLES, size if s.static else 0)))
+    count = 1 if s.per_image else max(LAYER_ERROR_SAMPLES, size if s.static else 0)
+    samples = take(qdata.evaluation, slice(0, count))  # per image: one (a forward per image)
     data = [
         b if s.inputs is None else s.inputs.arguments(b)
         for b, _ in batches(samples, size, s.static)
