@@ -36,3 +36,9 @@ def test_quantize_cli_on_real_dense_model(name: str, images: Path, tmp_path: Pat
     assert report["data"]["input_shape"] == [3, 64, 64]
     if ARCHS[name].family == "yolo":  # detect, seg and pose heads: boxes, not a top-1
         assert report["metric_name"] == "box_agreement"
+    per_image = "rcnn" in name  # detection lists after NMS: batch 1, detections matched
+    assert report["per_image"] is per_image
+    if per_image:
+        assert report["metric_name"] == "detection_f1" and report["settings"]["batch_size"] == 1
+        assert report["outputs"][0]["kind"] == "detection_list", report["outputs"][0]
+        assert 0.0 <= report["int8_metric"] <= 1.0 and report["fp32_metric"] == 1.0

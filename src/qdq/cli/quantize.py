@@ -307,6 +307,8 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     top = r.get("headline")
     if top:
         print(f"  headline: {top['text']}")
+    if r.get("per_image"):
+        print("  per-image detection lists: calibrated, evaluated and exported at batch 1")
     i8 = r["int8"]
     agree = "" if i8["top1_agreement"] is None else f"top-1 agreement {i8['top1_agreement']:.4f}, "
     print(

@@ -20,6 +20,7 @@ FP32, and its top-1 agreement when it is a class vector or map (else ``None``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,18 @@ from torch.utils._pytree import tree_flatten
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
+from qdq.pipeline.data import QuantData
 from qdq.pipeline.device import module_device, to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
-from qdq.pipeline.outputs import compare, cosines, output_kind
+from qdq.pipeline.outputs import compare, cosines, onnx_output_names, output_kind, output_table
+from qdq.pipeline.stages import Stages
 from qdq.zoo.registry import ZooMetric
 
 __all__ = [
+    "Measured",
     "batches",
     "headline",
+    "measure",
     "metric_name",
     "ort_outputs",
     "output_tensors",
@@ -232,3 +237,92 @@ def score(
     else:
         result["metric"] = result["top1_agreement"]
     return result
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the ``fp32_eval`` and ``int8_eval`` stages of ``qdq quantize`` measured.
+
+    Attributes:
+        reference: FP32's outputs (batch-major tensors; per-image detections in per-image mode,
+            :mod:`qdq.pipeline.per_image`).
+        fp32, int8, int8_torch: the scores of FP32, the exported INT8 (ONNX Runtime) and torch
+            fake-quant (``report.json: fp32, int8, int8_torch``).
+        outputs: every output against FP32 (``report.json: outputs``).
+        headline: what the headline metric is (``report.json: headline``).
+    """
+
+    reference: list[Any]
+    fp32: dict[str, Any]
+    int8: dict[str, Any]
+    int8_torch: dict[str, Any]
+    outputs: list[dict[str, Any]]
+    headline: dict[str, Any]
+
+
+def measure(
+    stages: Stages,
+    prepared: nn.Module,
+    float_model: nn.Module,
+    qdata: QuantData,
+    onnx_path: str | Path,
+    *,
+    size: int,
+    static: bool,
+    forward: ForwardInputs | None,
+    user: str | None,
+    names: Sequence[str] | None,
+    show: bool,
+    qat: tuple[dict[str, Any], nn.Module] | None,
+) -> Measured:
+    """The ``fp32_eval`` and ``int8_eval`` stages on batch-major outputs: FP32 in torch, the
+    export in ONNX Runtime, ``prepared`` in torch fake-quant (and QAT's PTQ model ``qat[1]``,
+    whose metric goes to ``qat[0]``), each on ``qdata.evaluation`` in batches of ``size``.
+    FP32's outputs are kept whole when a task metric scores every one, else only the first."""
+    every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
+    with stages("fp32_eval") as st:
+        ref = torch_outputs(
+            float_model,
+            qdata.evaluation,
+            size,
+            static=static,
+            desc="FP32 (torch)",
+            show=show,
+            every=True,  # FP32 and the exported model: every output, for the table
+        )
+        fp32 = score(ref, ref, qdata.labels, task, targets)
+        st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
+    with stages("int8_eval") as st:
+        ort = ort_outputs(
+            onnx_path,
+            qdata.evaluation,
+            size,
+            static=static,
+            desc="INT8 (ONNX Runtime)",
+            show=show,
+            every=True,
+            forward=forward,
+        )
+        int8 = score(ort, ref, qdata.labels, task, targets)
+        top = headline(ref[0], qdata.labels, task, user)
+        outputs = output_table(ort, ref, names,
+                               onnx_output_names(onnx_path, len(ref)), top["output"])  # fmt: skip
+        if not every:  # only the first output is scored from here on
+            ref, ort = ref[:1], ort[:1]
+        fq = torch_outputs(
+            prepared,
+            qdata.evaluation,
+            size,
+            static=static,
+            desc="INT8 (torch fake-quant)",
+            show=show,
+            every=every,
+        )
+        int8_torch = score(fq, ref, qdata.labels, task, targets)
+        int8_torch["vs_onnxruntime"] = score(fq, ort, None)
+        if qat is not None:  # the PTQ model QAT started from, for the comparison
+            fq_ptq = torch_outputs(qat[1], qdata.evaluation, size, static=static,
+                                   desc="PTQ before QAT (torch)", show=show, every=every)  # fmt: skip
+            qat[0]["ptq_metric_torch"] = score(fq_ptq, ref, qdata.labels, task, targets)["metric"]
+        st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+    return Measured(ref, fp32, int8, int8_torch, outputs, top)

@@ -118,6 +118,7 @@ def build_report(
     warnings: list[str],
     files: dict[str, str],
     stage_errors: list[dict[str, str]] | None = None,
+    per_image: bool = False,
 ) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (see the module docstring for the keys)."""
     from qdq.api import plan_of, quantizers_of
@@ -171,6 +172,7 @@ def build_report(
             "labelled": data.labels is not None,
         },
         "settings": settings,
+        "per_image": per_image,
         "export": {
             "exporter": exported.exporter,
             "opset": exported.opset,

@@ -26,23 +26,26 @@ import torch
 from torch import nn
 
 from qdq.lint.engine_report import EngineReport
+from qdq.pipeline import per_image
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
-from qdq.pipeline.evaluate import (
-    check_labels,
-    headline,
-    metric_name,
-    ort_outputs,
-    score,
-    torch_outputs,
-)
+from qdq.pipeline.evaluate import check_labels, measure, score, torch_outputs
 from qdq.pipeline.fallback import fallback_search
 from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
-from qdq.pipeline.inputs import ForwardInputs, batches, bind_inputs, num_samples, summary, take
+from qdq.pipeline.inputs import (
+    ForwardInputs,
+    Inputs,
+    batches,
+    bind_inputs,
+    num_samples,
+    summary,
+    take,
+)
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
-from qdq.pipeline.outputs import onnx_output_names, output_names, output_table, recorded_output
+from qdq.pipeline.outputs import output_names, recorded_output
+from qdq.pipeline.per_image import per_image_keys, refuse_options
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages
@@ -64,6 +67,8 @@ ONNX_FILE = "model.qdq.onnx"
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.json"
 HTML_FILE = "report.html"
+#: calibration images the export of a per-image model is checked on (:mod:`qdq.pipeline.per_image`)
+VERIFY_IMAGES = 1
 #: evaluation samples (and the largest batch) of the per-layer error stage
 LAYER_ERROR_SAMPLES, LAYER_ERROR_BATCH = 64, 16
 
@@ -253,11 +258,20 @@ def quantize(
             with recorded_output(source.module) as seen:
                 sample_outs = [t.cpu() for t in check_sample(source, to_device(sample, dev), qdata)]
             names = tuple(output_names(seen.value))
-            check_batch_major(sample_outs, num_samples(sample), names, source.spec)
+            keys = per_image_keys(seen.value, num_samples(sample))  # detection lists after NMS
+            if keys is None:
+                check_batch_major(sample_outs, num_samples(sample), names, source.spec)
+            else:  # per-image mode: batch 1 from here on (calibration, evaluation, export)
+                refuse_options(source.spec, metric=user is not None or qdata.metric is not None,
+                               max_drop=max_drop is not None, qat=qat is not None and qat.active)  # fmt: skip
+                size, static, sample_outs = 1, True, sample_outs[: len(keys)]
+                if qdata.labels is not None:
+                    warnings.warn("per-image detection lists: the labels are not used (the "
+                                  "headline compares with FP32)", stacklevel=1)  # fmt: skip
             sample_out = sample_outs[0]
             if user is not None:  # the user metric, checked on this sample, scores everything
                 qdata = user.bind(qdata, sample_outs)
-            elif qdata.labels is not None:
+            elif qdata.labels is not None and keys is None:
                 check_labels(sample_out, qdata.labels, qdata.source)
             if qdata.metric is not None:
                 try:
@@ -265,6 +279,9 @@ def quantize(
                 except ValueError as err:
                     raise ValueError(f"the model {source.spec} on {qdata.source}: {err}") from None
             st.detail = f"{summary(sample)} → output {tuple(sample_out.shape[1:])}"
+            if keys is not None:
+                st.detail = (f"{summary(sample)} → per-image detection lists ({', '.join(keys)}): "
+                             "batch 1 for calibration, evaluation and export")  # fmt: skip
         calib_batches = [to_device(inputs.arguments(b), dev) for b, _ in batches(cal, size, static)]
         options = ptq if ptq is not None else PtqOptions()
         float_model, equalized = source.module, None  # what gets quantized
@@ -347,11 +364,13 @@ def quantize(
                     None if user is None else user.spec,
                     names if len(names) == len(sample_outs) else None,
                     str(dev),
+                    keys,
                 ),
                 caught,
                 fallback,
                 {"steps": options.describe(), **ptq_reports} if options.active else None,
                 qat_run,
+                take(cal, slice(0, VERIFY_IMAGES)) if keys is not None else None,
             )
         finally:
             dist.barrier()  # the other ranks wait for the files (nothing in one process)
@@ -374,6 +393,7 @@ class _Settings:
     metric: str | None = None  # the user metric's spec
     output_names: tuple[str, ...] | None = None  # pytree paths of the output tensors
     device: str = "cpu"  # where the torch stages ran
+    per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
 
 
 def _export_and_measure(
@@ -389,12 +409,12 @@ def _export_and_measure(
     fallback: Any = None,
     ptq: dict[str, Any] | None = None,
     qat: tuple[dict[str, Any], nn.Module] | None = None,
+    checks: Inputs | None = None,
 ) -> QuantizeResult:
     import qdq
     from qdq.lint import lint
 
     show, size = s.show_progress, s.batch_size
-    every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
             exported = qdq.export_onnx(
@@ -405,58 +425,24 @@ def _export_and_measure(
                 exporter=s.exporter,
                 dynamic_batch=not s.static,
                 manifest_path=tmp / MANIFEST_FILE,
+                verify=False if s.per_image else None,  # detection lists: checked below
             )
             st.detail = (
                 f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
                 f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
             )
-        with stages("fp32_eval") as st:
-            ref = torch_outputs(
-                source.module,
-                qdata.evaluation,
-                size,
-                static=s.static,
-                desc="FP32 (torch)",
-                show=show,
-                every=True,  # FP32 and the exported model: every output, for the table
-            )
-            fp32 = score(ref, ref, qdata.labels, task, targets)
-            st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
-        with stages("int8_eval") as st:
-            ort = ort_outputs(
-                exported.path,
-                qdata.evaluation,
-                size,
-                static=s.static,
-                desc="INT8 (ONNX Runtime)",
-                show=show,
-                every=True,
-                forward=s.inputs,
-            )
-            int8 = score(ort, ref, qdata.labels, task, targets)
-            top = headline(ref[0], qdata.labels, task, s.metric)
-            outputs = output_table(ort, ref, s.output_names,
-                                   onnx_output_names(exported.path, len(ref)), top["output"])  # fmt: skip
-            if not every:  # only the first output is scored from here on
-                ref, ort = ref[:1], ort[:1]
-            fq = torch_outputs(
-                prepared,
-                qdata.evaluation,
-                size,
-                static=s.static,
-                desc="INT8 (torch fake-quant)",
-                show=show,
-                every=every,
-            )
-            int8_torch = score(fq, ref, qdata.labels, task, targets)
-            int8_torch["vs_onnxruntime"] = score(fq, ort, None)
-            if qat is not None:  # the PTQ model QAT started from, for the comparison
-                fq_ptq = torch_outputs(qat[1], qdata.evaluation, size, static=s.static,
-                                       desc="PTQ before QAT (torch)", show=show, every=every)  # fmt: skip
-                qat[0]["ptq_metric_torch"] = score(fq_ptq, ref, qdata.labels, task, targets)[
-                    "metric"
-                ]
-            st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+            if s.per_image and s.inputs is not None and checks is not None:
+                compared = per_image.check_export(exported.path, prepared, checks, s.inputs)
+                st.detail += f" (per quantizer: {compared} on {num_samples(checks)} image(s))"
+        if s.per_image and s.inputs is not None:
+            m = per_image.evaluate(stages, prepared, source.module, exported.path, qdata.evaluation,
+                                   s.per_image, s.inputs, s.output_names, show)  # fmt: skip
+        else:
+            m = measure(stages, prepared, source.module, qdata, exported.path, size=size,
+                        static=s.static, forward=s.inputs, user=s.metric, names=s.output_names,
+                        show=show, qat=qat)  # fmt: skip
+        ref, fp32, int8, int8_torch, outputs, top = (
+            m.reference, m.fp32, m.int8, m.int8_torch, m.outputs, m.headline)  # fmt: skip
         errors = None
         with stages.optional("layer_errors") as st:
             errors = _layer_errors(prepared, qdata, s)
@@ -475,7 +461,7 @@ def _export_and_measure(
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
         timings = stages.timings
         report = build_report(
-            metric=metric_name(ref[0], qdata.labels, task),
+            metric=top["name"],
             outputs=outputs,
             headline=top,
             source=source,
@@ -504,6 +490,7 @@ def _export_and_measure(
                 "device": s.device,
                 "world_size": dist.world_size(),  # torchrun: the ranks that calibrated and trained
             },
+            per_image=s.per_image is not None,
             timings=timings,
             warnings=[str(w.message) for w in caught],
             stage_errors=stages.errors,
@@ -565,7 +552,8 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
     from qdq.debug import layer_errors
 
     size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
-    samples = take(qdata.evaluation, slice(0, max(LAYER_ERROR_SAMPLES, size if s.static else 0)))
+    count = 1 if s.per_image else max(LAYER_ERROR_SAMPLES, size if s.static else 0)
+    samples = take(qdata.evaluation, slice(0, count))  # per image: one (a forward per image)
     data = [
         to_device(b if s.inputs is None else s.inputs.arguments(b), torch.device(s.device))
         for b, _ in batches(samples, size, s.static)
@@ -574,7 +562,7 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
 
 
 def _compare_methods(
-    prepared: nn.Module, qdata: QuantData, ref: list[torch.Tensor], s: _Settings
+    prepared: nn.Module, qdata: QuantData, ref: list[Any], s: _Settings
 ) -> dict[str, dict[str, Any]]:
     import qdq
     from qdq.config import CALIBRATION_METHODS
@@ -583,6 +571,10 @@ def _compare_methods(
     try:
         for method in CALIBRATION_METHODS:
             qdq.recompute_amax(prepared, method)
+            if s.per_image is not None:
+                out[method] = per_image.score_model(prepared, qdata.evaluation, ref, s.per_image,
+                                                    f"INT8 {method} (torch)", s.show_progress)  # fmt: skip
+                continue
             fq = torch_outputs(
                 prepared,
                 qdata.evaluation,

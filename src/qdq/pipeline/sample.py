@@ -37,9 +37,11 @@ def check_batch_major(outs: list[torch.Tensor], n: int, names: tuple[str, ...], 
     """Every output tensor must hold one row per sample (dimension 0 of size ``n``).
 
     The job scores and compares outputs sample by sample (and the export's batch dimension is
-    dynamic). A model that returns, say, per-image detection lists after NMS (torchvision's
-    Faster/Keypoint R-CNN: ``[{"boxes": (k_i, 4), ...} per image]``) or a batch-reduced value is
-    refused here, before anything long runs, with what to do instead.
+    dynamic). Per-image detection lists (torchvision's R-CNNs: ``[{"boxes": (k_i, 4), "scores":
+    (k_i,), ...} per image]``) are recognised before this check and run in per-image mode
+    (:mod:`qdq.pipeline.per_image`); any other output that is not batch-major (a batch-reduced
+    value, per-image lists without ``boxes`` and ``scores``) is refused here, before anything
+    long runs, with what to do instead.
 
     Raises:
         ValueError: naming the first such output, its shape and the sample count.
@@ -52,11 +54,12 @@ def check_batch_major(outs: list[torch.Tensor], n: int, names: tuple[str, ...], 
             raise ValueError(
                 f"the model {spec} returns {name} of shape {shape} for {samples}: qdq quantize "
                 "needs every output tensor to hold one row per sample (dimension 0), to compare "
-                "INT8 with FP32 sample by sample. Per-image results of varying size (detections "
-                "after NMS, as torchvision's R-CNNs return) cannot be; wrap the model so that it "
-                "returns the network's raw tensors before post-processing (backbone and heads; "
-                "post-processing stays float in TensorRT anyway), or quantize it from Python "
-                "with qdq.prepare / qdq.calibrate / qdq.export_onnx and your own evaluation"
+                "INT8 with FP32 sample by sample. Per-image lists are compared only as detections "
+                "(one dict per image with boxes (k, 4) and scores (k,), as torchvision's R-CNNs "
+                "return); else wrap the model so that it returns the network's raw tensors before "
+                "post-processing (backbone and heads; post-processing stays float in TensorRT "
+                "anyway), or quantize it from Python with qdq.prepare / qdq.calibrate / "
+                "qdq.export_onnx and your own evaluation"
             )
 
 

@@ -18,7 +18,13 @@ __all__ = ["check_dependencies", "render_html", "write_html"]
 
 _log = logging.getLogger(__name__)
 _TEMPLATE = "report.html.j2"
-_PERCENT_METRICS = ("top1_accuracy", "top1_agreement", "pixel_agreement", "box_agreement")
+_PERCENT_METRICS = (
+    "top1_accuracy",
+    "top1_agreement",
+    "pixel_agreement",
+    "box_agreement",
+    "detection_f1",
+)
 _SEVERITY_ORDER = ("ERROR", "WARN", "INFO")
 
 
