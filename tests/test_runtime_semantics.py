@@ -164,3 +164,21 @@ def test_a_quantizer_names_itself_when_given_a_bool_or_int_tensor() -> None:
     with pytest.raises(ValueError, match=r"head\.mul:input0.*torch\.bool"):
         # inside Tensor.__mul__ a TypeError turns into "unsupported operand type(s)"
         torch.ones(3) * q(torch.ones(3) > 0)
+
+
+@pytest.mark.parametrize("op", IN_PLACE)
+def test_inference_mode_computes_what_no_grad_computes(op: str) -> None:
+    """Under ``torch.inference_mode()`` tensors have no version counter (reading it raised
+    "Inference tensors do not track version counter" in the share-once cache): each reader then
+    quantizes the tensor itself, and an in-place change is still seen by the later readers."""
+    torch.manual_seed(0)
+    net = InPlace(op).eval()
+    x = torch.randn(2, 16, 8, 8)
+    prepared = qdq.prepare(net, (x,))
+    qdq.calibrate(prepared, [torch.randn(2, 16, 8, 8) for _ in range(3)], method="max")
+    with torch.no_grad():
+        want = prepared(x.clone())
+    with torch.inference_mode():
+        got = prepared(x.clone())
+    assert got.is_inference()
+    assert torch.equal(got, want)

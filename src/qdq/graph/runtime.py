@@ -105,10 +105,11 @@ class SiteRuntime(CallTracker):
     def _quantize(self, quantizer: nn.Module, x: Any, fresh: bool = False) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        if fresh or compiling():
+        if fresh or compiling() or x.is_inference():
             # under torch.compile every reader quantizes x itself: the values are the same, and
             # the compiler merges the identical fake-quant nodes (tensor identities, weakrefs
-            # and version counters are what dynamo cannot trace)
+            # and version counters are what dynamo cannot trace); an inference-mode tensor has
+            # no version counter to tell an in-place change, so it is not cached either
             return quantizer(x)
         key = (id(x), id(quantizer))
         hit = self._cache.get(key)

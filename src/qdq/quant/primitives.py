@@ -186,9 +186,22 @@ def _as_amax_tensor(x: torch.Tensor, amax: torch.Tensor | float, axis: int | Non
     return amax_t.reshape(-1)
 
 
+#: one float32 ``+0.0`` scalar per device, read (never written) by :func:`_zero`'s callers
+_ZEROS: dict[torch.device, torch.Tensor] = {}
+
+
 def _zero(like: torch.Tensor) -> torch.Tensor:
-    """A float32 ``+0.0`` scalar tensor on ``like``'s device."""
-    return torch.zeros((), dtype=torch.float32, device=like.device)
+    """A float32 ``+0.0`` scalar tensor on ``like``'s device: made once per device in eager mode
+    (on a GPU each new one is a kernel launch per fake-quant call), a constant under dynamo
+    (a cache that grows while dynamo traces fails the frame's own guards)."""
+    if torch.compiler.is_dynamo_compiling() or torch.jit.is_tracing():
+        return torch.zeros((), dtype=torch.float32, device=like.device)
+    zero = _ZEROS.get(like.device)
+    if zero is None:
+        zero = torch.zeros((), dtype=torch.float32, device=like.device)
+        if type(zero) is torch.Tensor and not zero.is_inference():  # not a fake tensor of
+            _ZEROS[like.device] = zero  # torch.export's tracing, nor an inference-mode one
+    return zero
 
 
 def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
