@@ -1,10 +1,11 @@
 """qdq on a GPU (or the CPU): the cost of each verb as a ratio to the float model's, per model,
 side by side with ModelOpt run in its own environment (issue 32).
 
-Figures (``gpu_common.FIGURES``), each a ratio of medians over ``--repeats`` runs after warm-up,
-in one process: calibration (max, mse) × one FP32 pass over the same batches; the fake-quant
-forward × the FP32 forward (one batch); the QAT step (forward, a mean-square loss, backward, SGD)
-× the float model's step, in fp32 and under bf16 autocast; and the same forward and steps under
+Figures (``gpu_common.FIGURES``), each the median over ``--repeats`` of a paired ratio (the
+subject and its float baseline timed back to back, alternating, after warm-up), in one process:
+calibration (max, mse) × one FP32 pass over the same batches; the fake-quant forward × the FP32
+forward (one batch); the QAT step (forward, a mean-square loss, backward, SGD) × the float
+model's step, in fp32 and under bf16 autocast; and the same forward and steps under
 ``torch.compile`` (compiled against compiled). A cell that cannot run says ``fails: <error>``.
 
 ModelOpt is never a qdq dependency: ``benchmarks/peers/gpu_peers.py`` runs in the peer environment
@@ -46,10 +47,10 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model = common.build(name, dev)
     data = common.batches(args.batches, args.batch, args.size, dev)
 
-    def t(fn: Any, repeats: int = reps) -> float:
-        return common.median_seconds(fn, dev, repeats, warm)
+    def r(subject: Any, baseline: Any, repeats: int = reps) -> float:
+        return common.paired_ratio(subject, baseline, dev, repeats, warm)
 
-    fp32_pass = t(common.forward_pass(model, data))
+    fp32_pass = common.forward_pass(model, data)
     prepared = qdq.prepare(model, (data[0][:1],))
     out: dict[str, Any] = {}
     for method in ("max", "mse"):
@@ -57,22 +58,22 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def calib(m: str = method) -> None:
             qdq.calibrate(prepared, data, method=m, show_progress=False)
 
-        out[f"calib_{method}"] = common.cell(lambda c=calib: t(c, max(1, reps // 2)) / fp32_pass)
+        out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
     qdq.calibrate(prepared, data, method="max", show_progress=False)
     x = data[0]
-    fwd = t(common.forward_pass(model, [x]))
-    out["fq_forward"] = common.cell(lambda: t(common.forward_pass(prepared, [x])) / fwd)
+    fwd = common.forward_pass(model, [x])
+    out["fq_forward"] = common.cell(lambda: r(common.forward_pass(prepared, [x]), fwd))
     qat = qdq.qat.prepare(prepared).train()
     for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
-        out[key] = common.cell(lambda d=dtype: _step_ratio(qat, model, x, dev, d, t))
+        out[key] = common.cell(lambda d=dtype: _step_ratio(qat, model, x, dev, d, r))
     if args.compile:
         cmodel, cprepared = torch.compile(copy.deepcopy(model)), torch.compile(prepared)
         out["compiled_fq_forward"] = common.cell(
-            lambda: t(common.forward_pass(cprepared, [x])) / t(common.forward_pass(cmodel, [x]))
+            lambda: r(common.forward_pass(cprepared, [x]), common.forward_pass(cmodel, [x]))
         )
         for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
             out[key] = common.cell(
-                lambda d=dtype: _step_ratio(qat, model, x, dev, d, t, compiled=True)
+                lambda d=dtype: _step_ratio(qat, model, x, dev, d, r, compiled=True)
             )
     return out
 
@@ -83,14 +84,14 @@ def _step_ratio(
     x: torch.Tensor,
     dev: str,
     dtype: torch.dtype | None,
-    t: Any,
+    r: Any,
     compiled: bool = False,
 ) -> float:
     mine, theirs = copy.deepcopy(qat).train(), copy.deepcopy(model).train()
     if compiled:
         mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
     return float(
-        t(common.train_step(mine, x, dev, dtype)) / t(common.train_step(theirs, x, dev, dtype))
+        r(common.train_step(mine, x, dev, dtype), common.train_step(theirs, x, dev, dtype))
     )
 
 

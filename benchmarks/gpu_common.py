@@ -43,27 +43,44 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn: Callable[[], Any], device: str, repeats: int, warmup: int) -> float:
-    """The median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs; on CUDA
-    measured by CUDA events between synchronised points."""
-    for _ in range(warmup):
+def _once(fn: Callable[[], Any], device: str) -> float:
+    """One timed run of ``fn()`` (CUDA events between synchronised points on a GPU)."""
+    if torch.device(device).type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
         fn()
-    sync(device)
-    times = []
-    cuda = torch.device(device).type == "cuda"
-    for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1000.0)
+        end.record()
+        torch.cuda.synchronize(device)
+        return float(start.elapsed_time(end)) / 1000.0
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def paired_ratio(
+    subject: Callable[[], Any],
+    baseline: Callable[[], Any],
+    device: str,
+    repeats: int,
+    warmup: int,
+) -> float:
+    """The median over ``repeats`` of ``time(subject) / time(baseline)``, the two run back to back
+    in each repeat (which one goes first alternates), after ``warmup`` runs of each: a change of
+    load on a shared machine hits both sides of a ratio, not one figure of it."""
+    for _ in range(warmup):
+        baseline()
+        subject()
+    ratios = []
+    for i in range(repeats):
+        if i % 2:
+            b = _once(baseline, device)
+            a = _once(subject, device)
         else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            a = _once(subject, device)
+            b = _once(baseline, device)
+        ratios.append(a / b)
+    return statistics.median(ratios)
 
 
 def forward_pass(model: nn.Module, data: list[torch.Tensor]) -> Callable[[], None]:

@@ -32,13 +32,13 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model = common.build(name, dev)
     data = common.batches(args.batches, args.batch, args.size, dev)
 
-    def t(fn: Any, repeats: int = reps) -> float:
-        return common.median_seconds(fn, dev, repeats, warm)
+    def r(subject: Any, baseline: Any, repeats: int = reps) -> float:
+        return common.paired_ratio(subject, baseline, dev, repeats, warm)
 
     def loop(m: torch.nn.Module) -> None:
         common.forward_pass(m, data)()
 
-    fp32_pass = t(common.forward_pass(model, data))
+    fp32_pass = common.forward_pass(model, data)
     quantized = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG, loop)
     out: dict[str, Any] = {}
     for method in ("max", "mse"):
@@ -47,20 +47,20 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def calib(a: str = method, m: torch.nn.Module = target) -> None:
             mtq.calibrate(m, algorithm=a, forward_loop=loop)
 
-        out[f"calib_{method}"] = common.cell(lambda c=calib: t(c, max(1, reps // 2)) / fp32_pass)
+        out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
     x = data[0]
-    fwd = t(common.forward_pass(model, [x]))
-    out["fq_forward"] = common.cell(lambda: t(common.forward_pass(quantized, [x])) / fwd)
+    fwd = common.forward_pass(model, [x])
+    out["fq_forward"] = common.cell(lambda: r(common.forward_pass(quantized, [x]), fwd))
     for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
-        out[key] = common.cell(lambda d=dtype: _step_ratio(quantized, model, x, dev, d, t))
+        out[key] = common.cell(lambda d=dtype: _step_ratio(quantized, model, x, dev, d, r))
     if args.compile:
         cq, cm = torch.compile(quantized), torch.compile(copy.deepcopy(model))
         out["compiled_fq_forward"] = common.cell(
-            lambda: t(common.forward_pass(cq, [x])) / t(common.forward_pass(cm, [x]))
+            lambda: r(common.forward_pass(cq, [x]), common.forward_pass(cm, [x]))
         )
         for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
             out[key] = common.cell(
-                lambda d=dtype: _step_ratio(quantized, model, x, dev, d, t, compiled=True)
+                lambda d=dtype: _step_ratio(quantized, model, x, dev, d, r, compiled=True)
             )
     return out
 
@@ -71,14 +71,14 @@ def _step_ratio(
     x: torch.Tensor,
     dev: str,
     dtype: torch.dtype | None,
-    t: Any,
+    r: Any,
     compiled: bool = False,
 ) -> float:
     mine, theirs = copy.deepcopy(quantized).train(), copy.deepcopy(model).train()
     if compiled:
         mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
     return float(
-        t(common.train_step(mine, x, dev, dtype)) / t(common.train_step(theirs, x, dev, dtype))
+        r(common.train_step(mine, x, dev, dtype), common.train_step(theirs, x, dev, dtype))
     )
 
 

@@ -103,6 +103,8 @@ class Quantizer(PtqState):
         self._learned_key: tuple[Any, ...] | None = None
         #: ``"lsq"``/``"pact"`` when amax is a trained ``nn.Parameter`` (:meth:`learn_amax`)
         self._amax_grad: str | None = None
+        #: ``(key, output)`` of the last fake-quantized fixed weight (:meth:`_weight_key`)
+        self._weight_cache: tuple[tuple[Any, ...], torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -314,13 +316,45 @@ class Quantizer(PtqState):
                 narrow_range=self.spec.narrow_range,
                 amax_grad=self._amax_grad,
             )
-        return fake_quant_unchecked(
+        key = self._weight_key(x)
+        if key is not None:
+            cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        out = fake_quant_unchecked(
             x,
             self.amax,
             num_bits=self.spec.num_bits,
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
         )
+        if key is not None:
+            self._weight_cache = (key, out)
+        elif not torch.compiler.is_compiling() and self.__dict__.get("_weight_cache") is not None:
+            self._weight_cache = None  # training: no copy kept (dynamo would guard on it)
+        return out
+
+    def _weight_key(self, x: torch.Tensor) -> tuple[Any, ...] | None:
+        """What the fake-quantized copy of a weight depends on, when it may be kept between
+        forwards: ``x`` a parameter that builds no graph (``no_grad``, ``inference_mode`` or a
+        frozen weight), outside tracing and compiling. Its storage and version counter (every
+        in-place write: optimizers, ``load_state_dict``, ``copy_``, ``.to()`` makes a new tensor),
+        the amax's, and the spec. A fixed weight is then quantized once, not at every forward (a
+        ResNet-50 at 32x32: 144 ms → 16 ms per forward on one CPU thread, against 14 ms in FP32).
+        Like the learned-state check (:mod:`qdq.quant.learned`), writes through ``.data`` bypass
+        the version counter and are not seen.
+        """
+        if (
+            torch.compiler.is_compiling()  # first: dynamo cannot trace is_inference()
+            or torch.jit.is_tracing()
+            or not isinstance(x, nn.Parameter)
+            or (x.requires_grad and torch.is_grad_enabled())
+            or x.is_inference()
+        ):
+            return None
+        amax = self.amax
+        return (x.data_ptr(), x._version, x.dtype, x.device, x.shape, amax.data_ptr(),
+                amax._version, amax.device, self.spec)  # fmt: skip
 
     def _collect(self, x: torch.Tensor) -> torch.Tensor:
         try:
@@ -350,6 +384,12 @@ class Quantizer(PtqState):
                 f"quantizer {self.name!r} has {self.amax.numel()} amax values but its tensor has "
                 f"{n} channels along axis {self.spec.axis} (shape {tuple(x.shape)})"
             )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles and deep copies leave the cached weight behind (the copy's weight is another
+        tensor: the cache would only cost memory)."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {**state, "_weight_cache": None}
 
     def _export_qdq(self, x: torch.Tensor) -> torch.Tensor:
         scale = getattr(self, "export_scale", None)
