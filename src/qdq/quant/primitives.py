@@ -236,16 +236,21 @@ class _FakeQuantSTE(torch.autograd.Function):
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
-        if ctx.amax_needs_grad:  # backward reads the unrounded values: round a copy
-            q = torch.round(scaled).clamp_(qmin, qmax)
-            ctx.save_for_backward(x32, scale, q, scaled)
-        else:  # nothing else reads scaled: round and clip it in place (no more allocations)
-            q = scaled.round_().clamp_(qmin, qmax)
-            ctx.save_for_backward(x32, scale)
         # 0 + q·scale in one pass: adding +0.0 turns -0.0 into +0.0 (integer codes have no signed
         # zero, so DequantizeLinear never returns -0.0 and neither do we: bit-identical outputs,
         # not just equal values); q·scale is exact-rounded either way (an FMA adds an exact 0)
-        out = torch.addcmul(_zero(scale), q, scale)
+        if ctx.amax_needs_grad:  # backward reads the unrounded values and the codes
+            q = torch.round(scaled).clamp_(qmin, qmax)
+            ctx.save_for_backward(x32, scale, q, scaled)
+            out = torch.addcmul(_zero(scale), q, scale)
+        else:  # nothing else reads scaled: round, clip and dequantize in its own memory (one
+            # allocation per call; a fresh large tensor is page faults on a CPU)
+            q = scaled.round_().clamp_(qmin, qmax)
+            ctx.save_for_backward(x32, scale)
+            if torch.compiler.is_dynamo_compiling():  # a graph has no allocations to save
+                out = torch.addcmul(_zero(scale), q, scale)
+            else:
+                out = torch.addcmul(_zero(scale), q, scale, out=q)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
     @staticmethod
