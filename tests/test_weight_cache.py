@@ -104,7 +104,15 @@ def test_an_optimizer_step_reaches_the_next_forward(prepared: nn.Module) -> None
 
 @pytest.mark.parametrize(
     "change",
-    ["copy_", "no_grad mul_", "load_state_dict", "set_amax", "amax copy_", "new parameter", "bypass"],
+    [
+        "copy_",
+        "no_grad mul_",
+        "load_state_dict",
+        "set_amax",
+        "amax copy_",
+        "new parameter",
+        "bypass",
+    ],
 )
 def test_every_change_of_a_weight_or_amax_is_seen(prepared: nn.Module, change: str) -> None:
     x = torch.randn(2, 16, 8, 8)
