@@ -477,12 +477,13 @@ class Quantizer(PtqState):
         return ", ".join(parts)
 
 
-@torch.compiler.disable(
-    reason="calibration statistics (histograms, running max) are host-side work: qdq.calibrate "
-    "runs the model uncompiled; calibrate before torch.compile, or compile without fullgraph"
-)
+@torch.compiler.disable  # no reason=: that argument is newer than the torch 2.3 qdq supports
 def _collect_uncompiled(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
-    """A ``CALIBRATE`` forward reached by ``torch.compile``: run outside the compiled graph."""
+    """A ``CALIBRATE`` forward reached by ``torch.compile``: run outside the compiled graph.
+
+    Calibration statistics (histograms, running max) are host-side work: ``qdq.calibrate`` runs
+    the model uncompiled; calibrate before ``torch.compile``, or compile without ``fullgraph``.
+    """
     return quantizer._collect(x)
 
 
