@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -60,39 +59,9 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
     qdq.calibrate(prepared, data, method="max", show_progress=False)
-    x = data[0]
-    fwd = common.forward_pass(model, [x])
-    out["fq_forward"] = common.cell(lambda: r(common.forward_pass(prepared, [x]), fwd))
     qat = qdq.qat.prepare(prepared).train()
-    for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
-        out[key] = common.cell(lambda d=dtype: _step_ratio(qat, model, x, dev, d, r))
-    if args.compile:
-        cmodel, cprepared = torch.compile(copy.deepcopy(model)), torch.compile(prepared)
-        out["compiled_fq_forward"] = common.cell(
-            lambda: r(common.forward_pass(cprepared, [x]), common.forward_pass(cmodel, [x]))
-        )
-        for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
-            out[key] = common.cell(
-                lambda d=dtype: _step_ratio(qat, model, x, dev, d, r, compiled=True)
-            )
+    out.update(common.forward_and_step_ratios(prepared, qat, model, data[0], dev, r, args.compile))
     return out
-
-
-def _step_ratio(
-    qat: torch.nn.Module,
-    model: torch.nn.Module,
-    x: torch.Tensor,
-    dev: str,
-    dtype: torch.dtype | None,
-    r: Any,
-    compiled: bool = False,
-) -> float:
-    mine, theirs = copy.deepcopy(qat).train(), copy.deepcopy(model).train()
-    if compiled:
-        mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
-    return float(
-        r(common.train_step(mine, x, dev, dtype), common.train_step(theirs, x, dev, dtype))
-    )
 
 
 def peers(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

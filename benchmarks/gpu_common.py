@@ -4,6 +4,7 @@ torchvision only, never qdq, so the peer environment can load it by path."""
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -115,3 +116,50 @@ def cell(fn: Callable[[], float]) -> float | str:
         return fn()
     except Exception as err:  # a benchmark cell that cannot run is reported, not fatal
         return f"fails: {type(err).__name__}"
+
+
+def forward_and_step_ratios(
+    quantized: nn.Module,
+    trainable: nn.Module,
+    model: nn.Module,
+    x: torch.Tensor,
+    device: str,
+    ratio: Callable[[Callable[[], Any], Callable[[], Any]], float],
+    compile_too: bool,
+) -> dict[str, float | str]:
+    """The fake-quant forward cells of one tool's ``quantized`` model and the QAT-step cells of its
+    ``trainable`` one (copied into train mode per cell; the same model where the tool has one for
+    both), against the float ``model`` on batch ``x`` (``ratio``: :func:`paired_ratio` with the
+    run's device and repeats); with ``compile_too`` the same under ``torch.compile``. Shared by
+    qdq's and ModelOpt's side."""
+    out: dict[str, float | str] = {
+        "fq_forward": cell(lambda: ratio(forward_pass(quantized, [x]), forward_pass(model, [x])))
+    }
+    for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
+        out[key] = cell(lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio))
+    if compile_too:
+        cq, cm = torch.compile(quantized), torch.compile(copy.deepcopy(model))
+        out["compiled_fq_forward"] = cell(
+            lambda: ratio(forward_pass(cq, [x]), forward_pass(cm, [x]))
+        )
+        for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
+            out[key] = cell(
+                lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio, compiled=True)
+            )
+    return out
+
+
+def _step_ratio(
+    quantized: nn.Module,
+    model: nn.Module,
+    x: torch.Tensor,
+    device: str,
+    dtype: torch.dtype | None,
+    ratio: Callable[[Callable[[], Any], Callable[[], Any]], float],
+    compiled: bool = False,
+) -> float:
+    """QAT step of a train-mode copy of ``quantized`` × the float step of a copy of ``model``."""
+    mine, theirs = copy.deepcopy(quantized).train(), copy.deepcopy(model).train()
+    if compiled:
+        mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
+    return float(ratio(train_step(mine, x, device, dtype), train_step(theirs, x, device, dtype)))

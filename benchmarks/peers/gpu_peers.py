@@ -48,38 +48,10 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             mtq.calibrate(m, algorithm=a, forward_loop=loop)
 
         out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
-    x = data[0]
-    fwd = common.forward_pass(model, [x])
-    out["fq_forward"] = common.cell(lambda: r(common.forward_pass(quantized, [x]), fwd))
-    for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
-        out[key] = common.cell(lambda d=dtype: _step_ratio(quantized, model, x, dev, d, r))
-    if args.compile:
-        cq, cm = torch.compile(quantized), torch.compile(copy.deepcopy(model))
-        out["compiled_fq_forward"] = common.cell(
-            lambda: r(common.forward_pass(cq, [x]), common.forward_pass(cm, [x]))
-        )
-        for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
-            out[key] = common.cell(
-                lambda d=dtype: _step_ratio(quantized, model, x, dev, d, r, compiled=True)
-            )
-    return out
-
-
-def _step_ratio(
-    quantized: torch.nn.Module,
-    model: torch.nn.Module,
-    x: torch.Tensor,
-    dev: str,
-    dtype: torch.dtype | None,
-    r: Any,
-    compiled: bool = False,
-) -> float:
-    mine, theirs = copy.deepcopy(quantized).train(), copy.deepcopy(model).train()
-    if compiled:
-        mine, theirs = torch.compile(mine), torch.compile(theirs)  # type: ignore[assignment]
-    return float(
-        r(common.train_step(mine, x, dev, dtype), common.train_step(theirs, x, dev, dtype))
+    out.update(
+        common.forward_and_step_ratios(quantized, quantized, model, data[0], dev, r, args.compile)
     )
+    return out
 
 
 def main() -> None:
