@@ -52,15 +52,17 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     fp32_pass = common.forward_pass(model, data)
     prepared = qdq.prepare(model, (data[0][:1],))
     out: dict[str, Any] = {}
-    for method in ("max", "mse"):
+    for method in ("max", "mse") if not args.only_compiled else ():
 
         def calib(m: str = method) -> None:
             qdq.calibrate(prepared, data, method=m, show_progress=False)
 
         out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
+        print(f"  calib_{method}: {out[f'calib_{method}']}", file=sys.stderr, flush=True)
     qdq.calibrate(prepared, data, method="max", show_progress=False)
     qat = qdq.qat.prepare(prepared).train()
-    out.update(common.forward_and_step_ratios(prepared, qat, model, data[0], dev, r, args.compile))
+    out.update(common.forward_and_step_ratios(
+        prepared, qat, model, data[0], dev, r, args.compile, eager_too=not args.only_compiled))  # fmt: skip
     return out
 
 
@@ -76,6 +78,8 @@ def peers(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         cmd += ["--threads", str(args.threads)]
     if not args.compile:
         cmd.append("--no-compile")
+    if args.only_compiled:
+        cmd.append("--only-compiled")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not qdq's src/
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -117,6 +121,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     p.add_argument("--threads", type=int, help="torch threads (CPU)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
+    p.add_argument("--only-compiled", action="store_true", help="only the torch.compile figures")
     p.add_argument("--peer-python", default="/tmp/peers/bin/python", help="ModelOpt's python")
     p.add_argument("--no-peers", action="store_true", help="qdq only")
     args = p.parse_args()
@@ -131,6 +136,8 @@ def main() -> None:
         if on_gpu
         else f"CPU, {torch.get_num_threads()} threads"
     )
+    fused = qdq.kernels.usable(torch.zeros(8, device=args.device))
+    where += f" · fused kernels {'on' if fused else 'off'}"
     ours = {}
     for name in args.models:
         ours[name] = measure(name, args)

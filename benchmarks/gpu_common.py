@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -126,26 +127,29 @@ def forward_and_step_ratios(
     device: str,
     ratio: Callable[[Callable[[], Any], Callable[[], Any]], float],
     compile_too: bool,
+    eager_too: bool = True,
 ) -> dict[str, float | str]:
     """The fake-quant forward cells of one tool's ``quantized`` model and the QAT-step cells of its
     ``trainable`` one (copied into train mode per cell; the same model where the tool has one for
     both), against the float ``model`` on batch ``x`` (``ratio``: :func:`paired_ratio` with the
-    run's device and repeats); with ``compile_too`` the same under ``torch.compile``. Shared by
-    qdq's and ModelOpt's side."""
-    out: dict[str, float | str] = {
-        "fq_forward": cell(lambda: ratio(forward_pass(quantized, [x]), forward_pass(model, [x])))
-    }
-    for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
-        out[key] = cell(lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio))
+    run's device and repeats); with ``compile_too`` the same under ``torch.compile`` (only those
+    when ``eager_too`` is false). Each cell is printed to stderr as it completes, so that a run
+    stopped by its time limit keeps what it measured. Shared by qdq's and ModelOpt's side."""
+    out: dict[str, float | str] = {}
+
+    def put(key: str, fn: Callable[[], float]) -> None:
+        out[key] = cell(fn)
+        print(f"  {key}: {out[key]}", file=sys.stderr, flush=True)
+
+    if eager_too:
+        put("fq_forward", lambda: ratio(forward_pass(quantized, [x]), forward_pass(model, [x])))
+        for key, dtype in (("qat_fp32", None), ("qat_bf16", torch.bfloat16)):
+            put(key, lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio))
     if compile_too:
         cq, cm = torch.compile(quantized), torch.compile(copy.deepcopy(model))
-        out["compiled_fq_forward"] = cell(
-            lambda: ratio(forward_pass(cq, [x]), forward_pass(cm, [x]))
-        )
+        put("compiled_fq_forward", lambda: ratio(forward_pass(cq, [x]), forward_pass(cm, [x])))
         for key, dtype in (("compiled_qat_fp32", None), ("compiled_qat_bf16", torch.bfloat16)):
-            out[key] = cell(
-                lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio, compiled=True)
-            )
+            put(key, lambda d=dtype: _step_ratio(trainable, model, x, device, d, ratio, True))
     return out
 
 

@@ -41,15 +41,18 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     fp32_pass = common.forward_pass(model, data)
     quantized = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG, loop)
     out: dict[str, Any] = {}
-    for method in ("max", "mse"):
+    for method in ("max", "mse") if not args.only_compiled else ():
         target = copy.deepcopy(quantized)  # a failed calibration leaves no trace on the others
 
         def calib(a: str = method, m: torch.nn.Module = target) -> None:
             mtq.calibrate(m, algorithm=a, forward_loop=loop)
 
         out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
+    eager = not args.only_compiled
     out.update(
-        common.forward_and_step_ratios(quantized, quantized, model, data[0], dev, r, args.compile)
+        common.forward_and_step_ratios(
+            quantized, quantized, model, data[0], dev, r, args.compile, eager_too=eager
+        )
     )
     return out
 
@@ -67,6 +70,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int)
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--only-compiled", action="store_true")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

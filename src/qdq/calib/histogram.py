@@ -15,9 +15,13 @@ range and the bin count are powers of two, the bin width is a power of two, so
 Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
 :meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
 ``2*num_bins`` bins). Counts are int64, so huge tensors lose nothing (a trap of ``torch.histc``
-with float32 counts): on the CPU ``torch.bincount`` of int32 bin indices over chunks of 2**17
-values through reused buffers with one torch thread, and ``scatter_add_`` into one row per thread
-(:func:`_scatter_cpu`) with more; ``torch.bincount`` over chunks of 2**24 values on other devices.
+with float32 counts). On a GPU, :func:`qdq.kernels.abs_histogram` bins each batch in one pass on its
+own grid (its exponent computed on the device) and the calibrator merges up to 16 such batches with
+one read of their maxima: the same counts, without a host synchronisation per batch (a NaN/inf
+batch is then reported when it is merged, still by its index). Otherwise: on the CPU
+``torch.bincount`` of int32 bin indices over chunks of 2**17 values through reused buffers with one
+torch thread, and ``scatter_add_`` into one row per thread (:func:`_scatter_cpu`) with more;
+``torch.bincount`` over chunks of 2**24 values on other devices.
 The largest ``|x|`` of a batch comes from one ``torch.aminmax`` pass; ``|x|`` itself is never
 materialised.
 
@@ -49,6 +53,7 @@ import threading
 import numpy as np
 import torch
 
+from qdq import kernels
 from qdq.calib.base import CalibrationError, Calibrator, all_reduce, nonfinite_error
 from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
 
@@ -61,6 +66,8 @@ _CHUNK = 1 << 24
 _CPU_CHUNK = 1 << 17
 _SCATTER_CHUNK = 1 << 19
 _PARALLEL_MIN = 1 << 16
+#: device-binned batches held before they are merged (each: ``grid`` int64 counts)
+_PENDING = 16
 DEFAULT_PERCENTILE = 99.99
 
 
@@ -191,6 +198,8 @@ class HistogramCalibrator(Calibrator):
         self._grid = 2 * num_bins  # bins over [0, 2**exp]
         self._log2_grid = self._grid.bit_length() - 1
         self._counts: torch.Tensor | None = None
+        #: batches binned on the device, not yet merged: (counts, [max, exp], pad lanes, index)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
         self._exp = _MIN_EXP
         self._max = 0.0
         self._numel = 0
@@ -199,6 +208,14 @@ class HistogramCalibrator(Calibrator):
     def _collect(self, x: torch.Tensor, index: int) -> None:
         if x.numel() == 0:
             return
+        if kernels.usable(x):  # a GPU: one pass, nothing read back until later (module docstring)
+            counts, stats, pad = kernels.abs_histogram(x, self._grid)
+            self._pending.append((counts, stats, pad, index))
+            self._numel += x.numel()
+            if len(self._pending) >= _PENDING:
+                self._merge_pending()
+            return
+        self._merge_pending()
         if x.dtype != torch.float32 and x.dtype != torch.float64:
             x = x.to(torch.float32)  # exact for half / bfloat16
         lo, hi = torch.aminmax(x)  # max|x| = max(-min, max), one pass and no copy of x
@@ -224,6 +241,33 @@ class HistogramCalibrator(Calibrator):
             full[self._grid - 1] += full[self._grid]
             self._counts += full[: self._grid]
 
+    def _merge_pending(self) -> None:
+        """Fold the batches binned on the device (:func:`qdq.kernels.abs_histogram`, each on its
+        own grid) into the running histogram: one read of their maxima for all of them, then
+        exact merges of ``2**d`` bins, as if each had been binned on the common grid."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        stats = torch.stack([p[1] for p in pending]).cpu().tolist()  # the one synchronisation
+        for (_, _, _, index), (top, _) in zip(pending, stats, strict=True):
+            if not math.isfinite(top):
+                raise nonfinite_error(index)
+        if self._counts is None:
+            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=pending[0][0].device)
+        self._grow(max(int(exp) for _, exp in stats))
+        self._max = max(self._max, *(top for top, _ in stats))
+        pad = 0
+        for (counts, _, lanes, _), (_, exp) in zip(pending, stats, strict=True):
+            pad += lanes  # every padding lane was counted in bin 0, which stays bin 0
+            shift = self._exp - int(exp)
+            if shift == 0:
+                self._counts += counts
+            elif shift >= self._log2_grid:
+                self._counts[0] += counts.sum()
+            else:
+                self._counts[: self._grid >> shift] += counts.view(-1, 1 << shift).sum(dim=1)
+        self._counts[0] -= pad
+
     def _grow(self, exp: int) -> None:
         """Double the range until it reaches ``2**exp``, merging bins exactly."""
         if exp <= self._exp or self._counts is None:
@@ -241,12 +285,14 @@ class HistogramCalibrator(Calibrator):
         self._counts[: merged.numel()] = merged
 
     def _reset(self) -> None:
+        self._pending = []
         self._counts = None
         self._exp = _MIN_EXP
         self._max = 0.0
         self._numel = 0
 
     def _sync(self, group: object) -> None:
+        self._merge_pending()
         # the grid is a power of two: grow every rank to the largest range (exact bin merges),
         # then the int64 counts add up to what one process would have counted
         exp = int(all_reduce(torch.tensor([self._exp], dtype=torch.int64), "max", group)[0])
@@ -271,11 +317,13 @@ class HistogramCalibrator(Calibrator):
     def below_floor(self) -> bool:
         """Whether data was collected and all of it lies at or below :data:`FLOOR` (``2**-24``):
         every method then returns the observed max (see the module docstring)."""
+        self._merge_pending()
         return self._numel > 0 and self._max <= FLOOR
 
     @property
     def observed_max(self) -> float:
         """The largest ``|x|`` collected."""
+        self._merge_pending()
         return self._max
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
@@ -285,6 +333,7 @@ class HistogramCalibrator(Calibrator):
             CalibrationError: nothing was collected.
         """
         self._check_has_data()
+        self._merge_pending()
         if self._counts is None:
             raise CalibrationError("HistogramCalibrator collected only empty tensors")
         counts = self._counts.cpu().numpy()
@@ -320,6 +369,7 @@ class HistogramCalibrator(Calibrator):
         return torch.tensor(min(value, self._max), dtype=torch.float32, device=device)
 
     def __repr__(self) -> str:
+        self._merge_pending()
         return (
             f"HistogramCalibrator(num_bins={self.num_bins}, batches={self.num_batches}, "
             f"max={self._max:.6g})"

@@ -32,6 +32,8 @@ class MaxCalibrator(Calibrator):
             raise TypeError(f"axis must be an int or None, got {type(axis).__name__}")
         self.axis = axis
         self._amax: torch.Tensor | None = None
+        #: on a GPU, per batch: (index, whether its maxima were finite), read once at the end
+        self._finite: list[tuple[int, torch.Tensor]] = []
 
     def _collect(self, x: torch.Tensor, index: int) -> None:
         ax = normalize_axis(self.axis, x.dim())
@@ -43,8 +45,11 @@ class MaxCalibrator(Calibrator):
         else:
             dims = [d for d in range(x.dim()) if d != ax]
             batch_max = (a.amax(dim=dims) if dims else a).to(torch.float32)
-        if not bool(torch.isfinite(batch_max).all()):
-            raise nonfinite_error(index)
+        if x.device.type == "cpu":
+            if not bool(torch.isfinite(batch_max).all()):
+                raise nonfinite_error(index)
+        else:  # a GPU: no host synchronisation per batch; checked when amax is read
+            self._finite.append((index, torch.isfinite(batch_max).all()))
         if self._amax is None:
             self._amax = batch_max
             return
@@ -57,8 +62,20 @@ class MaxCalibrator(Calibrator):
 
     def _reset(self) -> None:
         self._amax = None
+        self._finite = []
+
+    def _check_finite(self) -> None:
+        """Raise for the first batch with NaN/inf that was collected on a GPU."""
+        if not self._finite:
+            return
+        flags = torch.stack([f for _, f in self._finite]).cpu().tolist()
+        bad = [index for (index, _), ok in zip(self._finite, flags, strict=True) if not ok]
+        self._finite = []
+        if bad:
+            raise nonfinite_error(bad[0])
 
     def _sync(self, group: object) -> None:
+        self._check_finite()
         # first agree on the channel count (-1: this rank saw nothing), then take the max
         n = -1 if self._amax is None else self._amax.numel()
         low = -(n if n >= 0 else 1 << 62)  # max(-n) over the ranks with data = -min(n)
@@ -82,6 +99,7 @@ class MaxCalibrator(Calibrator):
         """Return the running abs-max (``method`` must be ``"max"``)."""
         self._check_method(method, percentile)
         self._check_has_data()
+        self._check_finite()
         if self._amax is None:
             raise CalibrationError("MaxCalibrator collected only empty tensors")
         return self._amax.clone()

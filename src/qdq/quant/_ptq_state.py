@@ -111,7 +111,7 @@ class PtqState(nn.Module):
                 self._buffers.pop(buffer, None)
                 record.pop(part, None)
         if "rounding" in record or "bias_correction" in record:
-            self.register_buffer("learned_record", learned_state.encode(record))
+            self.register_buffer("learned_record", learned_state.encode(record, self.amax.device))
         else:
             self._buffers.pop("learned_record", None)
         self._learned_key = None
@@ -170,7 +170,7 @@ class PtqState(nn.Module):
             "sums": learned_state.fingerprint(weight),
         }
         record["amax"] = [float(v) for v in self.amax.detach().reshape(-1).cpu()]
-        self.register_buffer("learned_record", learned_state.encode(record))
+        self.register_buffer("learned_record", learned_state.encode(record, self.amax.device))
         self._learned_key = None
 
     def _check_learned(self, x: torch.Tensor) -> None:

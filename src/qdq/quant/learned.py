@@ -89,10 +89,11 @@ def check_fingerprint(record: dict[str, Any], weight: torch.Tensor, amax: torch.
     return ""
 
 
-def encode(record: dict[str, Any]) -> torch.Tensor:
-    """``record`` as UTF-8 JSON bytes in a uint8 tensor."""
+def encode(record: dict[str, Any], device: torch.device | str | None = None) -> torch.Tensor:
+    """``record`` as UTF-8 JSON bytes in a uint8 tensor on ``device`` (the quantizer's: every
+    buffer of a quantizer lives where the tensor it serves does, issue 32)."""
     data = json.dumps(record, sort_keys=True).encode("utf-8")
-    return torch.tensor(list(data), dtype=torch.uint8)
+    return torch.tensor(list(data), dtype=torch.uint8, device=device)
 
 
 def decode(buffer: torch.Tensor) -> dict[str, Any]:

@@ -16,6 +16,11 @@ it outside. When ``amax`` requires grad, its gradient is the LSQ one: ``(q - x/s
 range and ``q`` outside, times ``d scale / d amax = 1/qmax``, reduced to ``amax``'s shape; with
 ``amax_grad="pact"`` only the clipped values contribute (``q/qmax``, about ``±1``: PACT's clip gradient).
 :func:`grad_scale` multiplies a gradient without touching the value (LSQ's step-size gradient scale).
+
+On a GPU, a per-tensor fake quantization with a fixed ``amax`` (activations, the default QAT) runs
+as one fused Triton pass forward and one backward (:mod:`qdq.kernels`; the same bits, checked on each
+device before first use); everything else, and everything under ``torch.compile`` (where inductor
+fuses this formulation itself), runs the torch operations below.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from qdq import kernels
 from qdq._validate import normalize_axis
 
 __all__ = [
@@ -225,17 +231,21 @@ class _FakeQuantSTE(torch.autograd.Function):
         pact: bool = False,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
-        x32 = x.to(torch.float32)
         amax32 = amax.detach().to(torch.float32)
-        scale = torch.clamp(amax32 / qmax, min=MIN_SCALE)
-        if ax is not None:
-            scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
-        scaled = x32 / scale
         ctx.axis = ax
         ctx.qmax = qmax
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
+        ctx.fused = ax is None and not ctx.amax_needs_grad and kernels.usable(x)
+        if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below
+            ctx.save_for_backward(x, amax32)
+            return kernels.fake_quant(x, amax32, qmin, qmax)
+        x32 = x.to(torch.float32)
+        scale = torch.clamp(amax32 / qmax, min=MIN_SCALE)
+        if ax is not None:
+            scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+        scaled = x32 / scale
         # 0 + q·scale in one pass: adding +0.0 turns -0.0 into +0.0 (integer codes have no signed
         # zero, so DequantizeLinear never returns -0.0 and neither do we: bit-identical outputs,
         # not just equal values); q·scale is exact-rounded either way (an FMA adds an exact 0)
@@ -256,6 +266,11 @@ class _FakeQuantSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (grad_out,) = grads
+        if ctx.fused:
+            if not ctx.needs_input_grad[0]:
+                return None, None, None, None, None, None
+            x, amax32 = ctx.saved_tensors
+            return kernels.ste_grad(x, amax32, ctx.qmax, grad_out), None, None, None, None, None
         if ctx.amax_needs_grad:
             x32, scale, q, scaled = ctx.saved_tensors
         else:

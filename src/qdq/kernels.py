@@ -1,0 +1,247 @@
+"""Fused GPU kernels (Triton, which ships with CUDA builds of torch) for the hot elementwise paths.
+
+On a GPU, the torch formulation of a fake quantization is four passes over the activation
+(``x / scale``, ``round``, ``clamp``, ``q * scale``) and its straight-through backward three more;
+the calibration histogram is five (``aminmax``, ``* factor``, ``abs``, a cast, ``bincount``) plus
+two host synchronisations per call (the batch maximum decides the grid; ``torch.bincount`` reads
+its input's range on the host). Each pass over a ResNet-50 batch moves gigabytes: the kernels here
+do each job in one pass, and never ask the host for a value.
+
+* :func:`fake_quant` — per-tensor ``QuantizeLinear`` → ``DequantizeLinear`` of a dense tensor with
+  the numerics contract of :mod:`qdq.quant.primitives` bit for bit: IEEE division (``div_rn``, not
+  a multiplication by the inverse), round half to even (``rint``), saturation with NaN kept, no
+  ``-0.0``, computed in float32 and stored in the input's dtype;
+* :func:`ste_grad` — its straight-through gradient: ``grad`` where ``|x| <= amax``, else 0;
+* :func:`abs_histogram` — the int64 counts of ``floor(|x| · 2**(log2(grid) - e))`` over ``grid``
+  bins (the top value in the last bin), with ``e`` the batch's own grid exponent, computed on the
+  device from the batch maximum; returns the counts and ``(max|x|, e)`` as device tensors, so that
+  :class:`~qdq.calib.HistogramCalibrator` merges batches later with one synchronisation for many.
+
+:func:`usable` says whether they serve a tensor: a CUDA tensor, dense (contiguous or channels-last),
+outside ``torch.compile`` / tracing (inductor fuses the torch formulation itself), Triton importable,
+``QDQ_KERNELS`` not ``0``, and the first use on each device passed a self-check against the torch
+formulation on tensors built to hit every rounding tie, saturation, signed zero, NaN, infinity and
+half-precision edge (:func:`self_check`). A failed check warns once and that device keeps the torch
+path: a kernel can cost speed, never a wrong number. ``TRITON_INTERPRET=1`` runs the kernels on the
+CPU (Triton's interpreter), which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+from typing import Any
+
+import torch
+
+__all__ = ["abs_histogram", "fake_quant", "self_check", "ste_grad", "usable"]
+
+#: elements per program of the elementwise kernels
+_BLOCK = 2048
+#: elements per tile of the histogram kernel (each program loops over many tiles)
+_HIST_BLOCK = 1024
+#: the smallest scale (``qdq.quant.primitives.MIN_SCALE``; repeated to keep this module leaf-level)
+_MIN_SCALE = 2.0**-24 / 127.0
+_MIN_EXP = -24
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+#: the dtypes served; Triton's CPU interpreter rounds float32 → bfloat16 by truncation (the GPU
+#: compiler rounds to nearest even, as torch), so there bfloat16 keeps the torch path
+_DTYPES = (
+    (torch.float32, torch.float16) if _INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
+)
+_CHECKED: dict[tuple[str, int | None], bool] = {}
+
+
+@functools.cache
+def _triton() -> Any:
+    """The jitted kernels (:mod:`qdq._triton_kernels`), or ``None`` when Triton cannot be
+    imported."""
+    try:
+        from qdq import _triton_kernels as kernels
+    except Exception:  # absent, or broken for this torch: fall back
+        return None
+    return {"fq_fwd": kernels.fq_fwd, "ste_bwd": kernels.ste_bwd, "abs_hist": kernels.abs_hist}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span exactly once, in the order of another
+    tensor made by ``torch.empty_like`` (then a kernel may walk the memory linearly)."""
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return True
+    return t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def _key(device: torch.device) -> tuple[str, int | None]:
+    if device.type == "cuda" and device.index is None:
+        return ("cuda", torch.cuda.current_device())
+    return (device.type, device.index)
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the fused kernels serve ``x`` (see the module docstring)."""
+    if x.device.type != "cuda" and not (_INTERPRET and x.device.type == "cpu"):
+        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not _dense(x):
+        return False
+    if x.dtype not in _DTYPES or type(x) is not torch.Tensor:
+        return False
+    key = _key(x.device)
+    ok = _CHECKED.get(key)
+    if ok is None:
+        ok = _CHECKED[key] = _first_use(x.device)
+    return ok
+
+
+def _first_use(device: torch.device) -> bool:
+    if os.environ.get("QDQ_KERNELS", "1") == "0" or _triton() is None:
+        return False
+    try:
+        problem = self_check(device)
+    except Exception as err:  # a compiler or driver error: fall back, say why
+        problem = f"{type(err).__name__}: {str(err).strip()[:300]}"
+    if problem:
+        warnings.warn(
+            f"qdq: the fused Triton kernels failed their self-check on {device} ({problem}); "
+            "using the unfused torch path (same numbers, slower)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _launch_1d(n: int) -> tuple[int]:
+    return (max(1, -(-n // _BLOCK)),)
+
+
+def fake_quant(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """Per-tensor fake quantization of a dense ``x`` with a one-element float32 ``amax`` (no
+    check of either: callers ask :func:`usable` first)."""
+    k = _triton()["fq_fwd"]
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        k[_launch_1d(n)](x, out, amax, n, float(qmin), float(qmax), _MIN_SCALE, BLOCK=_BLOCK)
+    return out
+
+
+def ste_grad(x: torch.Tensor, amax: torch.Tensor, qmax: int, grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` where ``|x| <= max(amax/qmax, MIN_SCALE)·qmax``, else 0 (``grad``'s dtype)."""
+    if grad.shape != x.shape or grad.stride() != x.stride():
+        grad = grad.expand(x.shape).clone(memory_format=torch.preserve_format)
+        if grad.stride() != x.stride():
+            grad = torch.empty_like(x, dtype=grad.dtype).copy_(grad)
+    k = _triton()["ste_bwd"]
+    out = torch.empty_like(grad)
+    n = x.numel()
+    if n:
+        k[_launch_1d(n)](x, grad, out, amax, n, float(qmax), _MIN_SCALE, BLOCK=_BLOCK)
+    return out
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(device: torch.device, tiles: int) -> int:
+    """Histogram programs: two per multiprocessor (each loops over its tiles, then writes one
+    row of counts), fewer for a small tensor."""
+    return max(1, min(tiles, 2 * _multiprocessors(device)))
+
+
+def abs_histogram(x: torch.Tensor, grid: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Count ``floor(|x| · 2**(log2(grid) - e))`` into ``grid`` bins (values at ``grid`` in the
+    last), ``e`` the smallest exponent with ``2**e >= max|x|`` (at least -24).
+
+    Returns ``(counts, stats, pad)``: int64 counts on ``x``'s device, float32 ``[max|x|, e]`` on
+    the device (NaN/inf when ``x`` holds any), and the number of padding lanes counted in bin 0
+    (to subtract; a host number, so that nothing here waits for the device).
+    """
+    n = x.numel()
+    lohi = torch.stack(torch.aminmax(x))
+    tiles = max(1, -(-n // _HIST_BLOCK))
+    nprog = _programs(x.device, tiles)
+    per_prog = -(-tiles // nprog)
+    part = torch.empty((nprog, grid), dtype=torch.int32, device=x.device)
+    stats = torch.empty(2, dtype=torch.float32, device=x.device)
+    _triton()["abs_hist"][(nprog,)](
+        x, lohi, part, stats, n, per_prog,
+        GRID=grid, LOG2_GRID=grid.bit_length() - 1, MIN_EXP=_MIN_EXP, BLOCK=_HIST_BLOCK,
+    )  # fmt: skip
+    counts = part.sum(dim=0, dtype=torch.int64)
+    return counts, stats, nprog * per_prog * _HIST_BLOCK - n
+
+
+# ----------------------------------------------------------------------------- the self-check
+
+
+def _probe(device: torch.device) -> torch.Tensor:
+    """float32 values that hit every edge at ``amax = 1.27`` (scale 0.01) and at the floored
+    scale: rounding ties both ways, saturation, signed zeros, NaN, ±inf, subnormals, and a
+    random bulk."""
+    scale = torch.tensor(0.01, dtype=torch.float32)
+    codes = torch.arange(-140, 141, dtype=torch.float32)
+    ties = (codes + 0.5) * scale  # x / scale lands on or next to .5
+    near = torch.cat([torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1)])
+    special = torch.tensor(
+        [0.0, -0.0, 1e-45, -1e-45, 1e-30, -3e-3, 4.9e-3, -5e-3, 5e-3, 1.27, -1.27, 1.28, -1.29,
+         1e30, -1e30, math.inf, -math.inf, math.nan, 2.0**-24, -(2.0**-25)]
+    )  # fmt: skip
+    bulk = torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 0.7
+    return torch.cat([codes * scale, ties, near, special, bulk]).to(device)
+
+
+def _reference_fq(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    scale = torch.clamp(amax.to(torch.float32) / qmax, min=_MIN_SCALE)
+    q = torch.round(x.to(torch.float32) / scale).clamp_(qmin, qmax)
+    return torch.addcmul(torch.zeros((), device=x.device), q, scale).to(x.dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical, NaN included."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    view = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+    return torch.equal(a.view(view[a.dtype]), b.view(view[b.dtype]))
+
+
+def self_check(device: torch.device | str) -> str | None:
+    """Compare each kernel with the torch formulation on ``device``; return what differs, or
+    ``None`` when every output is bit-identical."""
+    device = torch.device(device)
+    probe = _probe(device)
+    for amax_value in (1.27, 0.0, 3e-9, 1e20):
+        amax = torch.tensor(amax_value, dtype=torch.float32, device=device)
+        for dtype in _DTYPES:
+            x = probe.to(dtype)
+            for qmin, qmax in ((-128, 127), (-127, 127), (-8, 7)):
+                got = fake_quant(x, amax, qmin, qmax)
+                if not _same(got, _reference_fq(x, amax, qmin, qmax)):
+                    return f"fake_quant differs ({dtype}, amax {amax_value}, [{qmin}, {qmax}])"
+            g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+            scale = torch.clamp(amax / 127, min=_MIN_SCALE)
+            want = torch.where(x.to(torch.float32).abs() <= scale * 127, g, 0.0)
+            if not _same(ste_grad(x, amax, 127, g), want):
+                return f"ste_grad differs ({dtype}, amax {amax_value})"
+    finite = probe[torch.isfinite(probe)]
+    for data in (finite, finite * 1e-12, torch.zeros(7, device=device), finite.abs() * 3e5):
+        for grid in (512, 4096):
+            counts, stats, pad = abs_histogram(data, grid)
+            counts[0] -= pad
+            top = float(data.abs().max())
+            mant, e = math.frexp(top) if top > 0 else (0.5, _MIN_EXP + 1)
+            exp = max(e - 1 if mant == 0.5 else e, _MIN_EXP)
+            factor = 2.0 ** ((grid.bit_length() - 1) - exp)
+            idx = (data.abs() * factor).to(torch.int64).clamp_(max=grid - 1)
+            want = torch.bincount(idx.cpu(), minlength=grid)
+            if stats.cpu().tolist() != [top, float(exp)] or not torch.equal(counts.cpu(), want):
+                return f"abs_histogram differs (grid {grid}, max {top:g})"
+    return None

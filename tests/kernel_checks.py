@@ -1,0 +1,118 @@
+"""Checks of :mod:`qdq.kernels` shared by the CPU tests (Triton's interpreter, in a subprocess with
+``TRITON_INTERPRET=1``) and the GPU tests: each fused path gives the bits of the torch path."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qdq import kernels
+from qdq.calib import CalibrationError, HistogramCalibrator
+from qdq.quant.primitives import fake_quant_unchecked
+
+_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(_VIEW[t.dtype]).cpu()
+
+
+def _unfused(device: torch.device) -> _Toggle:
+    return _Toggle(device)
+
+
+class _Toggle:
+    """Within the block, the kernels do not serve ``device`` (the torch path runs)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.key = kernels._key(device)
+
+    def __enter__(self) -> None:
+        self.saved = kernels._CHECKED.get(self.key)
+        kernels._CHECKED[self.key] = False
+
+    def __exit__(self, *exc: object) -> None:
+        kernels._CHECKED[self.key] = self.saved  # type: ignore[assignment]
+
+
+def check_fake_quant_and_grad(device: str, dtypes: tuple[torch.dtype, ...]) -> int:
+    """The fused forward and STE backward against the torch path, per dtype and layout; returns
+    how many cases ran fused."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    fused = 0
+    for dtype in dtypes:
+        for shape, channels_last in (((3, 5, 7, 9), False), ((2, 8, 6, 6), True), ((4097,), False)):
+            x = (torch.randn(shape, generator=gen) * 3).to(dev, dtype)
+            x.view(-1)[:3] = torch.tensor([math.nan, math.inf, -0.0])
+            if channels_last:
+                x = x.to(memory_format=torch.channels_last)
+            x.requires_grad_()
+            amax = torch.tensor(2.5, device=dev)
+            grad = torch.randn(shape, generator=gen).to(dev, dtype)
+            fused += kernels.usable(x)
+            y = fake_quant_unchecked(x, amax)
+            y.backward(grad)
+            got_y, got_g = _bits(y), _bits(x.grad)
+            assert y.stride() == x.stride()
+            x.grad = None
+            with _unfused(dev):
+                want = fake_quant_unchecked(x, amax)
+                want.backward(grad)
+            assert torch.equal(got_y, _bits(want)), (dtype, shape)
+            assert torch.equal(got_g, _bits(x.grad)), (dtype, shape)
+    return fused
+
+
+def check_histogram(device: str) -> None:
+    """Device-binned batches (growing range, a half batch, zeros, values below the floor) give
+    the counts, maximum and amax of the torch path; a NaN batch is reported by its index."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randn(3, 50, generator=gen) * s for s in (0.01, 1.0, 0.5, 40.0, 3.0)]
+    data += [torch.zeros(5), torch.rand(7, generator=gen) * 1e-30]
+    data += [(torch.randn(2, 3, 4, 4, generator=gen) * 8).half()]
+    data += [torch.randn(20, generator=gen) * 2.0**k for k in range(-3, 30, 2)]  # > 16 pending
+
+    def collect() -> HistogramCalibrator:
+        cal = HistogramCalibrator(256)
+        for i, batch in enumerate(data):
+            cal.collect(batch.to(dev))
+            if i == 2:
+                assert cal.observed_max > 0  # a merge midway
+        return cal
+
+    fused = collect()
+    with _unfused(dev):
+        plain = collect()
+    (ca, ea), (cb, eb) = fused.histogram(), plain.histogram()
+    assert ca.tolist() == cb.tolist() and ea.tolist() == eb.tolist()
+    assert fused.observed_max == plain.observed_max
+    for method in ("max", "entropy", "mse", "percentile"):
+        assert torch.equal(fused.compute_amax(method), plain.compute_amax(method)), method
+    cal = HistogramCalibrator()
+    cal.collect(torch.randn(10, device=dev))
+    bad = torch.randn(10, device=dev)
+    bad[3] = math.nan
+    cal.collect(bad)
+    try:
+        cal.compute_amax("max")
+    except CalibrationError as err:
+        assert "batch 1" in str(err)
+    else:
+        raise AssertionError("a NaN batch was not reported")
+
+
+def main() -> None:
+    """The interpreter run (``TRITON_INTERPRET=1`` on the CPU): bfloat16 keeps the torch path
+    there (the interpreter truncates float32 → bfloat16), so it is not among the dtypes."""
+    assert kernels.self_check("cpu") is None
+    assert check_fake_quant_and_grad("cpu", (torch.float32, torch.float16)) == 6
+    assert not kernels.usable(torch.randn(4, dtype=torch.bfloat16))
+    check_histogram("cpu")
+    print("kernel checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The fused Triton kernels (qdq.kernels): the same bits as the torch path, a fallback that costs
+speed and never a number. On the CPU through Triton's interpreter (a subprocess with
+TRITON_INTERPRET=1, which Triton reads at import); on a GPU (marked ``gpu``) compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernel_checks
+from qdq import kernels
+
+pytest.importorskip("triton")
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([str(SRC), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": path, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_kernels_give_the_torch_paths_bits_in_the_interpreter() -> None:
+    done = _run("import kernel_checks; kernel_checks.main()", TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kernel checks passed" in done.stdout
+
+
+def test_a_failed_self_check_warns_once_and_keeps_the_torch_path() -> None:
+    code = (
+        "import warnings, torch\nfrom qdq import kernels\n"
+        "kernels.self_check = lambda device: 'planted difference'\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    x = torch.randn(8)\n"
+        "    assert not kernels.usable(x) and not kernels.usable(x)\n"
+        "print(len(seen), seen[0].message)\n"
+    )
+    done = _run(code, TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, message = done.stdout.split(" ", 1)
+    assert count == "1" and "planted difference" in message and "torch path" in message
+
+
+def test_qdq_kernels_0_turns_them_off() -> None:
+    done = _run(
+        "import torch\nfrom qdq import kernels\nprint(kernels.usable(torch.randn(8)))",
+        TRITON_INTERPRET="1",
+        QDQ_KERNELS="0",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False"
+
+
+def test_cpu_tensors_keep_the_torch_path_without_the_interpreter() -> None:
+    if kernels._INTERPRET:
+        pytest.skip("this process runs Triton's interpreter")
+    assert not kernels.usable(torch.randn(4, 4))
+
+
+@pytest.mark.gpu
+def test_kernels_pass_their_self_check_and_serve_cuda_tensors() -> None:
+    assert kernels.self_check("cuda") is None
+    x = torch.randn(2, 3, 4, 4, device="cuda")
+    assert kernels.usable(x) and kernels.usable(x.to(memory_format=torch.channels_last))
+    assert kernels.usable(x.bfloat16()) and kernels.usable(x.half())
+    assert not kernels.usable(x.transpose(0, 2)) and not kernels.usable(x.double())
+
+
+@pytest.mark.gpu
+def test_fused_fake_quant_and_grad_match_the_torch_path_on_cuda() -> None:
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert kernel_checks.check_fake_quant_and_grad("cuda", dtypes) == 9
+
+
+@pytest.mark.gpu
+def test_device_histogram_matches_the_torch_path_on_cuda() -> None:
+    kernel_checks.check_histogram("cuda")
+
+
+@pytest.mark.gpu
+def test_fused_fake_quant_of_a_large_tensor_matches_the_cpu() -> None:
+    x = torch.randn(64, 256, 56, 56, device="cuda") * 4
+    amax = torch.tensor(3.3, device="cuda")
+    from qdq.quant.primitives import fake_quant_unchecked
+
+    assert kernels.usable(x)
+    got = fake_quant_unchecked(x, amax).cpu()
+    want = fake_quant_unchecked(x.cpu(), amax.cpu())
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
