@@ -101,3 +101,21 @@ def test_fused_fake_quant_of_a_large_tensor_matches_the_cpu() -> None:
     got = fake_quant_unchecked(x, amax).cpu()
     want = fake_quant_unchecked(x.cpu(), amax.cpu())
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.gpu
+def test_the_scale_of_a_cuda_amax_is_the_one_the_exporter_writes() -> None:
+    # torch's CUDA division by a Python number multiplies by its float32 reciprocal (one bit
+    # lost); the scale must be the IEEE quotient computed on the CPU at export
+    from qdq.quant.primitives import fake_quant_unchecked, scale_from_amax
+
+    amax = torch.rand(200_000, generator=torch.Generator().manual_seed(3)) * 10
+    for bits in (8, 4):
+        got = scale_from_amax(amax.cuda(), bits).cpu()
+        assert torch.equal(got.view(torch.int32), scale_from_amax(amax, bits).view(torch.int32))
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 3
+    for value in amax[:200].tolist():
+        a = torch.tensor(value)
+        with kernel_checks._unfused(torch.device("cuda")):
+            got = fake_quant_unchecked(x.cuda(), a.cuda(), num_bits=4).cpu()
+        assert torch.equal(got, fake_quant_unchecked(x, a, num_bits=4)), value

@@ -200,7 +200,9 @@ def _probe(device: torch.device) -> torch.Tensor:
 
 
 def _reference_fq(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
-    scale = torch.clamp(amax.to(torch.float32) / qmax, min=_MIN_SCALE)
+    from qdq.quant.primitives import _scale  # the torch path's own (an IEEE division)
+
+    scale = _scale(amax.to(torch.float32), qmax)
     q = torch.round(x.to(torch.float32) / scale).clamp_(qmin, qmax)
     return torch.addcmul(torch.zeros((), device=x.device), q, scale).to(x.dtype)
 
@@ -227,7 +229,7 @@ def self_check(device: torch.device | str) -> str | None:
                 if not _same(got, _reference_fq(x, amax, qmin, qmax)):
                     return f"fake_quant differs ({dtype}, amax {amax_value}, [{qmin}, {qmax}])"
             g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-            scale = torch.clamp(amax / 127, min=_MIN_SCALE)
+            scale = torch.clamp(amax / torch.full((), 127.0, device=device), min=_MIN_SCALE)
             want = torch.where(x.to(torch.float32).abs() <= scale * 127, g, 0.0)
             if not _same(ste_grad(x, amax, 127, g), want):
                 return f"ste_grad differs ({dtype}, amax {amax_value})"

@@ -76,7 +76,7 @@ def scale_from_amax(amax: torch.Tensor, num_bits: int = 8) -> torch.Tensor:
         1.0
     """
     _, qmax = quant_range(num_bits)
-    return torch.clamp(amax.to(torch.float32) / qmax, min=MIN_SCALE)
+    return _scale(amax.to(torch.float32), qmax)
 
 
 def fake_quant(
@@ -192,22 +192,38 @@ def _as_amax_tensor(x: torch.Tensor, amax: torch.Tensor | float, axis: int | Non
     return amax_t.reshape(-1)
 
 
-#: one float32 ``+0.0`` scalar per device, read (never written) by :func:`_zero`'s callers
-_ZEROS: dict[torch.device, torch.Tensor] = {}
+#: float32 scalar constants per (device, value), read (never written) by :func:`_constant`'s callers
+_CONSTANTS: dict[tuple[torch.device, float], torch.Tensor] = {}
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A float32 scalar tensor holding ``value`` on ``like``'s device: made once per device in
+    eager mode (on a GPU each new one is a kernel launch per fake-quant call), a constant under
+    dynamo (a cache that grows while dynamo traces fails the frame's own guards)."""
+    if torch.compiler.is_dynamo_compiling() or torch.jit.is_tracing():
+        return torch.full((), value, dtype=torch.float32, device=like.device)
+    key = (like.device, value)
+    const = _CONSTANTS.get(key)
+    if const is None:
+        const = torch.full((), value, dtype=torch.float32, device=like.device)
+        if type(const) is torch.Tensor and not const.is_inference():  # not a fake tensor of
+            _CONSTANTS[key] = const  # torch.export's tracing, nor an inference-mode one
+    return const
 
 
 def _zero(like: torch.Tensor) -> torch.Tensor:
-    """A float32 ``+0.0`` scalar tensor on ``like``'s device: made once per device in eager mode
-    (on a GPU each new one is a kernel launch per fake-quant call), a constant under dynamo
-    (a cache that grows while dynamo traces fails the frame's own guards)."""
-    if torch.compiler.is_dynamo_compiling() or torch.jit.is_tracing():
-        return torch.zeros((), dtype=torch.float32, device=like.device)
-    zero = _ZEROS.get(like.device)
-    if zero is None:
-        zero = torch.zeros((), dtype=torch.float32, device=like.device)
-        if type(zero) is torch.Tensor and not zero.is_inference():  # not a fake tensor of
-            _ZEROS[like.device] = zero  # torch.export's tracing, nor an inference-mode one
-    return zero
+    """A float32 ``+0.0`` scalar tensor on ``like``'s device (:func:`_constant`)."""
+    return _constant(0.0, like)
+
+
+def _scale(amax32: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``max(amax / qmax, MIN_SCALE)`` with an IEEE float32 division on every device.
+
+    The divisor is a tensor on ``amax``'s device, not a Python number: torch's CUDA kernel divides
+    by a CPU scalar as a multiplication by its float32 reciprocal, which loses a bit (measured on an
+    H200: ``1.27 / 7`` came out one ulp off), so the scale of a CUDA model differed from the one the
+    exporter writes (computed on the CPU) for some amax values."""
+    return torch.clamp(amax32 / _constant(float(qmax), amax32), min=MIN_SCALE)
 
 
 def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
@@ -242,7 +258,7 @@ class _FakeQuantSTE(torch.autograd.Function):
             ctx.save_for_backward(x, amax32)
             return kernels.fake_quant(x, amax32, qmin, qmax)
         x32 = x.to(torch.float32)
-        scale = torch.clamp(amax32 / qmax, min=MIN_SCALE)
+        scale = _scale(amax32, qmax)
         if ax is not None:
             scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
         scaled = x32 / scale
