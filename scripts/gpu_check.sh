@@ -50,8 +50,11 @@ if [[ " $stages " == *" bench "* ]]; then
         --repeats 5 ${GPU_BENCH_ARGS:-} 2>&1 | tee "$out/gpu_bench.log"
 fi
 if [[ " $stages " == *" compile "* ]]; then
+    # why a compiled model recompiles or breaks its graph (on the H200 a compiled ResNet-50
+    # forward cost ~15 s a call with recompile_limit hit, where this CPU recompiles 7 times in all)
     # shellcheck disable=SC2086
-    timeout "${GPU_COMPILE_TIMEOUT:-300}" python3 benchmarks/gpu.py "${peers[@]}" --repeats 5 \
+    TORCH_LOGS="${GPU_TORCH_LOGS:-recompiles,graph_breaks}" \
+        timeout "${GPU_COMPILE_TIMEOUT:-300}" python3 benchmarks/gpu.py "${peers[@]}" --repeats 5 \
         --only-compiled --models ${GPU_COMPILE_MODELS:-resnet50} 2>&1 | tee "$out/gpu_compile.log"
 fi
 exit "$status"
