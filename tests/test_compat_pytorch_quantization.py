@@ -22,7 +22,7 @@ from qdq.compat.pytorch_quantization import calib, quant_modules, tensor_quant
 from qdq.compat.pytorch_quantization import nn as quant_nn
 from qdq.compat.pytorch_quantization.nn.modules import _utils as quant_nn_utils
 from qdq.compat.pytorch_quantization.tensor_quant import QuantDescriptor
-from reference_calib import entropy_reference
+from reference_calib import entropy_reference, percentile_reference
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -231,6 +231,16 @@ def test_histogram_calibrator_methods_and_grids():
     ]  # fmt: skip
     best = 128 + int(np.argmin(errors))
     assert float(up.compute_amax("mse")) == pytest.approx(float(centres[best]), rel=1e-7)
+    # upstream's percentile on its grid: the left edge of the bin where the float CDF reaches p
+    # (qdq's own grid keeps the right edge: one bin above)
+    for p in (50.0, 99.0, 99.9, 99.99, 100.0):
+        cdf = np.cumsum(counts / counts.sum())
+        want = np.float32(edges[int(np.searchsorted(cdf, p / 100))])
+        assert float(up.compute_amax("percentile", percentile=p)) == float(want), p
+    # (away from a tie of the count with p·total, where float CDF rounding may move upstream on)
+    right = percentile_reference(counts, edges, 99.37)
+    left = float(up.compute_amax("percentile", percentile=99.37))
+    assert right - left == pytest.approx(edges[1] - edges[0], abs=2e-6)  # left: float32
     with pytest.raises(TypeError, match="unknown calibration method"):
         ours.compute_amax("kl")
     with pytest.raises(ValueError, match="per tensor"):

@@ -9,8 +9,11 @@ Two grids (``grid=``):
   first batch fixes the bin width (``max|x| / num_bins``), later batches that exceed the range
   append bins of that width. The result depends on the first batch.
 
-Entropy is qdq's vectorised reference KL procedure (same amax as upstream on the same histogram),
-percentile uses the same right-edge convention. mse depends on the grid: on qdq's grid it is
+Entropy is qdq's vectorised reference KL procedure (same amax as upstream on the same histogram).
+Percentile on the upstream grid is upstream's: the *left* edge of the first bin where the float64
+CDF (``cumsum(counts / total)``) reaches ``percentile / 100``; on qdq's grid it is
+:func:`qdq.calib.methods.percentile_amax` (the right edge of that bin: every value at or below amax
+is then inside the range). mse depends on the grid: on qdq's grid it is
 :func:`qdq.calib.methods.mse_amax` (candidates: bin edges plus the observed max); on the upstream
 grid it is upstream's search (candidates: the bin centres from ``start_bin`` on, the count-weighted
 error of the fake-quantized centres, first minimum), with qdq's ONNX rounding. Histograms are per
@@ -187,6 +190,8 @@ class HistogramCalibrator:
             value = mse_amax(
                 counts, edges, observed_max=observed, num_bits=self._num_bits, start_bin=start_bin
             )
+        elif self._impl is None:
+            value = _upstream_percentile_amax(counts, edges, percentile)
         else:
             value = percentile_amax(counts, edges, percentile)
         return torch.tensor(min(value, observed), dtype=torch.float32)
@@ -196,6 +201,18 @@ class HistogramCalibrator:
             f"HistogramCalibrator(num_bits={self._num_bits}, num_bins={self._num_bins}, "
             f"skip_zeros={self._skip_zeros}, grid={self._grid!r})"
         )
+
+
+def _upstream_percentile_amax(counts: np.ndarray, edges: np.ndarray, percentile: float) -> float:
+    """Upstream's percentile on its grid: the left edge ``edges[idx]`` of the first bin whose
+    float64 CDF reaches ``percentile / 100`` (``np.searchsorted``, as upstream computes it)."""
+    if not 0.0 < float(percentile) <= 100.0:
+        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+    total = counts.sum()
+    if total <= 0:
+        raise ValueError("the histogram has no counts")
+    cdf = np.cumsum(counts / total)
+    return float(edges[int(np.searchsorted(cdf, float(percentile) / 100))])
 
 
 def _centre_mse_amax(
