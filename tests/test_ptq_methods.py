@@ -244,7 +244,7 @@ def test_end_to_end_output_export_and_manifest(tmp_path: Path) -> None:
     choice = choose_methods(prepared, calib)
     per_quantizer = layer_errors(prepared, evaluation, histograms=0).output.sqnr_db
     print(f"\noutput SQNR dB, global: { {k: round(v, 2) for k, v in sqnr.items()} }; per quantizer "
-          f"from {worst}: {per_quantizer:.2f} ({choice.summary})")  # fmt: skip
+          f"from {worst}: {per_quantizer:.2f} ({choice.summary()})")  # fmt: skip
     assert per_quantizer >= sqnr[worst] and choice.changed
     assert {r.measured for r in choice.rows} >= {"layer output", "tensor"}  # the pool: tensor
     assert choice.row("conv1:input").measured == "layer output + tensor"  # the residual skip
@@ -282,8 +282,10 @@ def test_modes_training_flag_and_report() -> None:
     assert len(DEFAULT_CANDIDATES) == 6
     row = choice.row("conv2:input")
     assert set(row.errors) == set(choice.candidates) and row.owner == "conv2"
-    assert choice.summary.startswith(f"method per quantizer: {len(choice.changed)} of 6 changed; ")
-    assert choice.summary.endswith("; 1 skipped")
+    assert choice.summary().startswith(
+        f"method per quantizer: {len(choice.changed)} of 6 changed; "
+    )
+    assert choice.summary().endswith("; 1 skipped")
     table = choice.format(top=2)
     best = max(choice.rows, key=lambda r: r.gain_db)
     lines = table.splitlines()

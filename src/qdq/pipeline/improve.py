@@ -22,6 +22,8 @@ from typing import Any
 
 from torch import nn
 
+from qdq.ptq.step import STEPS, StepReport
+
 __all__ = ["ROUNDINGS", "PtqOptions", "QatOptions", "improver", "run_qat"]
 
 ROUNDINGS = ("nearest", "kernel-sum", "adaround")
@@ -85,40 +87,65 @@ class PtqOptions:
 def improver(
     options: PtqOptions, batches: list[Any], show_progress: bool
 ) -> tuple[Callable[[nn.Module], None], dict[str, Any]]:
-    """``(improve, reports)``: ``improve(prepared)`` runs the steps; ``reports`` holds the JSON of
-    the latest run of each step (a fallback search re-plans and improves again)."""
+    """``(improve, reports)``: ``improve(prepared)`` runs the steps after calibration in pipeline
+    order (:data:`qdq.ptq.step.STEPS`); ``reports`` holds each step's report
+    (:meth:`~qdq.ptq.step.StepReport.to_report`) from its latest run (a fallback search re-plans
+    and improves again)."""
     reports: dict[str, Any] = {}
+    runs = _step_runs(options, batches, show_progress)
 
     def improve(prepared: nn.Module) -> None:
-        if options.method_per_quantizer:
+        for s in STEPS:
+            if s.key in runs:
+                reports[s.key] = runs[s.key](prepared).to_report()
+
+    return improve, reports
+
+
+def _step_runs(
+    options: PtqOptions, batches: list[Any], show_progress: bool
+) -> dict[str, Callable[[nn.Module], StepReport]]:
+    """The steps ``options`` turns on after calibration, each as ``run(prepared) -> report``."""
+    runs: dict[str, Callable[[nn.Module], StepReport]] = {}
+    if options.method_per_quantizer:
+
+        def methods(prepared: nn.Module) -> StepReport:
             from qdq.ptq.methods import choose_methods
 
-            reports["method_per_quantizer"] = choose_methods(
-                prepared, batches, show_progress=show_progress
-            ).to_dict()
-        if options.rounding == "kernel-sum":
+            return choose_methods(prepared, batches, show_progress=show_progress)
+
+        runs["method_per_quantizer"] = methods
+    if options.rounding == "kernel-sum":
+
+        def kernel_sums(prepared: nn.Module) -> StepReport:
             from qdq.ptq.kernel_sums import kernel_sum_rounding
 
-            sums = kernel_sum_rounding(prepared, batches)
-            reports["kernel_sum"] = {"summary": sums.summary(), **sums.to_dict()}
-        if options.rounding == "adaround":
+            return kernel_sum_rounding(prepared, batches)
+
+        runs["kernel_sum"] = kernel_sums
+    if options.rounding == "adaround":
+
+        def rounding(prepared: nn.Module) -> StepReport:
             from qdq.ptq.adaround import adaround
 
-            rounding = adaround(
+            return adaround(
                 prepared,
                 batches,
                 num_samples=options.adaround_samples,
                 iters=options.adaround_iters,
                 show_progress=show_progress,
             )
-            reports["adaround"] = {"summary": rounding.summary(), **rounding.to_dict()}
-        if options.bias_correction:
+
+        runs["adaround"] = rounding
+    if options.bias_correction:
+
+        def bias(prepared: nn.Module) -> StepReport:
             from qdq.ptq.bias import correct_bias
 
-            bias = correct_bias(prepared, batches, show_progress=show_progress)
-            reports["bias_correction"] = {"summary": bias.summary(), **bias.to_dict()}
+            return correct_bias(prepared, batches, show_progress=show_progress)
 
-    return improve, reports
+        runs["bias_correction"] = bias
+    return runs
 
 
 @dataclass(frozen=True)

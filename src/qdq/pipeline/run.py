@@ -317,7 +317,7 @@ def quantize(
                     str(r.get("summary", name)) for name, r in ptq_reports.items()
                 )
         if equalized is not None:
-            ptq_reports["equalize"] = {"summary": equalized.summary(), **equalized.to_dict()}
+            ptq_reports[equalized.key] = equalized.to_report()
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:

@@ -51,11 +51,10 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +67,7 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import Call, Site
 from qdq.ptq import _layers
 from qdq.ptq._layers import Layer
+from qdq.ptq.step import StepReport
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
 __all__ = ["Rounding", "RoundingRow", "adaround", "clear_rounding"]
@@ -120,13 +120,21 @@ class RoundingRow:
 
 
 @dataclass(frozen=True)
-class Rounding:
+class Rounding(StepReport):
     """What :func:`adaround` did: one row per layer, in forward order."""
 
     rows: tuple[RoundingRow, ...]
     samples: int
     iters: int
     notes: tuple[str, ...] = ()
+
+    key: ClassVar[str] = "adaround"
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
+        ("layer", lambda r: r.name),
+        ("changed", lambda r: f"{100 * r.changed:.2f}%"),
+        ("MSE nearest", lambda r: f"{r.mse_nearest:.4g}"),
+        ("MSE adaround", lambda r: f"{r.mse_adaround:.4g}"),
+    )
 
     def summary(self) -> str:
         """One line: layers rounded and the median output-MSE reduction."""
@@ -142,36 +150,18 @@ class Rounding:
             f"output MSE x{median:.3f} of nearest rounding"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
+    def fields(self) -> dict[str, Any]:
+        """The method, the samples and iterations, and the settings."""
         return {
             "method": "adaround",
             "samples": self.samples,
             "iters": self.iters,
             "settings": _settings(self.samples, self.iters, 0),
-            "rows": [r.to_dict() for r in self.rows],
-            "notes": list(self.notes),
         }
 
-    def to_json(self) -> str:
-        """Indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
-
-    def format(self) -> str:
-        """A table of every layer."""
-        width = max([len(r.name) for r in self.rows] + [5])
-        lines = [
-            self.summary(),
-            f"{'layer':<{width}}  {'changed':>8}  {'MSE nearest':>12}  {'MSE adaround':>12}",
-        ]
-        for r in self.rows:
-            flag = "" if r.applied else "  (kept nearest)"
-            lines.append(
-                f"{r.name:<{width}}  {100 * r.changed:>7.2f}%  {r.mse_nearest:>12.4g}  "
-                f"{r.mse_adaround:>12.4g}{flag}"
-            )
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+    def flag(self, row: RoundingRow) -> str:
+        """Layers whose learned codes did not lower the error keep nearest rounding."""
+        return "" if row.applied else "  (kept nearest)"
 
 
 def adaround(

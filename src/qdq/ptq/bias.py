@@ -56,11 +56,10 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -73,6 +72,7 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import Call, Site
 from qdq.ptq import _layers
 from qdq.ptq._layers import Layer
+from qdq.ptq.step import StepReport
 from qdq.quant import QuantMode, quantizer_mode
 
 __all__ = ["BiasCorrection", "BiasRow", "clear_bias_correction", "correct_bias"]
@@ -116,7 +116,7 @@ class BiasRow:
 
 
 @dataclass(frozen=True)
-class BiasCorrection:
+class BiasCorrection(StepReport):
     """What :func:`correct_bias` did: one row per corrected layer, in forward order."""
 
     rows: tuple[BiasRow, ...]
@@ -124,6 +124,15 @@ class BiasCorrection:
     samples: int
     notes: tuple[str, ...] = ()
     error: str = "output"
+
+    key: ClassVar[str] = "bias_correction"
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
+        ("layer", lambda r: r.name),
+        ("mean|d|", lambda r: f"{r.mean_abs_delta:.3g}"),
+        ("max|d|", lambda r: f"{r.max_abs_delta:.3g}"),
+        ("SQNR dB", lambda r: f"{r.sqnr_before_db:.2f}"),
+        ("after", lambda r: f"{r.sqnr_after_db:.2f}"),
+    )
 
     def summary(self) -> str:
         """One line: layers corrected and the median SQNR gain."""
@@ -136,36 +145,18 @@ class BiasCorrection:
             f"median layer SQNR gain {median:+.2f} dB"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
+    def fields(self) -> dict[str, Any]:
+        """The method, the error it targets and the data used."""
         return {
             "method": METHOD,
             "error": self.error,
             "batches": self.batches,
             "samples": self.samples,
-            "rows": [r.to_dict() for r in self.rows],
-            "notes": list(self.notes),
         }
 
-    def to_json(self) -> str:
-        """Indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
-
-    def format(self) -> str:
-        """A table of every layer."""
-        width = max([len(r.name) for r in self.rows] + [5])
-        lines = [
-            self.summary(),
-            f"{'layer':<{width}}  {'mean|d|':>9}  {'max|d|':>9}  {'SQNR dB':>8}  {'after':>8}",
-        ]
-        for r in self.rows:
-            flag = "  (bias added)" if r.added_bias else ""
-            lines.append(
-                f"{r.name:<{width}}  {r.mean_abs_delta:>9.3g}  {r.max_abs_delta:>9.3g}  "
-                f"{r.sqnr_before_db:>8.2f}  {r.sqnr_after_db:>8.2f}{flag}"
-            )
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+    def flag(self, row: BiasRow) -> str:
+        """Layers without a bias got one."""
+        return "  (bias added)" if row.added_bias else ""
 
 
 def correct_bias(

@@ -66,11 +66,10 @@ Example:
 from __future__ import annotations
 
 import copy
-import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -82,6 +81,7 @@ from qdq.calib.histogram import HistogramCalibrator
 from qdq.graph.capture import module_path
 from qdq.graph.record import record
 from qdq.ptq._pairs import Pair, find_pairs, label, weight_of
+from qdq.ptq.step import StepReport
 from qdq.quant import fake_quant
 
 __all__ = ["DEFAULT_ALPHA", "SAMPLE_VALUES", "EqualizeRow", "Equalized", "equalize"]
@@ -140,7 +140,7 @@ class EqualizeRow:
 
 
 @dataclass(frozen=True)
-class Equalized:
+class Equalized(StepReport):
     """What :func:`equalize` returns: the equalized copy and one row per pair, in forward order."""
 
     model: nn.Module
@@ -148,6 +148,16 @@ class Equalized:
     alpha: float
     guard: bool = True
     notes: tuple[str, ...] = ()
+
+    key: ClassVar[str] = "equalize"
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
+        ("producer", lambda r: r.producer),
+        ("channels", lambda r: str(r.channels)),
+        ("alpha", lambda r: "-" if r.alpha is None else f"{r.alpha:g}"),
+        ("spread", lambda r: f"{r.spread_before:.1f} -> {r.spread_after:.1f}"),
+        ("INT8 error", lambda r: f"{r.error_before:.2e} -> {r.error_after:.2e}"),
+        ("consumers", lambda r: ", ".join(r.consumers)),
+    )
 
     def summary(self) -> str:
         """One line: pairs equalized, the widest activation spread and the consumers' error."""
@@ -166,37 +176,9 @@ class Equalized:
             f"activation spread {before:.1f}x -> {after:.1f}x, consumers' INT8 error x{err:.2f}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable (without the model)."""
-        return {
-            **SETTINGS,
-            "alpha": self.alpha,
-            "guarded": self.guard,
-            "rows": [r.to_dict() for r in self.rows],
-            "notes": list(self.notes),
-        }
-
-    def to_json(self) -> str:
-        """Indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
-
-    def format(self) -> str:
-        """A table of every pair."""
-        width = max([len(r.producer) for r in self.rows] + [8])
-        lines = [
-            self.summary(),
-            f"{'producer':<{width}}  {'channels':>8}  {'alpha':>5}  {'spread':>15}  "
-            f"{'INT8 error':>19}  consumers",
-        ]
-        for r in self.rows:
-            alpha = "-" if r.alpha is None else f"{r.alpha:g}"
-            lines.append(
-                f"{r.producer:<{width}}  {r.channels:>8}  {alpha:>5}  {r.spread_before:>6.1f} -> "
-                f"{r.spread_after:<6.1f}  {r.error_before:>8.2e} -> {r.error_after:<8.2e}  "
-                + ", ".join(r.consumers)
-            )
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+    def fields(self) -> dict[str, Any]:
+        """The method, alpha and whether it was guarded (the model is not JSON)."""
+        return {**SETTINGS, "alpha": self.alpha, "guarded": self.guard}
 
 
 def equalize(

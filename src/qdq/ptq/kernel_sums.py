@@ -23,10 +23,9 @@ the manifest records ``"method": "kernel-sum"``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -34,6 +33,7 @@ from torch import nn
 from qdq._modes import eval_no_grad
 from qdq.debug.stats import ErrorStats, finite_fields
 from qdq.ptq import _layers
+from qdq.ptq.step import StepReport
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
 __all__ = ["KernelSumRow", "KernelSums", "kernel_sum_codes", "kernel_sum_rounding"]
@@ -73,11 +73,20 @@ class KernelSumRow:
 
 
 @dataclass(frozen=True)
-class KernelSums:
+class KernelSums(StepReport):
     """What :func:`kernel_sum_rounding` did: one row per convolution, in forward order."""
 
     rows: tuple[KernelSumRow, ...]
     notes: tuple[str, ...] = ()
+
+    key: ClassVar[str] = "kernel_sum"
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
+        ("layer", lambda r: r.name),
+        ("taps", lambda r: str(r.taps)),
+        ("changed", lambda r: f"{100 * r.changed:.2f}%"),
+        ("sum err", lambda r: f"{r.max_sum_error_nearest:.2f} -> {r.max_sum_error:.2f}"),
+        ("weight dB", lambda r: f"{r.weight_sqnr_nearest:.1f} -> {r.weight_sqnr:.1f}"),
+    )
 
     def summary(self) -> str:
         """One line: layers rounded, codes changed and the worst kernel-sum error before/after."""
@@ -94,29 +103,9 @@ class KernelSums:
             f"{before:.2f} -> {after:.2f} steps"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
-        return {**SETTINGS, "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
-
-    def to_json(self) -> str:
-        """Indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
-
-    def format(self) -> str:
-        """A table of every layer."""
-        width = max([len(r.name) for r in self.rows] + [5])
-        lines = [
-            self.summary(),
-            f"{'layer':<{width}}  {'taps':>5}  {'changed':>8}  {'sum err':>15}  {'weight dB':>15}",
-        ]
-        for r in self.rows:
-            lines.append(
-                f"{r.name:<{width}}  {r.taps:>5}  {100 * r.changed:>7.2f}%  "
-                f"{r.max_sum_error_nearest:>6.2f} -> {r.max_sum_error:<5.2f}  "
-                f"{r.weight_sqnr_nearest:>6.1f} -> {r.weight_sqnr:<5.1f}"
-            )
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+    def fields(self) -> dict[str, Any]:
+        """The method and its unit."""
+        return dict(SETTINGS)
 
 
 def kernel_sum_codes(y: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:

@@ -43,12 +43,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -61,6 +60,7 @@ from qdq.config import CALIBRATION_METHODS
 from qdq.debug.stats import finite, finite_fields
 from qdq.graph.runtime import runtime_of
 from qdq.ptq._layer_calls import LayerCall, LayerCalls, fake_quantize, is_weight_quantizer
+from qdq.ptq.step import StepReport
 from qdq.quant import Quantizer, QuantMode, quantizer_mode
 
 __all__ = ["DEFAULT_CANDIDATES", "MethodChoice", "MethodRow", "choose_methods"]
@@ -131,7 +131,7 @@ class MethodRow:
 
 
 @dataclass(frozen=True)
-class MethodChoice:
+class MethodChoice(StepReport):
     """Result of :func:`choose_methods`: one row per activation quantizer measured.
 
     Attributes:
@@ -149,12 +149,22 @@ class MethodChoice:
     skipped: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
+    key: ClassVar[str] = "method_per_quantizer"
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
+        ("quantizer", lambda r: r.name),
+        ("started", lambda r: r.started),
+        ("chosen", lambda r: r.chosen),
+        ("gain dB", lambda r: f"{r.gain_db:.2f}"),
+        ("MSE started", lambda r: f"{r.errors[r.started]:.4g}"),
+        ("MSE chosen", lambda r: f"{r.errors[r.chosen]:.4g}"),
+        ("measured", lambda r: str(r.measured)),
+    )
+
     @property
     def changed(self) -> tuple[MethodRow, ...]:
         """The rows whose method changed."""
         return tuple(r for r in self.rows if r.changed)
 
-    @property
     def summary(self) -> str:
         """``"method per quantizer: 3 of 7 changed; mse 4, max 2, percentile 99.9 1"``."""
         counts = Counter(r.chosen for r in self.rows)
@@ -172,40 +182,25 @@ class MethodChoice:
                 return r
         raise KeyError(f"no quantizer {name!r}; known: {[r.name for r in self.rows][:8]}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable."""
+    def fields(self) -> dict[str, Any]:
+        """The summary, the data measured on and the candidates."""
         return {
-            "summary": self.summary,
+            "summary": self.summary(),
             "batches": self.batches,
             "samples": self.samples,
             "candidates": list(self.candidates),
-            "rows": [r.to_dict() for r in self.rows],
-            "skipped": list(self.skipped),
-            "notes": list(self.notes),
         }
 
-    def to_json(self) -> str:
-        """Indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable (the rows, then the skipped quantizers and the notes)."""
+        out = super().to_dict()
+        notes = out.pop("notes")
+        return {**out, "skipped": list(self.skipped), "notes": notes}
 
     def format(self, top: int | None = 10) -> str:
         """A table of the ``top`` rows with the largest gain (all with ``None``)."""
         ranked = sorted(self.rows, key=lambda r: -r.gain_db)
-        rows = ranked if top is None else ranked[:top]
-        width = max([len(r.name) for r in rows] + [9])
-        mw = max([len(r.started) for r in rows] + [len(r.chosen) for r in rows] + [7])
-        lines = [
-            f"{self.summary} ({self.samples} samples, {self.batches} batches)",
-            f"{'quantizer':<{width}}  {'started':<{mw}}  {'chosen':<{mw}}  {'gain dB':>7}  "
-            f"{'MSE started':>11}  {'MSE chosen':>11}  measured",
-        ]
-        for r in rows:
-            lines.append(
-                f"{r.name:<{width}}  {r.started:<{mw}}  {r.chosen:<{mw}}  {r.gain_db:>7.2f}  "
-                f"{r.errors[r.started]:>11.4g}  {r.errors[r.chosen]:>11.4g}  {r.measured}"
-            )
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+        return self._table(ranked if top is None else ranked[:top])
 
 
 def choose_methods(

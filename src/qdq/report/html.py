@@ -13,6 +13,7 @@ from qdq._io import atomic_write_text
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
 from qdq.pipeline.report import STAGE_LABELS, stage_error
+from qdq.ptq.step import STEPS
 
 __all__ = ["check_dependencies", "render_html", "write_html"]
 
@@ -261,7 +262,7 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
 
 
 #: report.json's PTQ step keys in pipeline order (each step's report has a one-line summary)
-_PTQ_STEPS = ("equalize", "method_per_quantizer", "kernel_sum", "adaround", "bias_correction")
+_PTQ_STEPS = tuple(s.key for s in STEPS)
 
 
 def _ptq_steps(r: Mapping[str, Any]) -> list[str]:

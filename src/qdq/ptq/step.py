@@ -1,0 +1,155 @@
+"""One shape for the PTQ steps (issue 33): what a step needs, what it changes, its report rows.
+
+Every step is a function that changes a model in place (or returns an improved copy of the float
+model, for equalization) and returns a :class:`StepReport`. The reports are frozen dataclasses
+with ``rows`` (one per layer, pair or quantizer, each with ``to_dict``) and ``notes``. They share
+the JSON and text plumbing here, so each step declares only its own parts:
+
+* :attr:`StepReport.key`: its key in ``report.json["ptq"]`` and in the HTML report;
+* :meth:`StepReport.fields`: the report-level settings written before the rows;
+* :attr:`StepReport.columns`: the text table, as a header and a cell per column;
+* :meth:`StepReport.summary`: one line.
+
+:data:`STEPS` lists the steps in pipeline order, each as a :class:`Step` saying what it needs and
+what it changes. ``qdq quantize``'s switches (:mod:`qdq.pipeline.improve`), the HTML report and the
+recipe search all go through it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = ["STEPS", "Step", "StepReport", "step"]
+
+
+class StepReport:
+    """The shared part of the PTQ steps' reports (mixed into frozen dataclasses that have
+    ``rows`` and ``notes``)."""
+
+    #: the step's key in ``report.json["ptq"]``
+    key: ClassVar[str]
+    #: the text table: ``(header, cell)`` per column; the first column is left-aligned
+    columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]]
+
+    rows: tuple[Any, ...]
+    notes: tuple[str, ...]
+
+    def summary(self) -> str:
+        """One line: what the step did."""
+        raise NotImplementedError
+
+    def fields(self) -> dict[str, Any]:
+        """The report-level JSON fields, written before ``rows`` (settings, data used)."""
+        return {}
+
+    def flag(self, row: Any) -> str:
+        """Text after a row of the table (``""``: none)."""
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: :meth:`fields`, then ``rows`` and ``notes``."""
+        return {
+            **self.fields(),
+            "rows": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
+        }
+
+    def to_report(self) -> dict[str, Any]:
+        """What ``report.json["ptq"][key]`` holds: the summary line and :meth:`to_dict`."""
+        return {"summary": self.summary(), **self.to_dict()}
+
+    def to_json(self) -> str:
+        """Indented JSON."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def format(self) -> str:
+        """The summary line, a table of the rows and the notes."""
+        return self._table(self.rows)
+
+    def _table(self, shown: Sequence[Any]) -> str:
+        rows = list(shown)
+        heads = [h for h, _ in self.columns]
+        cells = [[cell(r) for _, cell in self.columns] for r in rows]
+        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+
+        def line(values: Sequence[str]) -> str:
+            first = values[0].ljust(widths[0])
+            rest = [v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True)]
+            return "  ".join([first, *rest]).rstrip()
+
+        lines = [self.summary(), line(heads)]
+        lines += [line(c) + self.flag(r) for c, r in zip(cells, rows, strict=True)]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A PTQ step as the pipeline and the recipe search see it.
+
+    Attributes:
+        key: its key in ``report.json["ptq"]`` (:attr:`StepReport.key`).
+        label: its name in the CLI's and the report's text (``"AdaRound"``).
+        needs: what it runs on.
+        changes: what it changes in the model.
+        data_free: whether it runs without calibration batches.
+    """
+
+    key: str
+    label: str
+    needs: str
+    changes: str
+    data_free: bool = False
+
+
+#: The PTQ steps in pipeline order: equalization changes the float model before calibration, then
+#: the activation ranges are chosen, then the weights' rounding on those inputs, then the bias
+#: for what error remains.
+STEPS: tuple[Step, ...] = (
+    Step(
+        "equalize",
+        "cross-layer equalization",
+        needs="the float model and calibration batches (before qdq.prepare)",
+        changes="a copy of the float model: weights rescaled per channel between layer pairs",
+    ),
+    Step(
+        "method_per_quantizer",
+        "method per quantizer",
+        needs="a calibrated model and calibration batches",
+        changes="each activation quantizer's calibration method (its amax)",
+    ),
+    Step(
+        "kernel_sum",
+        "kernel-sum rounding",
+        needs="a calibrated model",
+        changes="the weights' INT8 codes (each by at most one step)",
+        data_free=True,
+    ),
+    Step(
+        "adaround",
+        "AdaRound",
+        needs="a calibrated model and calibration batches",
+        changes="the weights' INT8 codes (each by at most one step)",
+    ),
+    Step(
+        "bias_correction",
+        "bias correction",
+        needs="a calibrated model and calibration batches",
+        changes="the weighted layers' biases in the INT8 model",
+    ),
+)
+
+
+def step(key: str) -> Step:
+    """The :class:`Step` with ``key``.
+
+    Raises:
+        KeyError: no such step (the message lists them).
+    """
+    for s in STEPS:
+        if s.key == key:
+            return s
+    raise KeyError(f"no PTQ step {key!r}; the steps are {[s.key for s in STEPS]}")
