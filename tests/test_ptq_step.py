@@ -50,7 +50,7 @@ def test_every_step_reports_in_one_shape(data: list[torch.Tensor]) -> None:
     for report in reports:
         assert isinstance(report, StepReport)
         full = report.to_report()
-        assert full["summary"] == report.summary() and list(full)[0] == "summary"
+        assert full["summary"] == report.summary() and next(iter(full)) == "summary"
         assert json.loads(report.to_json()) == json.loads(json.dumps(report.to_dict()))
         assert len(full["rows"]) == len(report.rows) and full["notes"] == list(report.notes)
         text = report.format().splitlines()
