@@ -176,6 +176,24 @@ def test_quantize_with_kernel_sum_rounding(inputs, tmp_path: Path, capsys) -> No
     assert "kernel-sum" in (out / "manifest.json").read_text()
 
 
+def test_quantize_with_a_recipe_name(inputs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
+            "--exporter", "torchscript", "--recipe", "bias+kernel-sum", "--calib-samples", "32",
+            "--batch-size", "16", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "PTQ: kernel-sum rounding + bias correction" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["recipe"] == report["ptq"]["recipe"] == "kernel-sum+bias"
+    assert set(report["ptq"]) >= {"kernel_sum", "bias_correction"}
+    clash = [*args[:-1], "--bias-correction", "--no-progress", "--overwrite"]
+    assert main(clash) == 2
+    assert "--recipe bias+kernel-sum and --bias-correction both set" in capsys.readouterr().err
+    assert main([*args[:9], "--recipe", "sharpen", "--overwrite", "--no-progress"]) == 2
+    assert "unknown recipe part" in capsys.readouterr().err
+
+
 def test_quantize_with_equalization(inputs, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),

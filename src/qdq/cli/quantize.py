@@ -112,6 +112,13 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "--bias-correction", action="store_true", help="correct each weighted layer's bias"
     )
     p.add_argument(
+        "--recipe",
+        metavar="NAME",
+        help="the PTQ steps as one name instead of the four switches above: none, or parts of "
+        "equalize, method, kernel-sum, adaround, bias joined by '+' (e.g. kernel-sum+bias; "
+        "report.json ptq.recipe records the one that ran)",
+    )
+    p.add_argument(
         "--qat-epochs",
         type=int,
         default=qat_epochs,
@@ -236,7 +243,7 @@ def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
 
 
 def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool) -> int:
-    from qdq.pipeline import PtqOptions, QatOptions, quantize
+    from qdq.pipeline import QatOptions, quantize
     from qdq.pipeline.report import STAGE_LABELS
 
     def stage(name: str, seconds: float, detail: str) -> None:
@@ -261,12 +268,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             batch_size=args.batch_size,
             compare_methods=args.compare_methods,
             max_drop=args.max_drop,
-            ptq=PtqOptions(
-                equalize=args.equalize,
-                method_per_quantizer=args.calib_per_quantizer,
-                rounding=args.rounding,
-                bias_correction=args.bias_correction,
-            ),
+            ptq=_ptq_options(args),
             qat=QatOptions(
                 epochs=args.qat_epochs,
                 lr=args.qat_lr,
@@ -434,3 +436,32 @@ def run_zoo(action: str) -> int:
             f"  data: {entry.dataset}; metric: {entry.metric}{key}\n  {status}"
         )
     return 0
+
+
+def _ptq_options(args: argparse.Namespace) -> Any:
+    """The PTQ switches, or ``--recipe`` (not both: one would silently override the other), as
+    :class:`qdq.pipeline.PtqOptions`."""
+    from qdq.pipeline import PtqOptions
+
+    switches = [
+        name
+        for name, on in (
+            ("--equalize", args.equalize),
+            ("--calib-per-quantizer", args.calib_per_quantizer),
+            ("--rounding", args.rounding != "nearest"),
+            ("--bias-correction", args.bias_correction),
+        )
+        if on
+    ]
+    if args.recipe is None:
+        return PtqOptions(
+            equalize=args.equalize,
+            method_per_quantizer=args.calib_per_quantizer,
+            rounding=args.rounding,
+            bias_correction=args.bias_correction,
+        )
+    if switches:
+        raise ValueError(
+            f"--recipe {args.recipe} and {', '.join(switches)} both set PTQ steps; give one"
+        )
+    return PtqOptions.from_recipe(args.recipe)

@@ -70,6 +70,48 @@ class PtqOptions:
         """Whether a step runs on the calibrated model (all but equalization)."""
         return self.method_per_quantizer or self.bias_correction or self.rounding != "nearest"
 
+    @classmethod
+    def from_recipe(
+        cls, name: str, *, adaround_samples: int = 256, adaround_iters: int = 500
+    ) -> PtqOptions:
+        """The options of a recipe name (:func:`qdq.ptq.search.recipe`: ``"none"`` or parts
+        such as ``"equalize+kernel-sum+bias"``), e.g. the one a recipe search kept.
+
+        Raises:
+            ValueError: not a recipe name.
+        """
+        from qdq.ptq.search import recipe
+
+        steps = recipe(name).steps
+        rounding = (
+            "kernel-sum"
+            if "kernel_sum" in steps
+            else "adaround"
+            if "adaround" in steps
+            else "nearest"
+        )
+        return cls(
+            method_per_quantizer="method_per_quantizer" in steps,
+            rounding=rounding,
+            equalize="equalize" in steps,
+            bias_correction="bias_correction" in steps,
+            adaround_samples=adaround_samples,
+            adaround_iters=adaround_iters,
+        )
+
+    @property
+    def recipe(self) -> str:
+        """The recipe name of these options (``"none"``, ``"equalize+adaround+bias"``), which
+        :meth:`from_recipe` turns back into them."""
+        parts = ["equalize"] if self.equalize else []
+        if self.method_per_quantizer:
+            parts.append("method")
+        if self.rounding != "nearest":
+            parts.append(self.rounding)
+        if self.bias_correction:
+            parts.append("bias")
+        return "+".join(parts) or "none"
+
     def describe(self) -> str:
         """``"method per quantizer + AdaRound + bias correction"`` (``"none"`` when inactive)."""
         parts = ["equalization"] if self.equalize else []

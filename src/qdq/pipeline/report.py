@@ -16,7 +16,8 @@ values at or below 2**-24, where every method gives the observed max), ``lint_ve
 decision, :meth:`qdq.graph.plan.QuantPlan.to_dict`), ``layer_errors`` (the per-layer error,
 :meth:`qdq.debug.LayerErrors.to_dict`; ``null`` when not measured), ``fallback`` (what
 ``--max-drop`` kept in float and why, :meth:`qdq.accuracy.AutoQuantResult.to_dict`; ``null``
-without it), ``ptq`` (the PTQ switches that ran — ``steps`` — and each one's report:
+without it), ``ptq`` (the PTQ switches that ran — ``steps``, and as a recipe name ``recipe``, which
+``--recipe`` replays — and each one's report:
 ``equalize``, ``method_per_quantizer``, ``kernel_sum``, ``adaround``, ``bias_correction``; ``null``
 when none ran), ``qat`` (``--qat-epochs``: steps, losses, seconds, the PTQ metric it started from,
 and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``stage_errors`` (every

@@ -368,7 +368,9 @@ def quantize(
                 ),
                 caught,
                 fallback,
-                {"steps": options.describe(), **ptq_reports} if options.active else None,
+                {"steps": options.describe(), "recipe": options.recipe, **ptq_reports}
+                if options.active
+                else None,
                 qat_run,
                 take(cal, slice(0, VERIFY_IMAGES)) if keys is not None else None,
             )
@@ -479,6 +481,7 @@ def _export_and_measure(
             qat=None if qat is None else qat[0],
             settings={
                 "ptq": "none" if ptq is None else ptq["steps"],
+                "recipe": "none" if ptq is None else ptq["recipe"],
                 "qat_epochs": 0 if qat is None else qat[0]["epochs"],
                 "max_drop": None if fallback is None else fallback.max_drop,
                 "method": s.calib,
