@@ -1,7 +1,8 @@
 """The recipe search (``qdq.ptq.search``) on the zoo: what it keeps, and how that holds up.
 
 For each zoo model, at full INT8 coverage (as ``benchmarks/ptq.py``), the calibration batches are
-split: the last quarter is held out (at least one batch), the rest calibrates. The search runs
+split: the last quarter is held out (at least one batch; fewer than four batches are cut into
+quarters first), the rest calibrates. The search runs
 with its defaults: candidates, budget (10 × one prepare + calibrate, at least 30 s), and the
 per-sample output cosine on the held-out batches as the score. Then:
 
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ptq as bench  # benchmarks/ptq.py: the zoo models, their data, export and ORT scoring
 import qdq
@@ -36,6 +39,8 @@ MODELS = ("fashion-mnist-resnet", "crepe-tiny", "mtcnn-rnet", "mtcnn-onet", "eff
 
 def run_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     b = bench.Bench(name, args.batch)
+    if len(b.calib) < 4 and not b.static:  # too few batches to hold a quarter out: smaller ones
+        b.calib = [c for batch in b.calib for c in torch.chunk(batch, 4)]
     k = max(1, len(b.calib) // 4)
     splits = {"last quarter held out": (b.calib[:-k], b.calib[-k:]),
               "first quarter held out": (b.calib[k:], b.calib[:k])}  # fmt: skip
