@@ -253,7 +253,12 @@ class _FakeQuantSTE(torch.autograd.Function):
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
-        ctx.fused = ax is None and not ctx.amax_needs_grad and kernels.usable(x)
+        ctx.fused = (
+            ax is None
+            and not ctx.amax_needs_grad
+            and amax32.device == x.device  # else the torch path names the device mismatch
+            and kernels.usable(x)
+        )
         if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below
             ctx.save_for_backward(x, amax32)
             return kernels.fake_quant(x, amax32, qmin, qmax)
