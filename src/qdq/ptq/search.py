@@ -284,7 +284,8 @@ def search(
 
     base(False)
     limit = budget if budget is not None else max(30.0, 10 * seconds[0])
-    spent, trials = 0.0, []
+    spent = 0.0
+    trials: list[Trial] = []
     kept_model: nn.Module | None = None
     best: float | None = None
     runs = _runs(calib, adaround_samples, adaround_iters)
