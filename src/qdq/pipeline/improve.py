@@ -22,7 +22,8 @@ from typing import Any
 
 from torch import nn
 
-from qdq.ptq.step import STEPS, StepReport
+from qdq.ptq.search import recipe
+from qdq.ptq.step import step_runs
 
 __all__ = ["ROUNDINGS", "PtqOptions", "QatOptions", "improver", "run_qat"]
 
@@ -80,8 +81,6 @@ class PtqOptions:
         Raises:
             ValueError: not a recipe name.
         """
-        from qdq.ptq.search import recipe
-
         steps = recipe(name).steps
         rounding = (
             "kernel-sum"
@@ -134,60 +133,20 @@ def improver(
     (:meth:`~qdq.ptq.step.StepReport.to_report`) from its latest run (a fallback search re-plans
     and improves again)."""
     reports: dict[str, Any] = {}
-    runs = _step_runs(options, batches, show_progress)
+    chosen = recipe(options.recipe).steps  # pipeline order; equalization ran before prepare
+    runs = step_runs(
+        batches,
+        adaround_samples=options.adaround_samples,
+        adaround_iters=options.adaround_iters,
+        show_progress=show_progress,
+    )
 
     def improve(prepared: nn.Module) -> None:
-        for s in STEPS:
-            if s.key in runs:
-                reports[s.key] = runs[s.key](prepared).to_report()
+        for key in chosen:
+            if key in runs:
+                reports[key] = runs[key](prepared).to_report()
 
     return improve, reports
-
-
-def _step_runs(
-    options: PtqOptions, batches: list[Any], show_progress: bool
-) -> dict[str, Callable[[nn.Module], StepReport]]:
-    """The steps ``options`` turns on after calibration, each as ``run(prepared) -> report``."""
-    runs: dict[str, Callable[[nn.Module], StepReport]] = {}
-    if options.method_per_quantizer:
-
-        def methods(prepared: nn.Module) -> StepReport:
-            from qdq.ptq.methods import choose_methods
-
-            return choose_methods(prepared, batches, show_progress=show_progress)
-
-        runs["method_per_quantizer"] = methods
-    if options.rounding == "kernel-sum":
-
-        def kernel_sums(prepared: nn.Module) -> StepReport:
-            from qdq.ptq.kernel_sums import kernel_sum_rounding
-
-            return kernel_sum_rounding(prepared, batches)
-
-        runs["kernel_sum"] = kernel_sums
-    if options.rounding == "adaround":
-
-        def rounding(prepared: nn.Module) -> StepReport:
-            from qdq.ptq.adaround import adaround
-
-            return adaround(
-                prepared,
-                batches,
-                num_samples=options.adaround_samples,
-                iters=options.adaround_iters,
-                show_progress=show_progress,
-            )
-
-        runs["adaround"] = rounding
-    if options.bias_correction:
-
-        def bias(prepared: nn.Module) -> StepReport:
-            from qdq.ptq.bias import correct_bias
-
-            return correct_bias(prepared, batches, show_progress=show_progress)
-
-        runs["bias_correction"] = bias
-    return runs
 
 
 @dataclass(frozen=True)

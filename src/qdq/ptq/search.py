@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.calib.batches import expected_inputs, run_batch
-from qdq.ptq.step import STEPS, StepReport
+from qdq.ptq.step import STEPS, StepReport, step_runs
 
 __all__ = ["CANDIDATES", "Recipe", "SearchResult", "Trial", "recipe", "search"]
 
@@ -286,31 +286,31 @@ def search(
     limit = budget if budget is not None else max(30.0, 10 * seconds[0])
     spent = 0.0
     trials: list[Trial] = []
-    kept_model: nn.Module | None = None
-    best: float | None = None
-    runs = _runs(calib, adaround_samples, adaround_iters)
+    best: tuple[float, str, nn.Module] | None = None  # the first best score, its recipe and model
+    runs = step_runs(calib, adaround_samples=adaround_samples, adaround_iters=adaround_iters)
     for r in progress(recipes, total=len(recipes), desc="recipe search", enabled=show_progress):
         if trials and spent > limit:
             trials.append(Trial(r.name, None, 0.0, "skipped (budget)"))
             continue
         start = time.perf_counter()
+        value: float | None = None
+        summaries: tuple[str, ...] = ()
         try:
             prepared = copy.deepcopy(base(r.equalize))
             summaries = tuple(runs[s](prepared).summary() for s in r.steps if s != "equalize")
-            value = float(score(prepared))
+            value, status = float(score(prepared)), "scored"
         except Exception as err:  # a failing candidate is a row, not the end of the search
-            took = time.perf_counter() - start
-            spent += took
-            trials.append(Trial(r.name, None, took, f"failed: {type(err).__name__}: {err}"[:300]))
-            continue
+            status = f"failed: {type(err).__name__}: {err}"[:300]
         took = time.perf_counter() - start
         spent += took
-        trials.append(Trial(r.name, value, took, "scored", summaries))
-        if math.isfinite(value) and (best is None or value > best):
-            best, kept_model = value, prepared
+        trials.append(Trial(r.name, value, took, status, summaries))
+        if value is not None and math.isfinite(value) and (best is None or value > best[0]):
+            best = (value, r.name, prepared)
     kept, reason = _choose(trials, recipes, tie)
-    if kept_model is None or kept.name != _best_name(trials):
-        kept_model = _rebuild(kept, base, runs)
+    # only the best-scoring model was kept: a simpler recipe chosen over it is made again
+    kept_model = (
+        best[2] if best is not None and best[1] == kept.name else _rebuild(kept, base, runs)
+    )
     return SearchResult(
         rows=tuple(trials),
         kept=kept,
@@ -321,30 +321,6 @@ def search(
         held_out=len(held),
         model=kept_model,
     )
-
-
-def _runs(
-    calib: list[Any], samples: int, iters: int
-) -> dict[str, Callable[[nn.Module], StepReport]]:
-    """Each step after calibration as ``run(prepared) -> report`` on the calibration batches."""
-    from qdq.ptq.adaround import adaround
-    from qdq.ptq.bias import correct_bias
-    from qdq.ptq.kernel_sums import kernel_sum_rounding
-    from qdq.ptq.methods import choose_methods
-
-    return {
-        "method_per_quantizer": lambda p: choose_methods(p, calib),
-        "kernel_sum": lambda p: kernel_sum_rounding(p, calib),
-        "adaround": lambda p: adaround(
-            p, calib, num_samples=samples, iters=iters, show_progress=False
-        ),
-        "bias_correction": lambda p: correct_bias(p, calib),
-    }
-
-
-def _best_name(trials: list[Trial]) -> str | None:
-    scored = [t for t in trials if t.score is not None and math.isfinite(t.score)]
-    return max(scored, key=lambda t: t.score or 0.0).recipe if scored else None  # first of ties
 
 
 def _choose(trials: list[Trial], recipes: list[Recipe], tie: float) -> tuple[Recipe, str]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["STEPS", "Step", "StepReport", "step"]
+__all__ = ["STEPS", "Step", "StepReport", "step", "step_runs"]
 
 
 class StepReport:
@@ -153,3 +153,33 @@ def step(key: str) -> Step:
         if s.key == key:
             return s
     raise KeyError(f"no PTQ step {key!r}; the steps are {[s.key for s in STEPS]}")
+
+
+def step_runs(
+    batches: list[Any],
+    *,
+    adaround_samples: int = 256,
+    adaround_iters: int = 500,
+    show_progress: bool = False,
+) -> dict[str, Callable[[Any], StepReport]]:
+    """Each step after calibration (every key of :data:`STEPS` but ``equalize``, which changes
+    the float model before :func:`qdq.prepare`) as ``run(prepared) -> report``, in place on a
+    calibrated model, on ``batches``. The pipeline's switches and the recipe search both run
+    the steps through this."""
+    from qdq.ptq.adaround import adaround
+    from qdq.ptq.bias import correct_bias
+    from qdq.ptq.kernel_sums import kernel_sum_rounding
+    from qdq.ptq.methods import choose_methods
+
+    return {
+        "method_per_quantizer": lambda p: choose_methods(p, batches, show_progress=show_progress),
+        "kernel_sum": lambda p: kernel_sum_rounding(p, batches),
+        "adaround": lambda p: adaround(
+            p,
+            batches,
+            num_samples=adaround_samples,
+            iters=adaround_iters,
+            show_progress=show_progress,
+        ),
+        "bias_correction": lambda p: correct_bias(p, batches, show_progress=show_progress),
+    }
