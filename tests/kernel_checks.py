@@ -18,24 +18,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(_VIEW[t.dtype]).cpu()
 
 
-def _unfused(device: torch.device) -> _Toggle:
-    return _Toggle(device)
-
-
-class _Toggle:
-    """Within the block, the kernels do not serve ``device`` (the torch path runs)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.key = kernels._key(device)
-
-    def __enter__(self) -> None:
-        self.saved = kernels._CHECKED.get(self.key)
-        kernels._CHECKED[self.key] = False
-
-    def __exit__(self, *exc: object) -> None:
-        kernels._CHECKED[self.key] = self.saved  # type: ignore[assignment]
-
-
 def check_fake_quant_and_grad(device: str, dtypes: tuple[torch.dtype, ...]) -> int:
     """The fused forward and STE backward against the torch path, per dtype and layout; returns
     how many cases ran fused."""
@@ -57,7 +39,7 @@ def check_fake_quant_and_grad(device: str, dtypes: tuple[torch.dtype, ...]) -> i
             got_y, got_g = _bits(y), _bits(x.grad)
             assert y.stride() == x.stride()
             x.grad = None
-            with _unfused(dev):
+            with kernels.unfused(dev):
                 want = fake_quant_unchecked(x, amax)
                 want.backward(grad)
             assert torch.equal(got_y, _bits(want)), (dtype, shape)
@@ -84,7 +66,7 @@ def check_histogram(device: str) -> None:
         return cal
 
     fused = collect()
-    with _unfused(dev):
+    with kernels.unfused(dev):
         plain = collect()
     (ca, ea), (cb, eb) = fused.histogram(), plain.histogram()
     assert ca.tolist() == cb.tolist() and ea.tolist() == eb.tolist()

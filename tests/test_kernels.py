@@ -116,6 +116,6 @@ def test_the_scale_of_a_cuda_amax_is_the_one_the_exporter_writes() -> None:
     x = torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 3
     for value in amax[:200].tolist():
         a = torch.tensor(value)
-        with kernel_checks._unfused(torch.device("cuda")):
+        with kernels.unfused("cuda"):
             got = fake_quant_unchecked(x.cuda(), a.cuda(), num_bits=4).cpu()
         assert torch.equal(got, fake_quant_unchecked(x, a, num_bits=4)), value

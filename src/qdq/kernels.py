@@ -28,10 +28,13 @@ CPU (Triton's interpreter), which is how the tests check them without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import warnings
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -42,9 +45,6 @@ __all__ = ["abs_histogram", "fake_quant", "self_check", "ste_grad", "usable"]
 _BLOCK = 2048
 #: elements per tile of the histogram kernel (each program loops over many tiles)
 _HIST_BLOCK = 1024
-#: the smallest scale (``qdq.quant.primitives.MIN_SCALE``; repeated to keep this module leaf-level)
-_MIN_SCALE = 2.0**-24 / 127.0
-_MIN_EXP = -24
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: the dtypes served; Triton's CPU interpreter rounds float32 → bfloat16 by truncation (the GPU
@@ -57,13 +57,23 @@ _CHECKED: dict[tuple[str, int | None], bool] = {}
 
 @functools.cache
 def _triton() -> Any:
-    """The jitted kernels (:mod:`qdq._triton_kernels`), or ``None`` when Triton cannot be
-    imported."""
+    """The jitted kernels (:mod:`qdq._triton_kernels`) and the constants they take from their
+    owners (the smallest scale, the histogram grid's lowest exponent), or ``None`` when Triton
+    cannot be imported."""
     try:
         from qdq import _triton_kernels as kernels
     except Exception:  # absent, or broken for this torch: fall back
         return None
-    return {"fq_fwd": kernels.fq_fwd, "ste_bwd": kernels.ste_bwd, "abs_hist": kernels.abs_hist}
+    from qdq.calib.histogram import _MIN_EXP
+    from qdq.quant.primitives import MIN_SCALE
+
+    return SimpleNamespace(
+        fq_fwd=kernels.fq_fwd,
+        ste_bwd=kernels.ste_bwd,
+        abs_hist=kernels.abs_hist,
+        min_scale=MIN_SCALE,
+        min_exp=_MIN_EXP,
+    )
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -80,6 +90,28 @@ def _key(device: torch.device) -> tuple[str, int | None]:
     if device.type == "cuda" and device.index is None:
         return ("cuda", torch.cuda.current_device())
     return (device.type, device.index)
+
+
+@contextlib.contextmanager
+def _serving(device: torch.device | str, on: bool) -> Iterator[None]:
+    """Within the block the kernels serve ``device`` (``on``) or do not, whatever its check said
+    (restored on exit)."""
+    key = _key(torch.device(device))
+    saved = _CHECKED.get(key)
+    _CHECKED[key] = on
+    try:
+        yield
+    finally:
+        if saved is None:
+            _CHECKED.pop(key, None)
+        else:
+            _CHECKED[key] = saved
+
+
+def unfused(device: torch.device | str) -> contextlib.AbstractContextManager[None]:
+    """Within the block the torch path runs on ``device`` (the self-check's reference, and the
+    tests' comparisons)."""
+    return _serving(device, False)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -122,25 +154,25 @@ def _launch_1d(n: int) -> tuple[int]:
 def fake_quant(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
     """Per-tensor fake quantization of a dense ``x`` with a one-element float32 ``amax`` (no
     check of either: callers ask :func:`usable` first)."""
-    k = _triton()["fq_fwd"]
+    k = _triton()
     out = torch.empty_like(x)
     n = x.numel()
     if n:
-        k[_launch_1d(n)](x, out, amax, n, float(qmin), float(qmax), _MIN_SCALE, BLOCK=_BLOCK)
+        k.fq_fwd[_launch_1d(n)](
+            x, out, amax, n, float(qmin), float(qmax), k.min_scale, BLOCK=_BLOCK
+        )
     return out
 
 
 def ste_grad(x: torch.Tensor, amax: torch.Tensor, qmax: int, grad: torch.Tensor) -> torch.Tensor:
     """``grad`` where ``|x| <= max(amax/qmax, MIN_SCALE)·qmax``, else 0 (``grad``'s dtype)."""
-    if grad.shape != x.shape or grad.stride() != x.stride():
-        grad = grad.expand(x.shape).clone(memory_format=torch.preserve_format)
-        if grad.stride() != x.stride():
-            grad = torch.empty_like(x, dtype=grad.dtype).copy_(grad)
-    k = _triton()["ste_bwd"]
+    if grad.shape != x.shape or grad.stride() != x.stride():  # laid out as x (broadcast too)
+        grad = torch.empty_like(x, dtype=grad.dtype).copy_(grad)
+    k = _triton()
     out = torch.empty_like(grad)
     n = x.numel()
     if n:
-        k[_launch_1d(n)](x, grad, out, amax, n, float(qmax), _MIN_SCALE, BLOCK=_BLOCK)
+        k.ste_bwd[_launch_1d(n)](x, grad, out, amax, n, float(qmax), k.min_scale, BLOCK=_BLOCK)
     return out
 
 
@@ -172,9 +204,10 @@ def abs_histogram(x: torch.Tensor, grid: int) -> tuple[torch.Tensor, torch.Tenso
     per_prog = -(-tiles // nprog)
     part = torch.empty((nprog, grid), dtype=torch.int32, device=x.device)
     stats = torch.empty(2, dtype=torch.float32, device=x.device)
-    _triton()["abs_hist"][(nprog,)](
+    k = _triton()
+    k.abs_hist[(nprog,)](
         x, lohi, part, stats, n, per_prog,
-        GRID=grid, LOG2_GRID=grid.bit_length() - 1, MIN_EXP=_MIN_EXP, BLOCK=_HIST_BLOCK,
+        GRID=grid, LOG2_GRID=grid.bit_length() - 1, MIN_EXP=k.min_exp, BLOCK=_HIST_BLOCK,
     )  # fmt: skip
     counts = part.sum(dim=0, dtype=torch.int64)
     return counts, stats, nprog * per_prog * _HIST_BLOCK - n
@@ -199,14 +232,6 @@ def _probe(device: torch.device) -> torch.Tensor:
     return torch.cat([codes * scale, ties, near, special, bulk]).to(device)
 
 
-def _reference_fq(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
-    from qdq.quant.primitives import _scale  # the torch path's own (an IEEE division)
-
-    scale = _scale(amax.to(torch.float32), qmax)
-    q = torch.round(x.to(torch.float32) / scale).clamp_(qmin, qmax)
-    return torch.addcmul(torch.zeros((), device=x.device), q, scale).to(x.dtype)
-
-
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-identical, NaN included."""
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -216,34 +241,42 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def self_check(device: torch.device | str) -> str | None:
-    """Compare each kernel with the torch formulation on ``device``; return what differs, or
-    ``None`` when every output is bit-identical."""
+    """Compare each kernel with the torch path it replaces (run with :func:`unfused`: the very
+    code a device without kernels runs) on ``device``; return what differs, or ``None`` when
+    every output is bit-identical."""
+    from qdq.calib.histogram import HistogramCalibrator
+    from qdq.quant.primitives import fake_quant_unchecked, quant_range
+
     device = torch.device(device)
     probe = _probe(device)
     for amax_value in (1.27, 0.0, 3e-9, 1e20):
         amax = torch.tensor(amax_value, dtype=torch.float32, device=device)
         for dtype in _DTYPES:
             x = probe.to(dtype)
-            for qmin, qmax in ((-128, 127), (-127, 127), (-8, 7)):
-                got = fake_quant(x, amax, qmin, qmax)
-                if not _same(got, _reference_fq(x, amax, qmin, qmax)):
+            for bits, narrow in ((8, False), (8, True), (4, False)):
+                qmin, qmax = quant_range(bits, narrow)
+                with unfused(device):
+                    want = fake_quant_unchecked(x, amax, num_bits=bits, narrow_range=narrow)
+                if not _same(fake_quant(x, amax, qmin, qmax), want):
                     return f"fake_quant differs ({dtype}, amax {amax_value}, [{qmin}, {qmax}])"
             g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-            scale = torch.clamp(amax / torch.full((), 127.0, device=device), min=_MIN_SCALE)
-            want = torch.where(x.to(torch.float32).abs() <= scale * 127, g, 0.0)
-            if not _same(ste_grad(x, amax, 127, g), want):
+            leaf = x.detach().requires_grad_()
+            with unfused(device):
+                fake_quant_unchecked(leaf, amax).backward(g)
+            assert leaf.grad is not None
+            if not _same(ste_grad(x, amax, 127, g), leaf.grad):
                 return f"ste_grad differs ({dtype}, amax {amax_value})"
     finite = probe[torch.isfinite(probe)]
     for data in (finite, finite * 1e-12, torch.zeros(7, device=device), finite.abs() * 3e5):
-        for grid in (512, 4096):
-            counts, stats, pad = abs_histogram(data, grid)
-            counts[0] -= pad
-            top = float(data.abs().max())
-            mant, e = math.frexp(top) if top > 0 else (0.5, _MIN_EXP + 1)
-            exp = max(e - 1 if mant == 0.5 else e, _MIN_EXP)
-            factor = 2.0 ** ((grid.bit_length() - 1) - exp)
-            idx = (data.abs() * factor).to(torch.int64).clamp_(max=grid - 1)
-            want = torch.bincount(idx.cpu(), minlength=grid)
-            if stats.cpu().tolist() != [top, float(exp)] or not torch.equal(counts.cpu(), want):
-                return f"abs_histogram differs (grid {grid}, max {top:g})"
+        for num_bins in (256, 2048):
+            runs = []
+            for on in (True, False):  # the device histogram, then the torch path
+                cal = HistogramCalibrator(num_bins)
+                with _serving(device, on):
+                    cal.collect(data)
+                    cal.collect(data * 3)  # the range grows: merged bins
+                runs.append((*cal.histogram(), cal.observed_max))
+            (ca, ea, ma), (cb, eb, mb) = runs
+            if ma != mb or ca.tolist() != cb.tolist() or ea.tolist() != eb.tolist():
+                return f"abs_histogram differs ({2 * num_bins} bins, max {mb:g})"
     return None
