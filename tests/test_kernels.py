@@ -55,6 +55,30 @@ def test_a_failed_self_check_warns_once_and_keeps_the_torch_path() -> None:
     assert count == "1" and "planted difference" in message and "torch path" in message
 
 
+def test_the_self_check_catches_a_planted_kernel_fault() -> None:
+    code = (
+        "from qdq import kernels\n"
+        "fq, ste, hist = kernels.fake_quant, kernels.ste_grad, kernels.abs_histogram\n"
+        "kernels.fake_quant = lambda x, a, lo, hi: fq(x, a, lo, hi) * 1.0001\n"
+        "print(kernels.self_check('cpu'))\n"
+        "kernels.fake_quant, kernels.ste_grad = fq, lambda x, a, q, g: ste(x, a, q, g) * 0\n"
+        "print(kernels.self_check('cpu'))\n"
+        "def shifted(x, grid):\n"
+        "    counts, stats, pad = hist(x, grid)\n"
+        "    counts[1] += 1\n"
+        "    return counts, stats, pad\n"
+        "kernels.ste_grad, kernels.abs_histogram = ste, shifted\n"
+        "print(kernels.self_check('cpu'))\n"
+        "kernels.abs_histogram = hist\n"
+        "print(kernels.self_check('cpu'), kernels._CHECKED)\n"
+    )
+    done = _run(code, TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("fake_quant differs") and lines[1].startswith("ste_grad differs")
+    assert lines[2].startswith("abs_histogram differs") and lines[3] == "None {}"
+
+
 def test_qdq_kernels_0_turns_them_off() -> None:
     done = _run(
         "import torch\nfrom qdq import kernels\nprint(kernels.usable(torch.randn(8)))",
