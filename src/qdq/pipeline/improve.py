@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from qdq.ptq.search import recipe
-from qdq.ptq.step import step_runs
+from qdq.ptq.step import STEPS, step_runs
 
 __all__ = ["ROUNDINGS", "PtqOptions", "QatOptions", "improver", "run_qat"]
 
@@ -102,14 +102,14 @@ class PtqOptions:
     def recipe(self) -> str:
         """The recipe name of these options (``"none"``, ``"equalize+adaround+bias"``), which
         :meth:`from_recipe` turns back into them."""
-        parts = ["equalize"] if self.equalize else []
-        if self.method_per_quantizer:
-            parts.append("method")
-        if self.rounding != "nearest":
-            parts.append(self.rounding)
-        if self.bias_correction:
-            parts.append("bias")
-        return "+".join(parts) or "none"
+        on = {
+            "equalize": self.equalize,
+            "method_per_quantizer": self.method_per_quantizer,
+            "kernel_sum": self.rounding == "kernel-sum",
+            "adaround": self.rounding == "adaround",
+            "bias_correction": self.bias_correction,
+        }
+        return "+".join(s.part for s in STEPS if on[s.key]) or "none"
 
     def describe(self) -> str:
         """``"method per quantizer + AdaRound + bias correction"`` (``"none"`` when inactive)."""

@@ -41,15 +41,9 @@ from qdq.ptq.step import STEPS, StepReport, step_runs
 
 __all__ = ["CANDIDATES", "Recipe", "SearchResult", "Trial", "recipe", "search"]
 
-#: a recipe's parts as written in its name, and the step each one runs
-PARTS = {
-    "equalize": "equalize",
-    "method": "method_per_quantizer",
-    "kernel-sum": "kernel_sum",
-    "adaround": "adaround",
-    "bias": "bias_correction",
-}
-_ORDER = [s.key for s in STEPS]
+#: a recipe's parts as written in its name (:attr:`qdq.ptq.step.Step.part`), and the step each
+#: one runs, in pipeline order
+PARTS = {s.part: s.key for s in STEPS}
 
 #: the candidates :func:`search` tries by default: the data-free rounding first, then by the gain
 #: measured per second on the zoo (docs/ptq.md) — kernel-sum + bias before bias alone, whose cost
@@ -116,9 +110,8 @@ def recipe(name: str) -> Recipe:
         raise ValueError(f"recipe {name!r} names a part twice")
     if {"kernel-sum", "adaround"} <= set(parts):
         raise ValueError(f"recipe {name!r}: kernel-sum and adaround are two roundings, pick one")
-    steps = sorted((PARTS[p] for p in parts), key=_ORDER.index)
-    label = {v: k for k, v in PARTS.items()}
-    return Recipe("+".join(label[s] for s in steps), tuple(steps))
+    chosen = [s for s in STEPS if s.part in parts]  # pipeline order
+    return Recipe("+".join(s.part for s in chosen), tuple(s.key for s in chosen))
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class Step:
     Attributes:
         key: its key in ``report.json["ptq"]`` (:attr:`StepReport.key`).
         label: its name in the CLI's and the report's text (``"AdaRound"``).
+        part: its name in a recipe (``"adaround"``; :func:`qdq.ptq.search.recipe`).
         needs: what it runs on.
         changes: what it changes in the model.
         data_free: whether it runs without calibration batches.
@@ -100,6 +101,7 @@ class Step:
 
     key: str
     label: str
+    part: str
     needs: str
     changes: str
     data_free: bool = False
@@ -112,18 +114,21 @@ STEPS: tuple[Step, ...] = (
     Step(
         "equalize",
         "cross-layer equalization",
+        "equalize",
         needs="the float model and calibration batches (before qdq.prepare)",
         changes="a copy of the float model: weights rescaled per channel between layer pairs",
     ),
     Step(
         "method_per_quantizer",
         "method per quantizer",
+        "method",
         needs="a calibrated model and calibration batches",
         changes="each activation quantizer's calibration method (its amax)",
     ),
     Step(
         "kernel_sum",
         "kernel-sum rounding",
+        "kernel-sum",
         needs="a calibrated model",
         changes="the weights' INT8 codes (each by at most one step)",
         data_free=True,
@@ -131,12 +136,14 @@ STEPS: tuple[Step, ...] = (
     Step(
         "adaround",
         "AdaRound",
+        "adaround",
         needs="a calibrated model and calibration batches",
         changes="the weights' INT8 codes (each by at most one step)",
     ),
     Step(
         "bias_correction",
         "bias correction",
+        "bias",
         needs="a calibrated model and calibration batches",
         changes="the weighted layers' biases in the INT8 model",
     ),
