@@ -57,8 +57,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def calib(m: str = method) -> None:
             qdq.calibrate(prepared, data, method=m, show_progress=False)
 
-        out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
-        print(f"  calib_{method}: {out[f'calib_{method}']}", file=sys.stderr, flush=True)
+        common.put_cell(out, f"calib_{method}", lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
     qdq.calibrate(prepared, data, method="max", show_progress=False)
     qat = qdq.qat.prepare(prepared).train()
     out.update(common.forward_and_step_ratios(

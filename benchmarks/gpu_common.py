@@ -119,6 +119,13 @@ def cell(fn: Callable[[], float]) -> float | str:
         return f"fails: {type(err).__name__}"
 
 
+def put_cell(out: dict[str, Any], key: str, fn: Callable[[], float]) -> None:
+    """``out[key] = cell(fn)``, printed to stderr at once (a run stopped by its time limit keeps
+    what it measured)."""
+    out[key] = cell(fn)
+    print(f"  {key}: {out[key]}", file=sys.stderr, flush=True)
+
+
 def forward_and_step_ratios(
     quantized: nn.Module,
     trainable: nn.Module,
@@ -138,8 +145,7 @@ def forward_and_step_ratios(
     out: dict[str, float | str] = {}
 
     def put(key: str, fn: Callable[[], float]) -> None:
-        out[key] = cell(fn)
-        print(f"  {key}: {out[key]}", file=sys.stderr, flush=True)
+        put_cell(out, key, fn)
 
     if eager_too:
         put("fq_forward", lambda: ratio(forward_pass(quantized, [x]), forward_pass(model, [x])))

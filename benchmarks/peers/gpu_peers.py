@@ -47,7 +47,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def calib(a: str = method, m: torch.nn.Module = target) -> None:
             mtq.calibrate(m, algorithm=a, forward_loop=loop)
 
-        out[f"calib_{method}"] = common.cell(lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
+        common.put_cell(out, f"calib_{method}", lambda c=calib: r(c, fp32_pass, max(3, reps // 2)))
     eager = not args.only_compiled
     out.update(
         common.forward_and_step_ratios(
