@@ -91,7 +91,7 @@ def test_quantize_max_drop_falls_back_the_fragile_layer_only(
 ) -> None:
     out = tmp_path / "out"
     args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
-            "--exporter", "torchscript", *COMMON]  # fmt: skip
+            "--exporter", "torchscript", "--recipe", "none", *COMMON]  # fmt: skip
     assert main([*args, "--max-drop", "0.05"]) == 0
     text = capsys.readouterr().out
     assert "kept in float: conv2" in text and "float: conv2:input" in text

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from qdq.cli.main import main
+from qdq.pipeline import PtqOptions
 from qdq.pipeline.device import module_device, module_on, resolve_device, to_device
 from qdq.qat.distributed import launch_plan, process_group
 
@@ -51,7 +52,7 @@ MODEL_PY = textwrap.dedent(
         return Net().eval()
     """
 )
-FAST = ("--exporter", "torchscript", "--no-progress", "--batch-size", "8")
+FAST = ("--exporter", "torchscript", "--recipe", "none", "--no-progress", "--batch-size", "8")
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +115,14 @@ def test_python_entry_takes_device_and_keeps_the_users_model(tmp_path: Path) -> 
         calibration=x[:16], evaluation=x[16:], labels=None, source="test", split="16 / 16"
     )
     res = qdq.quantize(net, data, out=tmp_path / "o", device="cpu", exporter="torchscript",
-                       batch_size=8, show_progress=False)  # fmt: skip
+                       batch_size=8, show_progress=False, ptq=PtqOptions())  # fmt: skip
     assert res.report["settings"]["device"] == "cpu"
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k]), k
     with pytest.raises(ValueError, match="unknown device 'npu'"):
-        qdq.quantize(net, data, out=tmp_path / "p", device="npu")
+        qdq.quantize(net, data, out=tmp_path / "p", device="npu", ptq=PtqOptions())
     with pytest.raises(TypeError, match="device must be a string or a torch.device"):
-        qdq.quantize(net, data, out=tmp_path / "p", device=0)  # type: ignore[arg-type]
+        qdq.quantize(net, data, out=tmp_path / "p", device=0, ptq=PtqOptions())  # type: ignore[arg-type]
     assert not (tmp_path / "p").exists()
 
 

@@ -40,7 +40,7 @@ MODEL_PY = textwrap.dedent(
         return Net().eval()
     """
 )
-FAST = ("--exporter", "torchscript", "--no-progress", "--batch-size", "8")
+FAST = ("--exporter", "torchscript", "--recipe", "none", "--no-progress", "--batch-size", "8")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,11 @@ import torch
 
 import qdq
 from qdq.cli.main import main
-from qdq.pipeline import DataOptions, quantize
+from qdq.pipeline import (
+    DataOptions,
+    PtqOptions,
+    quantize,
+)
 from qdq.pipeline.report import STABLE_KEYS
 
 pytest.importorskip("onnxruntime")
@@ -49,7 +53,7 @@ MODEL_PY = textwrap.dedent(
     """
 )
 FILES = ["manifest.json", "model.qdq.onnx", "report.html", "report.json"]
-FAST = ("--exporter", "torchscript", "--no-progress")
+FAST = ("--exporter", "torchscript", "--recipe", "none", "--no-progress")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +115,7 @@ def test_happy_path_and_api_agree(inputs, tmp_path: Path, capsys) -> None:
         out=tmp_path / "api",
         exporter="torchscript",
         show_progress=False,
+        ptq=PtqOptions(),
     )
     for key in ("metric_name", "fp32_metric", "int8_metric", "fp32", "int8", "lint"):
         assert api.report[key] == report[key], key
@@ -151,6 +156,7 @@ def test_without_labels_the_metric_is_agreement(inputs, tmp_path: Path) -> None:
         exporter="torchscript",
         show_progress=False,
         data_options=DataOptions(calib_samples=8, eval_samples=10),
+        ptq=PtqOptions(),
     )
     assert res.metric_name == "top1_agreement" and res.fp32_metric == 1.0
     assert res.report["data"]["evaluation_samples"] == 10 and not res.report["data"]["labelled"]
@@ -164,7 +170,12 @@ def test_model_is_not_mutated(inputs, tmp_path: Path) -> None:
     model = load_model_spec(f"{inputs['py']}:build").train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     quantize(
-        model, str(inputs["npy"]), out=tmp_path / "o", exporter="torchscript", show_progress=False
+        model,
+        str(inputs["npy"]),
+        out=tmp_path / "o",
+        exporter="torchscript",
+        show_progress=False,
+        ptq=PtqOptions(),
     )
     assert model.training and not any(isinstance(m, qdq.Quantizer) for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -278,6 +289,7 @@ def test_pt2(inputs, tmp_path: Path, dynamic: bool) -> None:
         out=tmp_path / "o",
         exporter="torchscript",
         show_progress=False,
+        ptq=PtqOptions(),
     )
     assert res.report["model"]["static_batch"] == (None if dynamic else 4)
     assert res.report["model"]["kind"] == "pt2"
@@ -300,6 +312,7 @@ def test_image_folder(inputs, tmp_path: Path) -> None:
         exporter="torchscript",
         data_options=opts,
         show_progress=False,
+        ptq=PtqOptions(),
     )
     data = res.report["data"]
     assert data["labelled"] and data["input_shape"] == [3, 8, 8]
@@ -317,6 +330,7 @@ def test_image_folder(inputs, tmp_path: Path) -> None:
         exporter="torchscript",
         data_options=opts,
         show_progress=False,
+        ptq=PtqOptions(),
     )
     assert res.metric_name == "top1_agreement" and not res.report["data"]["labelled"]
 

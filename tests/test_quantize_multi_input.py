@@ -14,7 +14,11 @@ import pytest
 import torch
 
 from qdq.cli.main import main
-from qdq.pipeline import QuantData, quantize
+from qdq.pipeline import (
+    PtqOptions,
+    QuantData,
+    quantize,
+)
 from qdq.pipeline.inputs import batches, bind_inputs, describe, num_samples, take
 
 onnx = pytest.importorskip("onnx")
@@ -78,7 +82,7 @@ MODELS_PY = textwrap.dedent(
     """
 )
 FILES = ["manifest.json", "model.qdq.onnx", "report.html", "report.json"]
-FAST = ("--exporter", "torchscript", "--no-progress")
+FAST = ("--exporter", "torchscript", "--recipe", "none", "--no-progress")
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +198,19 @@ def test_python_dict_and_tuple_quant_data(files, tmp_path: Path) -> None:
     model = load_model_spec(f"{files['py']}:masked")
     named = _masked_inputs()
     res = quantize(
-        model, _split(named), out=tmp_path / "dict", exporter="torchscript", show_progress=False
+        model,
+        _split(named),
+        out=tmp_path / "dict",
+        exporter="torchscript",
+        show_progress=False,
+        ptq=PtqOptions(),
     )
     assert res.metric_name == "top1_agreement" and res.fp32_metric == 1.0
     assert len(_onnx_inputs(res.onnx_path)) == 2
     positional = (named["image"], named["mask"])
     again = quantize(
         model, _split(positional), out=tmp_path / "tuple", exporter="torchscript",
-        show_progress=False,
+        show_progress=False, ptq=PtqOptions()
     )  # fmt: skip
     assert [i["name"] for i in again.report["data"]["inputs"]] == ["input", "input1"]
     assert again.int8_metric == res.int8_metric  # the same calls, by position or by name
@@ -249,6 +258,7 @@ def test_static_batch_pt2_with_two_inputs_is_padded(files, tmp_path: Path) -> No
         out=tmp_path / "o",
         exporter="torchscript",
         show_progress=False,
+        ptq=PtqOptions(),
     )
     assert res.report["model"]["static_batch"] == 3
     assert res.report["data"]["evaluation_samples"] == 8  # 3 + 3 + 2 padded to 3

@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from qdq.cli.main import main
-from qdq.pipeline import quantize
+from qdq.pipeline import (
+    PtqOptions,
+    quantize,
+)
 
 pytest.importorskip("onnxruntime")
 
@@ -80,7 +83,7 @@ MODEL_PY = textwrap.dedent(
         return [1.0]
     """
 )
-FAST = ("--exporter", "torchscript", "--no-progress")
+FAST = ("--exporter", "torchscript", "--recipe", "none", "--no-progress")
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +152,7 @@ def test_user_metric_from_python_is_the_headline_and_the_fallback_metric(
         show_progress=False,
         metric=mean_box,
         max_drop=0.0,
+        ptq=PtqOptions(),
     )
     r = res.report
     assert res.metric_name == "mean_box" and r["headline"]["source"] == "user"
@@ -165,7 +169,14 @@ def test_user_metric_gets_labels_and_needs_no_classifier(inputs, tmp_path: Path)
     data = str(root / "labelled.npz")
     seg_first = f"{inputs['py']}:seg_first"
     with pytest.raises(ValueError, match="top-1 accuracy needs a classifier"):
-        quantize(seg_first, data, out=tmp_path / "a", exporter="torchscript", show_progress=False)
+        quantize(
+            seg_first,
+            data,
+            out=tmp_path / "a",
+            exporter="torchscript",
+            show_progress=False,
+            ptq=PtqOptions(),
+        )
     res = quantize(
         seg_first,
         data,
@@ -173,6 +184,7 @@ def test_user_metric_gets_labels_and_needs_no_classifier(inputs, tmp_path: Path)
         exporter="torchscript",
         show_progress=False,
         metric=f"{inputs['py']}:seg_scores",
+        ptq=PtqOptions(),
     )
     figures = res.report["int8"]["figures"]
     assert res.metric_name == "label_hits" and list(figures) == ["label_hits", "samples", "outputs"]
@@ -191,7 +203,9 @@ def test_bad_user_metric_fails_early(inputs, tmp_path: Path, fn, error, message)
     spec = f"{inputs['py']}:{fn}"
     out = tmp_path / "o"
     with pytest.raises(error) as info:
-        quantize(f"{inputs['py']}:build", str(inputs["npy"]), out=out, metric=spec)
+        quantize(
+            f"{inputs['py']}:build", str(inputs["npy"]), out=out, metric=spec, ptq=PtqOptions()
+        )
     assert message.format(py=inputs["py"]) in str(info.value)
     assert not out.exists()
 
@@ -239,6 +253,6 @@ def test_outputs_that_are_not_one_row_per_sample_are_refused_at_the_check(
     x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0))
     data = QuantData(x[:4], x[4:], None, "tensors", "4 + 4")
     with pytest.raises(ValueError, match=r"one row per sample .*wrap the model") as err:
-        quantize(model.eval(), data, out=tmp_path / "out", show_progress=False)
+        quantize(model.eval(), data, out=tmp_path / "out", show_progress=False, ptq=PtqOptions())
     assert "for 1 sample:" in str(err.value)
     assert not (tmp_path / "out").exists()

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from qdq.pipeline import quantize
+from qdq.pipeline import (
+    PtqOptions,
+    quantize,
+)
 from trt_engines import engine_file
 
 pytest.importorskip("onnxruntime")
@@ -69,6 +72,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> Any:
         exporter="torchscript",
         compare_methods=True,
         show_progress=False,
+        ptq=PtqOptions(),
     )
 
 
@@ -186,10 +190,12 @@ def test_quantize_with_an_engine_report(tmp_path: Path) -> None:
     np.savez(tmp_path / "d.npz", x=x)
     spec, data = f"{tmp_path / 'tiny_model.py'}:build", str(tmp_path / "d.npz")
     with pytest.raises(FileNotFoundError, match="no layer-information JSON"):
-        quantize(spec, data, out=tmp_path / "bad", engine_report=tmp_path / "none.json")
+        quantize(
+            spec, data, out=tmp_path / "bad", engine_report=tmp_path / "none.json", ptq=PtqOptions()
+        )
     assert not (tmp_path / "bad").exists()  # checked before anything runs
     res = quantize(spec, data, out=tmp_path / "out", exporter="torchscript", show_progress=False,
                    engine_report=engine_file("mobilenet-qat"),
-                   engine_profile=engine_file("mobilenet-qat", "profile"))  # fmt: skip
+                   engine_profile=engine_file("mobilenet-qat", "profile"), ptq=PtqOptions())  # fmt: skip
     html = res.html_path.read_text(encoding="utf-8")
     assert '<section id="engine">' in html and "Conv_12" in html and " ms · " in html

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from qdq.cli.main import main
+from qdq.pipeline import PtqOptions
 
 pytest.importorskip("onnxruntime")
 
@@ -83,6 +84,7 @@ def test_a_failing_late_stage_is_recorded_and_everything_is_written(
     out = tmp_path / "out"
     argv = ["quantize", "--model", f"{inputs['py']}:build", "--data", str(inputs["npy"])]
     argv += ["--out", str(out), "--exporter", "torchscript", "--no-progress", "--compare-methods"]
+    argv += ["--recipe", "none"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == FILES
@@ -114,6 +116,7 @@ def test_without_failures_stage_errors_is_empty(
 ) -> None:
     out = tmp_path / "out"
     argv = ["quantize", "--model", f"{inputs['py']}:build", "--data", str(inputs["npy"])]
+    argv += ["--recipe", "none"]
     assert main([*argv, "--out", str(out), "--exporter", "torchscript", "--no-progress"]) == 0
     assert "warning: stage" not in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
@@ -144,7 +147,7 @@ def test_engine_views_failure_is_recorded(
     from qdq.report import write_html
 
     res = quantize(f"{inputs['py']}:build", str(inputs["npy"]), out=tmp_path / "out",
-                   exporter="torchscript", show_progress=False)  # fmt: skip
+                   exporter="torchscript", show_progress=False, ptq=PtqOptions())  # fmt: skip
     monkeypatch.setattr(qdq.lint.diff, "diff_engine", _boom)
     failures: list[dict[str, str]] = []
     engine: Any = object()  # never read: the diff fails first

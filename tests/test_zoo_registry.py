@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from qdq.cli.main import main
-from qdq.pipeline import DataOptions, quantize
+from qdq.pipeline import (
+    DataOptions,
+    PtqOptions,
+    quantize,
+)
 from qdq.pipeline import models as pipeline_models
 from qdq.zoo.registry import DATASETS, MODELS, get_dataset, get_model
 
@@ -72,6 +76,7 @@ def test_efficientnet_lite0_quantizes(tmp_path: Path) -> None:
         exporter="torchscript",
         data_options=DataOptions(calib_samples=16, eval_samples=16),
         show_progress=False,
+        ptq=PtqOptions(),
     )
     r = res.report
     assert res.metric_name == "top1_agreement" and res.fp32_metric == 1.0

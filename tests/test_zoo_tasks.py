@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from qdq.cli.main import main
-from qdq.pipeline import DataOptions, quantize
+from qdq.pipeline import (
+    DataOptions,
+    PtqOptions,
+    quantize,
+)
 from qdq.pipeline import models as pipeline_models
 from qdq.zoo.registry import DATASETS, get_dataset, get_model
 
@@ -80,7 +84,13 @@ def test_audio_model_refuses_an_image_folder(tmp_path: Path) -> None:
     (tmp_path / "imgs").mkdir()
     Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / "a.png")
     with pytest.raises(ValueError, match="'crepe-tiny' does not take images"):
-        quantize("crepe-tiny", str(tmp_path / "imgs"), out=tmp_path / "o", show_progress=False)
+        quantize(
+            "crepe-tiny",
+            str(tmp_path / "imgs"),
+            out=tmp_path / "o",
+            show_progress=False,
+            ptq=PtqOptions(),
+        )
 
 
 # ---------------------------------------------------------------------------------- data
@@ -254,7 +264,8 @@ def test_mtcnn_rnet_quantizes_through_the_cli(tmp_path: Path, capsys) -> None:
     _need("mtcnn-rnet")
     out = tmp_path / "rnet"
     args = ["quantize", "--model", "mtcnn-rnet", "--data", "lfw-faces-24", "--out", str(out)]
-    assert main([*args, "--calib-samples", "16", "--eval-samples", "40", "--no-progress"]) == 0
+    args += ["--calib-samples", "16", "--eval-samples", "40", "--no-progress"]
+    assert main([*args, "--search-budget", "3"]) == 0  # the default: a recipe search
     printed = capsys.readouterr().out
     assert "face_accuracy: FP32 1.0000" in printed and "box_cosine 1 →" in printed
     r = json.loads((out / "report.json").read_text())
@@ -267,12 +278,26 @@ def test_mtcnn_rnet_quantizes_through_the_cli(tmp_path: Path, capsys) -> None:
     }
     # measured (32 calibration crops, 168 evaluated): accuracy 1.0, box cosine 0.9986
     assert r["int8_metric"] >= 0.95 and r["int8"]["figures"]["box_cosine"] > 0.98
+    # the search held out 4 of the 16 crops, scored on both outputs, and the kept recipe is the
+    # exported one, in the report and the manifest
+    found = r["ptq"]["recipe_search"]
+    assert found["held_out_batches"] == 1 and found["score"] == "output cosine"
+    assert found["rows"][0]["recipe"] == "none" and found["rows"][0]["status"] == "scored"
+    assert r["ptq"]["recipe"] == found["kept"] == r["settings"]["recipe"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["ptq"] == {"recipe": found["kept"], "steps": found["steps"],
+                               "chosen_by": "search"}  # fmt: skip
+    assert "recipe search: kept" in printed
 
 
 def test_mtcnn_onet_quantizes_through_the_api(tmp_path: Path) -> None:
     _need("mtcnn-onet")
     res = quantize(
-        "mtcnn-onet", out=tmp_path / "onet", data_options=_small(16, 40), show_progress=False
+        "mtcnn-onet",
+        out=tmp_path / "onet",
+        data_options=_small(16, 40),
+        show_progress=False,
+        ptq=PtqOptions(),
     )
     figures = res.report["int8"]["figures"]
     assert res.metric_name == "face_accuracy" and res.fp32_metric == 1.0
@@ -285,7 +310,11 @@ def test_mtcnn_onet_quantizes_through_the_api(tmp_path: Path) -> None:
 def test_crepe_tiny_quantizes(tmp_path: Path) -> None:
     _need("crepe-tiny")
     res = quantize(
-        "crepe-tiny", out=tmp_path / "crepe", data_options=_small(8, 32), show_progress=False
+        "crepe-tiny",
+        out=tmp_path / "crepe",
+        data_options=_small(8, 32),
+        show_progress=False,
+        ptq=PtqOptions(),
     )
     fp32, int8 = res.report["fp32"]["figures"], res.report["int8"]["figures"]
     assert res.metric_name == "rpa_10c" and fp32["rpa_25c"] >= 0.95
@@ -298,7 +327,11 @@ def test_crepe_tiny_quantizes(tmp_path: Path) -> None:
 def test_ppocr_det_quantizes(tmp_path: Path) -> None:
     _need("ppocr-det")
     res = quantize(
-        "ppocr-det", out=tmp_path / "ppocr", data_options=_small(2, 3), show_progress=False
+        "ppocr-det",
+        out=tmp_path / "ppocr",
+        data_options=_small(2, 3),
+        show_progress=False,
+        ptq=PtqOptions(),
     )
     r = res.report
     assert res.metric_name == "detection_f1" and res.fp32_metric >= 0.9

@@ -14,7 +14,7 @@ from __future__ import annotations
 from qdq import debug, lint, nn, qat
 from qdq._version import __version__
 from qdq.accuracy import AutoQuantResult, Sensitivity, auto_quantize, sensitivity
-from qdq.api import calibrate, plan_of, prepare, quantizers_of, recompute_amax
+from qdq.api import calibrate, copy_prepared, plan_of, prepare, quantizers_of, recompute_amax
 from qdq.calib import (
     CalibrationError,
     Calibrator,
@@ -46,6 +46,7 @@ __all__ = [
     "__version__",
     "auto_quantize",
     "calibrate",
+    "copy_prepared",
     "debug",
     "export_onnx",
     "fake_quant",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import warnings
@@ -24,10 +25,13 @@ from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import MIN_AMAX, Quantizer, QuantMode
 
-__all__ = ["calibrate", "plan_of", "prepare", "quantizers_of", "recompute_amax"]
+__all__ = ["calibrate", "copy_prepared", "plan_of", "prepare", "quantizers_of", "recompute_amax"]
 
 _log = logging.getLogger("qdq")
 _PLAN_ATTR = "qdq_plan"
+#: a module's forward hooks (what :func:`copy_prepared` restores on a GraphModule's copy)
+_ROOT_HOOKS = frozenset({"_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                         "_forward_hooks_with_kwargs", "_forward_hooks_always_called"})  # fmt: skip
 
 
 def prepare(
@@ -105,6 +109,20 @@ def prepare(
     prepared.train(model.training)
     _log.info("%s", plan.summary())
     return prepared
+
+
+def copy_prepared(prepared: nn.Module) -> nn.Module:
+    """A deep copy of a model from :func:`prepare` that keeps qdq's own attributes (its plan, a
+    recorded PTQ recipe, QAT state): ``torch.fx.GraphModule``'s ``deepcopy``, which a ``.pt2``
+    model prepares into, drops the attributes it does not know."""
+    memo: dict[int, Any] = {}  # one memo: what the attributes reference is the clone's
+    clone = copy.deepcopy(prepared, memo)
+    for name, value in prepared.__dict__.items():
+        lost = name.startswith(("qdq_", "_qdq_")) and name not in clone.__dict__
+        # GraphModule's copy also drops the root's forward hooks, which run qdq's call sites
+        if lost or (name in _ROOT_HOOKS and isinstance(prepared, torch.fx.GraphModule)):
+            object.__setattr__(clone, name, copy.deepcopy(value, memo))
+    return clone
 
 
 def plan_of(prepared: nn.Module) -> QuantPlan:

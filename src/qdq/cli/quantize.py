@@ -24,7 +24,8 @@ def add_quantize_parser(sub: Any) -> None:
     p = sub.add_parser(
         "quantize",
         help="quantize a model on its data: INT8 Q/DQ ONNX verified in ONNX Runtime, lint, report",
-        description="capture + plan → calibrate → export → ONNX Runtime verification → lint. "
+        description="capture + plan → calibrate → PTQ recipe search (held-out calibration "
+        "samples; or --recipe) → export → ONNX Runtime verification → lint. "
         "Writes OUT/model.qdq.onnx, OUT/manifest.json (its manifest), OUT/report.json and "
         "OUT/report.html (open it in a browser; it loads nothing), all or nothing. The INT8 "
         "metric is measured on the exported ONNX in ONNX Runtime.",
@@ -89,6 +90,15 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "(the first is the headline); --max-drop then scores with it",
     )
     p.add_argument(
+        "--search-budget",
+        type=float,
+        metavar="SECONDS",
+        help="time for the recipe search, which by default (no --recipe and none of the four PTQ "
+        "switches below) holds out the last quarter of the calibration samples and keeps the "
+        "PTQ recipe that scores best on them (default budget: 10x the capture + calibration "
+        "time, at least 30 s; the candidate running when it is spent finishes)",
+    )
+    p.add_argument(
         "--equalize",
         action="store_true",
         help="cross-layer equalization before calibration: move per-channel activation ranges "
@@ -103,7 +113,6 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     )
     p.add_argument(
         "--rounding",
-        default="nearest",
         choices=("nearest", "kernel-sum", "adaround"),
         help="weight rounding: nearest (default), kernel-sum (data-free: every conv kernel keeps "
         "its sum) or adaround (learned on the calibration data); only the INT8 codes change",
@@ -114,9 +123,9 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--recipe",
         metavar="NAME",
-        help="the PTQ steps as one name instead of the four switches above: none, or parts of "
-        "equalize, method, kernel-sum, adaround, bias joined by '+' (e.g. kernel-sum+bias; "
-        "report.json ptq.recipe records the one that ran)",
+        help="the PTQ steps as one name instead of the four switches above, without searching: "
+        "none, or parts of equalize, method, kernel-sum, adaround, bias joined by '+' (e.g. "
+        "kernel-sum+bias; report.json ptq.recipe and the manifest record the one that ran)",
     )
     p.add_argument(
         "--qat-epochs",
@@ -335,10 +344,11 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             )
     ptq = r.get("ptq")
     if ptq:
-        print(f"PTQ: {ptq['steps']}")
+        print(f"PTQ: {ptq['steps']} (recipe {ptq['recipe']})")
         for name, rep in ptq.items():
             if isinstance(rep, dict) and rep.get("summary"):
                 print(f"  {name}: {rep['summary']}")
+        _print_search(ptq.get("recipe_search"))
     _print_fallback(r.get("fallback"))
     qat = r.get("qat")
     if qat:
@@ -438,30 +448,51 @@ def run_zoo(action: str) -> int:
     return 0
 
 
+def _print_search(found: Any) -> None:
+    """The recipe search's table: each candidate's held-out score and seconds."""
+    if not isinstance(found, dict) or not found.get("rows"):
+        return
+    print(f"    {'recipe':<28}{'held-out ' + str(found['score']):>28}{'seconds':>9}  status")
+    for t in found["rows"]:
+        value = "-" if t["score"] is None else f"{t['score']:.6f}"
+        mark = "  <- kept" if t["recipe"] == found["kept"] else ""
+        print(f"    {t['recipe']:<28}{value:>28}{t['seconds']:>9.1f}  {t['status']}{mark}")
+    print(f"    kept {found['kept']}: {found['reason']}")
+
+
 def _ptq_options(args: argparse.Namespace) -> Any:
-    """The PTQ switches, or ``--recipe`` (not both: one would silently override the other), as
-    :class:`qdq.pipeline.PtqOptions`."""
-    from qdq.pipeline import PtqOptions
+    """The PTQ switches or ``--recipe`` (not both: one would silently override the other) as
+    :class:`qdq.pipeline.PtqOptions`; with neither, the recipe search
+    (:class:`qdq.pipeline.SearchOptions`, ``--search-budget``)."""
+    from qdq.pipeline import PtqOptions, SearchOptions
 
     switches = [
         name
         for name, on in (
             ("--equalize", args.equalize),
             ("--calib-per-quantizer", args.calib_per_quantizer),
-            ("--rounding", args.rounding != "nearest"),
+            ("--rounding", args.rounding is not None),
             ("--bias-correction", args.bias_correction),
         )
         if on
     ]
-    if args.recipe is None:
-        return PtqOptions(
-            equalize=args.equalize,
-            method_per_quantizer=args.calib_per_quantizer,
-            rounding=args.rounding,
-            bias_correction=args.bias_correction,
-        )
-    if switches:
+    if args.recipe is not None and switches:
         raise ValueError(
             f"--recipe {args.recipe} and {', '.join(switches)} both set PTQ steps; give one"
         )
-    return PtqOptions.from_recipe(args.recipe)
+    if args.search_budget is not None and (args.recipe is not None or switches):
+        given = f"--recipe {args.recipe}" if args.recipe is not None else ", ".join(switches)
+        raise ValueError(
+            f"--search-budget bounds the recipe search, but {given} gives the recipe (no "
+            "search); give one"
+        )
+    if args.recipe is not None:
+        return PtqOptions.from_recipe(args.recipe)
+    if switches:
+        return PtqOptions(
+            equalize=args.equalize,
+            method_per_quantizer=args.calib_per_quantizer,
+            rounding=args.rounding or "nearest",
+            bias_correction=args.bias_correction,
+        )
+    return SearchOptions(budget=args.search_budget)

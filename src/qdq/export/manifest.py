@@ -113,12 +113,17 @@ def build_manifest(
     onnx_file: str | None = None,
     onnx_sha256: str | None = None,
     qat: dict[str, Any] | None = None,
+    ptq: dict[str, Any] | None = None,
 ) -> str:
     """The manifest JSON text for an export.
 
     ``qat`` (:meth:`qdq.qat.QatState.to_dict`) records quantization-aware training: the
     ``"qat"`` entry (epochs, steps, recipe, learned amax or not, BatchNorm handling); a
     quantizer whose amax was trained has ``"amax_grad"`` (``"lsq"``/``"pact"``).
+
+    ``ptq`` (:func:`qdq.ptq.search.recipe_of`) records the PTQ recipe the model followed and
+    how it was chosen (the ``"ptq"`` entry: ``recipe``, ``steps``, ``chosen_by``), for replaying
+    it on new calibration data (``qdq quantize --recipe NAME``).
 
     ``onnx_file`` (the ONNX file's name) and ``onnx_sha256`` (the hash of its bytes) tie the
     manifest to that one file; :func:`load_calibration` checks them.
@@ -162,6 +167,8 @@ def build_manifest(
     }
     if onnx_file is not None:
         doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}
+    if ptq is not None:
+        doc["ptq"] = ptq
     if qat is not None:
         doc["qat"] = qat
     doc["quantizers"] = entries

@@ -30,6 +30,7 @@ from qdq._io import atomic_write_files
 from qdq.api import plan_of, quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.exporters import run_exporter
+from qdq.ptq.search import recipe_of
 from qdq.qat.distill import has_distill_hooks
 from qdq.qat.prepare import qat_state
 from qdq.quant import MIN_AMAX, Quantizer, QuantMode, ScaleShapeError, scale_from_amax
@@ -242,7 +243,7 @@ def export_onnx(
     manifest = build_manifest(
         plan, quantizers, model_proto, exporter=used, opset=opset,
         onnx_file=target.name, onnx_sha256=sha256_of(data),
-        qat=state.to_dict() if state is not None else None,
+        qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
     )  # fmt: skip
     atomic_write_files({target: data, manifest_file: manifest.encode("utf-8")}, overwrite=overwrite)
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)

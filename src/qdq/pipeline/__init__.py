@@ -17,6 +17,7 @@ from __future__ import annotations
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.improve import PtqOptions, QatOptions
 from qdq.pipeline.models import ModelSource, resolve_model
+from qdq.pipeline.recipe import SearchOptions
 from qdq.pipeline.run import (
     HTML_FILE,
     MANIFEST_FILE,
@@ -37,6 +38,7 @@ __all__ = [
     "QatOptions",
     "QuantData",
     "QuantizeResult",
+    "SearchOptions",
     "quantize",
     "resolve_data",
     "resolve_model",

@@ -76,6 +76,7 @@ STAGE_LABELS = {
     "equalize": "cross-layer equalization",
     "capture_plan": "capture + plan",
     "calibrate": "calibrate",
+    "recipe_search": "recipe search",
     "export": "export",
     "fp32_eval": "FP32 (torch)",
     "int8_eval": "INT8 (ONNX Runtime)",

@@ -31,7 +31,7 @@ from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
 from qdq.pipeline.evaluate import check_labels, measure, score, torch_outputs
 from qdq.pipeline.fallback import fallback_search
-from qdq.pipeline.improve import PtqOptions, QatOptions, improver, run_qat
+from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
     ForwardInputs,
     Inputs,
@@ -46,9 +46,11 @@ from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import output_names, recorded_output
 from qdq.pipeline.per_image import per_image_keys, refuse_options
+from qdq.pipeline.recipe import SearchOptions, calibrate_and_improve
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages
+from qdq.ptq.search import record_recipe
 from qdq.qat import distributed as dist
 
 __all__ = [
@@ -125,7 +127,7 @@ def quantize(
     batch_size: int = 32,
     compare_methods: bool = False,
     max_drop: float | None = None,
-    ptq: PtqOptions | None = None,
+    ptq: PtqOptions | SearchOptions | str | None = None,
     qat: QatOptions | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
@@ -162,9 +164,12 @@ def quantize(
             from FP32 within this budget (metric units: 0.01 is one point of accuracy), chosen
             on the evaluation data in torch fake-quant (:func:`qdq.auto_quantize`); ``None``:
             everything planned stays INT8.
-        ptq: PTQ improvements after calibration (:class:`~qdq.pipeline.improve.PtqOptions`:
-            method per quantizer, AdaRound, bias correction); also applied to every model the
-            fallback search re-plans.
+        ptq: the PTQ recipe. ``None`` (default) or a :class:`~qdq.pipeline.SearchOptions`: the
+            recipe search holds out the last quarter of the calibration samples, calibrates on
+            the rest and keeps the recipe that scores best on them (:mod:`qdq.pipeline.recipe`);
+            a recipe name (``"kernel-sum+bias"``, ``"none"``) or a
+            :class:`~qdq.pipeline.PtqOptions`: that recipe on every calibration sample, no search. The
+            recipe's steps are also applied to every model the fallback search re-plans.
         qat: quantization-aware fine-tuning after PTQ and fallback
             (:class:`~qdq.pipeline.improve.QatOptions`: distillation against the FP32 copy on the
             calibration batches); the exported model is the fine-tuned one.
@@ -209,6 +214,13 @@ def quantize(
         or not 0 <= max_drop < float("inf")
     ):
         raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
+    if isinstance(ptq, str):  # a recipe name
+        ptq = PtqOptions.from_recipe(ptq)
+    elif ptq is not None and not isinstance(ptq, (PtqOptions, SearchOptions)):
+        raise TypeError(
+            "ptq must be None or a SearchOptions (the recipe search), or a recipe: its name "
+            f"('kernel-sum+bias', 'none') or a PtqOptions; got {type(ptq).__name__}"
+        )
     user = load_metric(metric)  # a bad metric spec fails before anything runs
     if calib not in CALIBRATION_METHODS:
         raise ValueError(
@@ -282,49 +294,18 @@ def quantize(
             if keys is not None:
                 st.detail = (f"{summary(sample)} → per-image detection lists ({', '.join(keys)}): "
                              "batch 1 for calibration, evaluation and export")  # fmt: skip
-        calib_batches = [to_device(inputs.arguments(b), dev) for b, _ in batches(cal, size, static)]
-        options = ptq if ptq is not None else PtqOptions()
-        float_model, equalized = source.module, None  # what gets quantized
-        if options.equalize:
-            with stages("equalize") as st:
-                from qdq.ptq.equalize import equalize
-
-                equalized = equalize(
-                    source.module, example, calib_batches, show_progress=show_progress
-                )
-                float_model = equalized.model
-                st.detail = equalized.summary()
-        with stages("capture_plan") as st:
-            import qdq
-
-            prepared = qdq.prepare(float_model, example)
-            plan = qdq.plan_of(prepared)
-            st.detail = plan.summary().splitlines()[0]
-        with stages("calibrate") as st:
-            qdq.calibrate(
-                prepared,
-                calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
-                method=calib,
-                percentile=percentile,
-                show_progress=show_progress,
-            )
-            st.detail = f"{calib} on {num_samples(cal)} samples (one histogram pass)"
-        improve, ptq_reports = improver(options, calib_batches, show_progress)
-        if options.after_calibration:
-            with stages("ptq") as st:
-                improve(prepared)
-                st.detail = "; ".join(
-                    str(r.get("summary", name)) for name, r in ptq_reports.items()
-                )
-        if equalized is not None:
-            ptq_reports[equalized.key] = equalized.to_report()
+        done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
+                                     static=static, device=dev, calib=calib,
+                                     percentile=percentile, ptq=ptq, per_image=keys,
+                                     show_progress=show_progress)  # fmt: skip
+        prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
                 fallback = fallback_search(source, float_model, qdata, example, prepared, calib_batches,
                                      max_drop, calib, percentile, exporter, target, size, static,
                                      show_progress,
-                                     improve if options.after_calibration else None)  # fmt: skip
+                                     done.improve)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -338,6 +319,7 @@ def quantize(
                 trained, qat_report = run_qat(prepared, calib_batches, example, qat, show_progress)
                 qat_run, prepared = (qat_report, prepared), trained
                 st.detail = qat_report["summary"]
+        record_recipe(prepared, done.options.recipe, "search" if done.searched else "given")
         if not dist.is_main_process():  # torchrun: rank 0 exports, measures and writes
             return _written_by_rank0(out_dir, prepared)
         try:
@@ -368,9 +350,7 @@ def quantize(
                 ),
                 caught,
                 fallback,
-                {"steps": options.describe(), "recipe": options.recipe, **ptq_reports}
-                if options.active
-                else None,
+                done.ptq,
                 qat_run,
                 take(cal, slice(0, VERIFY_IMAGES)) if keys is not None else None,
             )

@@ -23,7 +23,6 @@ skipped (the candidate running when the budget runs out finishes).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,7 +38,19 @@ from qdq._progress import progress
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.ptq.step import STEPS, StepReport, step_runs
 
-__all__ = ["CANDIDATES", "Recipe", "SearchResult", "Trial", "recipe", "search"]
+__all__ = [
+    "CANDIDATES",
+    "Recipe",
+    "SearchResult",
+    "Trial",
+    "default_budget",
+    "recipe",
+    "recipe_of",
+    "record_recipe",
+    "search",
+]
+
+_RECIPE_ATTR = "_qdq_ptq_recipe"
 
 #: a recipe's parts as written in its name (:attr:`qdq.ptq.step.Step.part`), and the step each
 #: one runs, in pipeline order
@@ -63,6 +74,13 @@ CANDIDATES: tuple[str, ...] = (
     "equalize+adaround",
     "equalize+adaround+bias",
 )
+
+
+def default_budget(calibration_seconds: float) -> float:
+    """The search's default time budget: 10 × one prepare + calibrate, at least 30 s (the
+    data-free and the cheap candidates of a small model run within it; on EfficientNet-Lite0
+    the third candidate, kernel-sum + bias, starts within it)."""
+    return max(30.0, 10.0 * calibration_seconds)
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,23 @@ def recipe(name: str) -> Recipe:
     return Recipe("+".join(s.part for s in chosen), tuple(s.key for s in chosen))
 
 
+def record_recipe(prepared: nn.Module, name: str, chosen_by: str) -> None:
+    """Record on a prepared model the recipe its PTQ steps followed, and how it was chosen
+    (``"search"`` or ``"given"``): :func:`qdq.export_onnx` writes it into the manifest's
+    ``"ptq"`` entry, so that ``qdq quantize --recipe NAME`` (or
+    :meth:`qdq.pipeline.PtqOptions.from_recipe`) can replay it on new calibration data. Copies of
+    the model (:func:`qdq.copy_prepared`, :func:`qdq.qat.prepare`) keep it."""
+    r = recipe(name)
+    prepared.__dict__[_RECIPE_ATTR] = {"recipe": r.name, "steps": list(r.steps),
+                                       "chosen_by": chosen_by}  # fmt: skip
+
+
+def recipe_of(prepared: nn.Module) -> dict[str, Any] | None:
+    """What :func:`record_recipe` recorded on ``prepared`` (``None``: nothing)."""
+    found = prepared.__dict__.get(_RECIPE_ATTR)
+    return dict(found) if isinstance(found, dict) else None
+
+
 @dataclass(frozen=True)
 class Trial:
     """One candidate of the search.
@@ -153,6 +188,10 @@ class SearchResult(StepReport):
         budget: the time budget in seconds; ``calibration_seconds``: one prepare + calibrate.
         held_out: held-out batches scored on.
         model: the kept prepared model (calibrated, its steps applied); not in the JSON.
+        float_model: the float model the kept model was prepared from (the equalized copy when
+            the kept recipe equalizes, else the model searched); not in the JSON.
+        reports: the kept recipe's step reports (:class:`~qdq.ptq.step.StepReport`, equalization
+            first), from the run that made ``model``; not in the JSON.
     """
 
     rows: tuple[Trial, ...]
@@ -164,6 +203,8 @@ class SearchResult(StepReport):
     held_out: int
     model: nn.Module | None = field(default=None, repr=False, compare=False)
     notes: tuple[str, ...] = ()
+    float_model: nn.Module | None = field(default=None, repr=False, compare=False)
+    reports: tuple[StepReport, ...] = field(default=(), repr=False, compare=False)
 
     key: ClassVar[str] = "recipe_search"
     columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
@@ -209,12 +250,15 @@ def search(
     score: Callable[[nn.Module], float] | None = None,
     score_name: str = "score",
     method: str = "mse",
+    percentile: float | None = None,
     config: Any = None,
     candidates: Sequence[str] = CANDIDATES,
     budget: float | None = None,
     tie: float = 1e-4,
     adaround_samples: int = 256,
     adaround_iters: int = 500,
+    calibrated: nn.Module | None = None,
+    calibration_seconds: float | None = None,
     show_progress: bool = False,
 ) -> SearchResult:
     """Try PTQ recipes and keep the best on held-out data (module docstring).
@@ -225,15 +269,20 @@ def search(
         calib_data: calibration batches (as :func:`qdq.calibrate` takes them).
         held_out: batches to score on, none of them calibration or evaluation samples.
         score: ``score(prepared) -> float``, higher is better (default: the mean cosine
-            similarity of the first output tensor with the FP32 model's, per sample, on
-            ``held_out``); ``score_name`` names it in the report.
-        method: the calibration method (:func:`qdq.calibrate`).
+            similarity with the FP32 model's outputs, per sample and averaged over the output
+            tensors, on ``held_out``); ``score_name`` names it in the report.
+        method / percentile: the calibration method (:func:`qdq.calibrate`).
         config: the :class:`qdq.QuantConfig` for :func:`qdq.prepare`.
         candidates: recipe names (:func:`recipe`), tried in this order.
-        budget: seconds for the candidates (default: 10 × one prepare + calibrate, at least 30).
-            The first candidate always runs; the rest are skipped once the budget is spent.
+        budget: seconds for the candidates (default: :func:`default_budget` of one prepare +
+            calibrate). The first candidate always runs; the rest are skipped once the budget is
+            spent.
         tie: a recipe with fewer steps within ``tie`` of the best score is kept instead.
         adaround_samples / adaround_iters: AdaRound's settings (:func:`qdq.ptq.adaround.adaround`).
+        calibrated: ``model`` already prepared and calibrated on ``calib_data`` with ``method``
+            (it is copied, not changed): the search then calibrates only the equalized copy.
+        calibration_seconds: what preparing and calibrating ``calibrated`` took (for the default
+            budget and the report; measured when the search calibrates).
 
     Raises:
         ValueError: no candidates, an unknown recipe, empty calibration or held-out data, or a
@@ -258,52 +307,68 @@ def search(
         raise ValueError(f"budget and tie must be >= 0, got budget={budget!r}, tie={tie!r}")
     if score is None:
         score, score_name = _output_cosine(model, held), "output cosine"
-    bases: dict[bool, nn.Module] = {}
-    seconds: list[float] = []
+    # per base (equalized or not): its float model, its calibrated prepared model and the
+    # equalization report; calibrated once each, copied for every candidate
+    bases: dict[bool, tuple[nn.Module, nn.Module, StepReport | None]] = {}
+    if calibrated is not None:
+        bases[False] = (model, calibrated, None)
+    seconds: list[float] = [] if calibration_seconds is None else [float(calibration_seconds)]
 
-    def base(equalized: bool) -> nn.Module:
+    def base(equalized: bool) -> tuple[nn.Module, nn.Module, StepReport | None]:
         if equalized not in bases:
             start = time.perf_counter()
-            float_model = model
+            float_model, report = model, None
             if equalized:
                 from qdq.ptq.equalize import equalize
 
-                float_model = equalize(model, example_inputs, calib).model
+                report = equalize(model, example_inputs, calib)
+                float_model = report.model
             prepared = qdq.prepare(float_model, example_inputs, config)
-            qdq.calibrate(prepared, calib, method=method, show_progress=False)
-            bases[equalized] = prepared
+            qdq.calibrate(
+                prepared, calib, method=method, percentile=percentile, show_progress=False
+            )
+            bases[equalized] = (float_model, prepared, report)
             seconds.append(time.perf_counter() - start)
         return bases[equalized]
 
+    runs = step_runs(calib, adaround_samples=adaround_samples, adaround_iters=adaround_iters)
+
+    def build(r: Recipe) -> tuple[nn.Module, tuple[StepReport, ...]]:
+        """A copy of the recipe's calibrated base with its steps applied, and their reports."""
+        _, calibrated_base, eq = base(r.equalize)
+        prepared = qdq.copy_prepared(calibrated_base)
+        done = tuple(runs[s](prepared) for s in r.steps if s != "equalize")
+        return prepared, done if eq is None else (eq, *done)
+
     base(False)
-    limit = budget if budget is not None else max(30.0, 10 * seconds[0])
+    limit = budget if budget is not None else default_budget(seconds[0])
     spent = 0.0
     trials: list[Trial] = []
-    best: tuple[float, str, nn.Module] | None = None  # the first best score, its recipe and model
-    runs = step_runs(calib, adaround_samples=adaround_samples, adaround_iters=adaround_iters)
+    # the first best score, its recipe, model and step reports
+    best: tuple[float, str, nn.Module, tuple[StepReport, ...]] | None = None
     for r in progress(recipes, total=len(recipes), desc="recipe search", enabled=show_progress):
         if trials and spent > limit:
             trials.append(Trial(r.name, None, 0.0, "skipped (budget)"))
             continue
         start = time.perf_counter()
         value: float | None = None
-        summaries: tuple[str, ...] = ()
+        done: tuple[StepReport, ...] = ()
         try:
-            prepared = copy.deepcopy(base(r.equalize))
-            summaries = tuple(runs[s](prepared).summary() for s in r.steps if s != "equalize")
+            prepared, done = build(r)
             value, status = float(score(prepared)), "scored"
         except Exception as err:  # a failing candidate is a row, not the end of the search
             status = f"failed: {type(err).__name__}: {err}"[:300]
         took = time.perf_counter() - start
         spent += took
-        trials.append(Trial(r.name, value, took, status, summaries))
+        trials.append(Trial(r.name, value, took, status, tuple(d.summary() for d in done)))
         if value is not None and math.isfinite(value) and (best is None or value > best[0]):
-            best = (value, r.name, prepared)
+            best = (value, r.name, prepared, done)
     kept, reason = _choose(trials, recipes, tie)
     # only the best-scoring model was kept: a simpler recipe chosen over it is made again
-    kept_model = (
-        best[2] if best is not None and best[1] == kept.name else _rebuild(kept, base, runs)
+    kept_model, reports = (
+        (best[2], best[3]) if best is not None and best[1] == kept.name else build(kept)
     )
+    record_recipe(kept_model, kept.name, "search")
     return SearchResult(
         rows=tuple(trials),
         kept=kept,
@@ -313,6 +378,8 @@ def search(
         calibration_seconds=seconds[0],
         held_out=len(held),
         model=kept_model,
+        float_model=base(kept.equalize)[0],
+        reports=reports,
     )
 
 
@@ -335,47 +402,39 @@ def _choose(trials: list[Trial], recipes: list[Recipe], tie: float) -> tuple[Rec
     )
 
 
-def _rebuild(
-    kept: Recipe,
-    base: Callable[[bool], nn.Module],
-    runs: dict[str, Callable[[nn.Module], StepReport]],
-) -> nn.Module:
-    """The kept recipe's model, made again (the search keeps only the best-scoring one)."""
-    prepared = copy.deepcopy(base(kept.equalize))
-    for s in kept.steps:
-        if s != "equalize":
-            runs[s](prepared)
-    return prepared
-
-
-def _first_float(output: Any) -> torch.Tensor:
+def _floats(output: Any) -> list[torch.Tensor]:
     leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
     floats = [t for t in leaves if t.is_floating_point()]
     if not floats:
         raise ValueError("the model's output holds no floating-point tensor to score")
-    return floats[0]
+    return floats
 
 
 def _output_cosine(model: nn.Module, held: list[Any]) -> Callable[[nn.Module], float]:
-    """``score(prepared)``: the mean per-sample cosine similarity of the first float output with
-    the FP32 model's, over the held-out batches (the FP32 outputs computed once)."""
+    """``score(prepared)``: the mean per-sample cosine similarity of each float output tensor
+    with the FP32 model's over the held-out batches, averaged over the output tensors (the FP32
+    outputs computed once). Every output counts alike, so that a detector's box head weighs as
+    much as its class scores."""
 
-    def outputs(m: nn.Module) -> list[torch.Tensor]:
+    def outputs(m: nn.Module) -> list[list[torch.Tensor]]:
         expected = expected_inputs(m)
         out = []
         with eval_no_grad(m):
             for i, batch in enumerate(held):
-                t = _first_float(run_batch(m, batch, i, expected)).detach().float()
-                out.append(t.flatten(1) if t.dim() > 1 else t.reshape(1, -1))
+                tensors = _floats(run_batch(m, batch, i, expected))
+                out.append([t.detach().float().flatten(1) if t.dim() > 1
+                            else t.detach().float().reshape(1, -1) for t in tensors])  # fmt: skip
         return out
 
     reference = outputs(model)
 
     def cosine(prepared: nn.Module) -> float:
-        sims = [
-            torch.nn.functional.cosine_similarity(got, ref, dim=1, eps=1e-12)
-            for got, ref in zip(outputs(prepared), reference, strict=True)
-        ]
-        return float(torch.cat(sims).mean())
+        per_output: list[list[torch.Tensor]] = [[] for _ in reference[0]]
+        for got, ref in zip(outputs(prepared), reference, strict=True):
+            if len(got) != len(ref):
+                raise ValueError(f"{len(got)} float outputs where the FP32 model has {len(ref)}")
+            for sims, g, r in zip(per_output, got, ref, strict=True):
+                sims.append(torch.nn.functional.cosine_similarity(g, r, dim=1, eps=1e-12))
+        return float(torch.stack([torch.cat(sims).mean() for sims in per_output]).mean())
 
     return cosine

@@ -1,0 +1,291 @@
+"""Calibration and the PTQ recipe in ``qdq quantize``: given, or found by the recipe search.
+
+:func:`calibrate_and_improve` is the main job's stages from the float model to the calibrated,
+improved INT8 model: equalization (when the recipe has it) → capture + plan → calibrate → the
+recipe's steps after calibration, or the recipe search (the default, issue 33).
+
+Unless a recipe is given (``--recipe NAME``, a PTQ switch, or a :class:`~qdq.pipeline.PtqOptions`),
+``qdq quantize`` holds out the last quarter of the calibration samples (:class:`SearchOptions`),
+calibrates on the rest, and lets :func:`qdq.ptq.search.search` try the candidate recipes on the
+held-out samples. The kept model is the one exported; its recipe is recorded in ``report.json``
+(``ptq.recipe``, the table under ``ptq.recipe_search``), the manifest (``ptq``) and the HTML
+report. The evaluation samples are never used to choose: the figure that decides is never the
+one published.
+
+The held-out score compares with the FP32 model, since calibration samples carry no labels: the
+per-sample output cosine averaged over the output tensors, or, for a detector that returns
+per-image detection lists, the detection F1 against FP32's detections.
+
+The search does not run (the report says why, and the recipe is ``none``) with fewer than
+:data:`MIN_SAMPLES` calibration samples, or under ``torchrun`` (the ranks would each have to
+choose the same recipe: give ``--recipe``, e.g. the one a single-process run kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.pipeline.device import to_device
+from qdq.pipeline.improve import PtqOptions, improver
+from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
+from qdq.pipeline.stages import Stages
+from qdq.ptq.search import CANDIDATES, SearchResult, default_budget, recipe, search
+from qdq.qat import distributed as dist
+
+__all__ = [
+    "MIN_SAMPLES",
+    "Calibrated",
+    "SearchOptions",
+    "calibrate_and_improve",
+    "held_out_split",
+    "run_search",
+    "skipped",
+]
+
+#: the fewest calibration samples the search splits (below, the recipe is ``none``)
+MIN_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The recipe search of ``qdq quantize`` (its default when no recipe is given).
+
+    Attributes:
+        budget: seconds for the candidates (``None``: :func:`qdq.ptq.search.default_budget` of
+            the capture + calibration time, i.e. 10× it and at least 30 s).
+        candidates: the recipe names tried, in order (:data:`qdq.ptq.search.CANDIDATES`).
+        held_out: the share of the calibration samples held out to score on (the last ones).
+        adaround_samples / adaround_iters: AdaRound's settings for the candidates with it.
+
+    Example:
+        >>> SearchOptions(budget=120).held_out
+        0.25
+    """
+
+    budget: float | None = None
+    candidates: tuple[str, ...] = CANDIDATES
+    held_out: float = 0.25
+    adaround_samples: int = 256
+    adaround_iters: int = 500
+
+    def __post_init__(self) -> None:
+        b = self.budget
+        if b is not None and (
+            isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < math.inf
+        ):
+            raise ValueError(f"search budget must be a number of seconds >= 0, got {b!r}")
+        if isinstance(self.candidates, str) or not self.candidates:
+            raise ValueError(
+                f"candidates must be a non-empty sequence of recipe names, got {self.candidates!r}"
+            )
+        object.__setattr__(self, "candidates", tuple(recipe(c).name for c in self.candidates))
+        h = self.held_out
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h < 1:
+            raise ValueError(f"held_out must be a share strictly between 0 and 1, got {h!r}")
+        for name in ("adaround_samples", "adaround_iters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def held_out_split(cal: Inputs, options: SearchOptions) -> tuple[Inputs, Inputs | None, str]:
+    """``(fit, held, why)``: the calibration samples the search calibrates on and the ones it
+    scores on (the last ``options.held_out`` share, at least one); ``held`` is ``None`` when
+    there are too few samples to split, and ``why`` then says so."""
+    n = num_samples(cal)
+    if n < MIN_SAMPLES:
+        return (
+            cal,
+            None,
+            (
+                f"not run: {n} calibration sample(s), the search needs at least {MIN_SAMPLES} to hold "
+                "some out (give more with --calib-samples, or a recipe with --recipe)"
+            ),
+        )
+    held = min(n - 1, max(1, round(n * options.held_out)))
+    return take(cal, slice(0, n - held)), take(cal, slice(n - held, n)), ""
+
+
+def skipped(why: str) -> dict[str, Any]:
+    """``report.json["ptq"]["recipe_search"]`` of a search that did not run."""
+    return {"summary": f"recipe search {why}", "kept": "none", "steps": [], "reason": why,
+            "rows": [], "notes": [why]}  # fmt: skip
+
+
+def run_search(
+    float_model: nn.Module,
+    example: tuple[Any, ...],
+    calibrated: nn.Module,
+    calib_batches: list[Any],
+    held: Inputs,
+    *,
+    inputs: ForwardInputs,
+    size: int,
+    static: bool,
+    device: torch.device,
+    method: str,
+    percentile: float | None,
+    seconds: float,
+    options: SearchOptions,
+    per_image: tuple[str, ...] | None,
+    show_progress: bool,
+) -> SearchResult:
+    """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
+    ``calib_batches`` in ``seconds``) on the held-out samples ``held``; the result's ``model``
+    is the kept one, with its recipe recorded (:func:`qdq.ptq.search.recipe_of`)."""
+    held_batches = [to_device(inputs.arguments(b), device) for b, _ in batches(held, size, static)]
+    score, name = None, "output cosine"
+    if per_image is not None:  # detection lists: F1 against FP32's detections, image by image
+        from qdq.pipeline import per_image as lists
+
+        refs = lists.torch_detections(float_model, held, desc="FP32 (held out)", show=False)
+
+        def score(m: nn.Module) -> float:
+            got = lists.score_model(m, held, refs, per_image, "held out", False)
+            return float(got["metric"])
+
+        name = "detection F1 vs FP32"
+    return search(
+        float_model,
+        example,
+        calib_batches,
+        held_batches,
+        score=score,
+        score_name=name,
+        method=method,
+        percentile=percentile,
+        candidates=options.candidates,
+        budget=options.budget if options.budget is not None else default_budget(seconds),
+        adaround_samples=options.adaround_samples,
+        adaround_iters=options.adaround_iters,
+        calibrated=calibrated,
+        calibration_seconds=seconds,
+        show_progress=show_progress,
+    )
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What :func:`calibrate_and_improve` made.
+
+    Attributes:
+        prepared: the calibrated model, its recipe's steps applied.
+        float_model: the float model it was prepared from (equalized when the recipe says so).
+        options: the recipe that ran (given, or kept by the search).
+        batches: the calibration batches it was calibrated on (without the held-out ones).
+        improve: ``improve(prepared)`` runs the recipe's steps after calibration on another
+            calibrated model (the fallback search re-plans); ``None`` when there are none.
+        ptq: ``report.json["ptq"]`` (``None``: no recipe given and no search).
+        searched: whether the recipe search chose the recipe.
+    """
+
+    prepared: nn.Module
+    float_model: nn.Module
+    options: PtqOptions
+    batches: list[Any]
+    improve: Callable[[nn.Module], None] | None
+    ptq: dict[str, Any] | None
+    searched: bool
+
+
+def calibrate_and_improve(
+    stages: Stages,
+    model: nn.Module,
+    cal: Inputs,
+    inputs: ForwardInputs,
+    example: tuple[Any, ...],
+    *,
+    size: int,
+    static: bool,
+    device: torch.device,
+    calib: str,
+    percentile: float | None,
+    ptq: PtqOptions | SearchOptions | None,
+    per_image: tuple[str, ...] | None,
+    show_progress: bool,
+) -> Calibrated:
+    """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
+    (a given recipe's steps) or ``recipe_search`` (``ptq`` a :class:`SearchOptions` or ``None``).
+
+    ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
+    they meet ``model.forward``; ``example``: one forward's positional inputs.
+    """
+    import qdq
+
+    options = ptq if isinstance(ptq, PtqOptions) else None  # a recipe given: no search
+    searching = ptq if isinstance(ptq, SearchOptions) else None if options else SearchOptions()
+    held, not_searched = None, ""
+    if searching is not None:
+        if dist.world_size() > 1:
+            not_searched = ("not run under torchrun (every rank would have to choose alike): "
+                            "give --recipe, e.g. the one a single-process run kept")  # fmt: skip
+        else:
+            cal, held, not_searched = held_out_split(cal, searching)
+    calib_batches = [to_device(inputs.arguments(b), device) for b, _ in batches(cal, size, static)]
+    options = options or PtqOptions()
+    float_model, equalized = model, None  # what gets quantized
+    if options.equalize:
+        with stages("equalize") as st:
+            from qdq.ptq.equalize import equalize
+
+            equalized = equalize(model, example, calib_batches, show_progress=show_progress)
+            float_model = equalized.model
+            st.detail = equalized.summary()
+    with stages("capture_plan") as st:
+        prepared = qdq.prepare(float_model, example)
+        st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
+    with stages("calibrate") as st:
+        qdq.calibrate(
+            prepared,
+            calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
+            method=calib,
+            percentile=percentile,
+            show_progress=show_progress,
+        )
+        st.detail = f"{calib} on {num_samples(cal)} samples (one histogram pass)"
+        if held is not None:
+            st.detail += f"; {num_samples(held)} more held out for the recipe search"
+    found = None
+    if searching is not None and held is not None:
+        with stages("recipe_search") as st:
+            found = run_search(model, example, prepared, calib_batches, held, inputs=inputs,
+                               size=size, static=static, device=device, method=calib,
+                               percentile=percentile,
+                               seconds=stages.timings["capture_plan"] + stages.timings["calibrate"],
+                               options=searching, per_image=per_image,
+                               show_progress=show_progress)  # fmt: skip
+            assert found.model is not None and found.float_model is not None
+            prepared, float_model = found.model, found.float_model
+            options = PtqOptions.from_recipe(found.kept.name,
+                                             adaround_samples=searching.adaround_samples,
+                                             adaround_iters=searching.adaround_iters)  # fmt: skip
+            st.detail = f"{found.summary()} in {sum(t.seconds for t in found.rows):.1f} s"
+    improve, reports = improver(options, calib_batches, show_progress)
+    if found is not None:  # the kept candidate's step reports
+        reports.update({r.key: r.to_report() for r in found.reports})
+        reports[found.key] = found.to_report()
+    elif searching is not None:
+        reports["recipe_search"] = skipped(not_searched)
+    elif options.after_calibration:
+        with stages("ptq") as st:
+            improve(prepared)
+            st.detail = "; ".join(str(r.get("summary", name)) for name, r in reports.items())
+    if equalized is not None:
+        reports[equalized.key] = equalized.to_report()
+    return Calibrated(
+        prepared=prepared,
+        float_model=float_model,
+        options=options,
+        batches=calib_batches,
+        improve=improve if options.after_calibration else None,
+        ptq={"steps": options.describe(), "recipe": options.recipe, **reports}
+        if options.active or searching is not None
+        else None,
+        searched=found is not None,
+    )

@@ -1,0 +1,189 @@
+"""The recipe search as ``qdq quantize``'s default (issue 33): the held-out split of the
+calibration samples, the report's table, the manifest's recipe, the budget, the cases where it
+does not run, the CLI's switches, and a per-image detector (the search scores detection F1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import qdq
+from qdq.cli.main import main
+from qdq.pipeline import PtqOptions, QuantData, SearchOptions, quantize
+from qdq.pipeline.recipe import MIN_SAMPLES, held_out_split
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5),
+    ).eval()  # fmt: skip
+
+
+def _data(calib: int = 16, evaluation: int = 8) -> QuantData:
+    g = torch.Generator().manual_seed(3)
+    return QuantData(
+        calibration=torch.randn(calib, 3, 8, 8, generator=g),
+        evaluation=torch.randn(evaluation, 3, 8, 8, generator=g),
+        labels=None,
+        source="random",
+        split=f"{calib} calibration, {evaluation} evaluation",
+    )
+
+
+def _run(tmp_path: Path, ptq: object, data: QuantData | None = None) -> dict:
+    res = quantize(_net(), data or _data(), out=tmp_path / "out", exporter="torchscript",
+                   batch_size=4, show_progress=False, ptq=ptq)  # type: ignore[arg-type]  # fmt: skip
+    return res.report
+
+
+def test_the_default_searches_on_held_out_calibration_samples(tmp_path: Path) -> None:
+    stages: list[tuple[str, str]] = []
+    res = quantize(_net(), _data(), out=tmp_path / "out", exporter="torchscript", batch_size=4,
+                   show_progress=False, on_stage=lambda n, s, d: stages.append((n, d)),
+                   ptq=SearchOptions(candidates=("none", "kernel-sum", "bias")))  # fmt: skip
+    r = res.report
+    found = r["ptq"]["recipe_search"]
+    # 16 calibration samples: 12 calibrate, the last 4 (one batch of 4) are scored on
+    assert dict(stages)["calibrate"].startswith("mse on 12 samples")
+    assert "4 more held out for the recipe search" in dict(stages)["calibrate"]
+    assert found["held_out_batches"] == 1 and found["score"] == "output cosine"
+    assert [t["recipe"] for t in found["rows"]] == ["none", "kernel-sum", "bias"]
+    assert all(t["status"] == "scored" and 0.9 < t["score"] <= 1.0 for t in found["rows"])
+    # the kept recipe is the one that ran, exported, and recorded for replay
+    assert r["ptq"]["recipe"] == r["settings"]["recipe"] == found["kept"]
+    assert found["kept"] in ("none", "kernel-sum", "bias")
+    assert "recipe_search" in r["timings_s"]
+    manifest = json.loads(res.manifest_path.read_text())
+    assert manifest["ptq"]["recipe"] == found["kept"] and manifest["ptq"]["chosen_by"] == "search"
+    # the kept model is the exported one: ONNX Runtime agrees with it
+    assert r["int8_torch"]["vs_onnxruntime"]["cosine_min"] > 0.9999
+    html = res.html_path.read_text()
+    assert "Recipe search: kept" in html and "held-out score" in html
+
+
+def test_the_budget_stops_the_search_after_the_first_candidate(tmp_path: Path) -> None:
+    found = _run(tmp_path, SearchOptions(budget=0, candidates=("none", "bias", "kernel-sum")))
+    rows = found["ptq"]["recipe_search"]["rows"]
+    assert [t["status"] for t in rows] == ["scored", "skipped (budget)", "skipped (budget)"]
+    assert found["ptq"]["recipe_search"]["kept"] == "none"
+
+
+def test_too_few_samples_skip_the_search_and_say_why(tmp_path: Path) -> None:
+    r = _run(tmp_path, None, _data(calib=MIN_SAMPLES - 1))
+    found = r["ptq"]["recipe_search"]
+    assert found["rows"] == [] and found["kept"] == "none" == r["ptq"]["recipe"]
+    assert f"{MIN_SAMPLES - 1} calibration sample(s)" in found["summary"]
+    assert "recipe_search" not in r["timings_s"]
+
+
+def test_a_given_recipe_does_not_search(tmp_path: Path) -> None:
+    r = _run(tmp_path, PtqOptions.from_recipe("kernel-sum"))
+    assert "recipe_search" not in r["ptq"] and r["ptq"]["recipe"] == "kernel-sum"
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["ptq"] == {
+        "recipe": "kernel-sum",
+        "steps": ["kernel_sum"],
+        "chosen_by": "given",
+    }
+    r = _run(tmp_path / "none", "none")  # recipe none: no PTQ section at all
+    assert r["ptq"] is None and r["settings"]["recipe"] == "none"
+    with pytest.raises(TypeError, match="ptq must be None or a SearchOptions"):
+        _run(tmp_path / "bad", {"rounding": "adaround"})
+    with pytest.raises(ValueError, match="unknown recipe part"):
+        _run(tmp_path / "bad", "sharpen")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_under_torchrun_the_search_does_not_run(tmp_path: Path, monkeypatch) -> None:
+    from qdq.qat import distributed as dist
+
+    monkeypatch.setattr(dist, "world_size", lambda: 2)  # rank 0 of two (nothing initialised)
+    r = _run(tmp_path, None)
+    assert "not run under torchrun" in r["ptq"]["recipe_search"]["summary"]
+    assert r["ptq"]["recipe"] == "none"
+
+
+def test_held_out_split_keeps_at_least_one_sample_on_each_side() -> None:
+    cal = torch.arange(8.0).reshape(8, 1)
+    fit, held, why = held_out_split(cal, SearchOptions(held_out=0.95))
+    assert (len(fit), len(held), why) == (1, 7, "")  # type: ignore[arg-type]
+    fit, held, _ = held_out_split(cal, SearchOptions())
+    assert torch.equal(held, cal[6:]) and torch.equal(fit, cal[:6])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"budget": -1}, "search budget must be a number of seconds >= 0"),
+        ({"budget": True}, "search budget"),
+        ({"held_out": 1.0}, "held_out must be a share"),
+        ({"candidates": ()}, "non-empty sequence of recipe names"),
+        ({"candidates": "none"}, "non-empty sequence of recipe names"),
+        ({"candidates": ("none", "sharpen")}, "unknown recipe part"),
+        ({"adaround_iters": 0}, "adaround_iters must be a positive int"),
+    ],
+)
+def test_bad_search_options_are_named(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SearchOptions(**options)
+
+
+def test_cli_search_budget_conflicts_and_bad_values(tmp_path: Path, capsys) -> None:
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.zeros((16, 3, 8, 8), np.float32))
+    base = ["quantize", "--model", "tests.test_quantize_search:_net", "--data",
+            str(tmp_path / "x.npy"), "--out", str(tmp_path / "o"), "--no-progress"]  # fmt: skip
+    for extra, message in (
+        (["--search-budget", "5", "--recipe", "none"], "--search-budget bounds the recipe search"),
+        (["--search-budget", "5", "--rounding", "nearest"], "but --rounding gives the recipe"),
+        (["--search-budget", "-2"], "search budget must be a number of seconds >= 0"),
+        (["--recipe", "bias", "--equalize"], "both set PTQ steps"),
+    ):
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (extra, err)
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_per_image_detector_is_searched_by_detection_f1(tmp_path: Path) -> None:
+    from test_detections import TinyDetector
+
+    g = torch.Generator().manual_seed(5)
+    data = QuantData(
+        calibration=torch.randn(8, 3, 16, 16, generator=g),
+        evaluation=torch.randn(3, 3, 16, 16, generator=g),
+        labels=None,
+        source="random",
+        split="8 calibration, 3 evaluation",
+    )
+    res = quantize(TinyDetector().eval(), data, out=tmp_path / "out", exporter="torchscript",
+                   show_progress=False, ptq=SearchOptions(candidates=("none", "bias")))  # fmt: skip
+    found = res.report["ptq"]["recipe_search"]
+    assert found["score"] == "detection F1 vs FP32" and found["held_out_batches"] == 2
+    assert all(t["status"] == "scored" and 0 <= t["score"] <= 1 for t in found["rows"])
+
+
+def test_copy_prepared_keeps_a_graph_modules_quantizers_working(tmp_path: Path) -> None:
+    from qdq.pipeline import resolve_model
+
+    net = _net()
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.export.save(torch.export.export(net, (x,)), tmp_path / "m.pt2")
+    gm = resolve_model(str(tmp_path / "m.pt2")).module  # a GraphModule, as qdq quantize runs it
+    assert isinstance(gm, torch.fx.GraphModule)
+    prepared = qdq.prepare(gm, (x,))
+    qdq.calibrate(prepared, [x])
+    clone = qdq.copy_prepared(prepared)
+    assert qdq.plan_of(clone) == qdq.plan_of(prepared) and qdq.plan_of(clone).points
+    with torch.no_grad():
+        want, got, float_out = prepared(x), clone(x), net(x)
+    assert torch.equal(got, want) and not torch.equal(got, float_out)
+    # the clone's quantizers are its own
+    mine = set(map(id, qdq.quantizers_of(prepared).values()))
+    assert not mine & set(map(id, qdq.quantizers_of(clone).values()))
