@@ -129,7 +129,8 @@ def test_bad_arguments_are_one_line(inputs, capsys) -> None:
 def test_quantize_with_the_method_per_quantizer(inputs, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     args = ["quantize", "--model", inputs["model"], "--data", inputs["data"], "--out", str(out),
-            "--exporter", "torchscript", "--calib-per-quantizer", *COMMON]  # fmt: skip
+            "--exporter", "torchscript", "--calib-per-quantizer", "--compare-methods",
+            *COMMON]  # fmt: skip
     assert main(args) == 0
     assert "PTQ: method per quantizer" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
@@ -139,6 +140,13 @@ def test_quantize_with_the_method_per_quantizer(inputs, tmp_path: Path, capsys) 
     chosen = {r["name"]: r["chosen"].split()[0] for r in choice["rows"]}
     assert set(chosen) <= set(methods)
     assert all(methods[n] == m for n, m in chosen.items())
+    # comparing every method (on a copy) left the exported choice in place: the report's amax
+    # are the manifest's, which are the ONNX's
+    manifest = {q["path"]: q for q in json.loads((out / "manifest.json").read_text())["quantizers"]}
+    acts = [q for q in report["quantizers"] if not q["per_channel"]]
+    assert acts and all(q["amax"] == manifest[q["path"]]["amax"] for q in acts)
+    assert all(q["method"] == manifest[q["path"]]["method"] for q in acts)
+    assert set(report["calibration_methods"]) == {"max", "entropy", "mse", "percentile"}
 
 
 def test_quantize_with_adaround_and_bias_correction(inputs, tmp_path: Path, capsys) -> None:

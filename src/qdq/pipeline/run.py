@@ -547,29 +547,29 @@ def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
 def _compare_methods(
     prepared: nn.Module, qdata: QuantData, ref: list[Any], s: _Settings
 ) -> dict[str, dict[str, Any]]:
+    """Every calibration method's metric in torch fake-quant, amax recomputed on a copy of
+    ``prepared`` (recomputing the exported model's amax would undo a per-quantizer choice)."""
     import qdq
     from qdq.config import CALIBRATION_METHODS
 
+    model = qdq.copy_prepared(prepared)
     out = {}
-    try:
-        for method in CALIBRATION_METHODS:
-            qdq.recompute_amax(prepared, method)
-            if s.per_image is not None:
-                out[method] = per_image.score_model(prepared, qdata.evaluation, ref, s.per_image,
-                                                    f"INT8 {method} (torch)", s.show_progress)  # fmt: skip
-                continue
-            fq = torch_outputs(
-                prepared,
-                qdata.evaluation,
-                s.batch_size,
-                static=s.static,
-                desc=f"INT8 {method} (torch)",
-                show=s.show_progress,
-                every=qdata.metric is not None,
-            )
-            out[method] = score(fq, ref, qdata.labels, qdata.metric, qdata.targets)
-    finally:
-        qdq.recompute_amax(prepared, s.calib, percentile=s.percentile)  # the exported amax again
+    for method in CALIBRATION_METHODS:
+        qdq.recompute_amax(model, method)
+        if s.per_image is not None:
+            out[method] = per_image.score_model(model, qdata.evaluation, ref, s.per_image,
+                                                f"INT8 {method} (torch)", s.show_progress)  # fmt: skip
+            continue
+        fq = torch_outputs(
+            model,
+            qdata.evaluation,
+            s.batch_size,
+            static=s.static,
+            desc=f"INT8 {method} (torch)",
+            show=s.show_progress,
+            every=qdata.metric is not None,
+        )
+        out[method] = score(fq, ref, qdata.labels, qdata.metric, qdata.targets)
     return out
 
 
