@@ -101,6 +101,37 @@ def test_a_tie_goes_to_the_simpler_recipe_and_the_reason_says_so(data: list[torc
     assert strict.kept.name == "kernel-sum+bias" and "best held-out score" in strict.reason
 
 
+@pytest.mark.parametrize(
+    ("gains", "kept"),
+    [
+        # every held-out sample a little better with more steps: measurable, however small
+        ([1e-6] * 8, "kernel-sum+bias"),
+        # a larger mean gain, but from one sample of eight: within 1 standard error, noise
+        ([8e-4, -2e-4] + [0.0] * 6, "none"),
+        # half the samples better, half worse: noise
+        ([1e-3, -1e-3] * 4, "none"),
+    ],
+)
+def test_per_sample_scores_keep_a_step_only_where_its_gain_is_measurable(
+    data: list[torch.Tensor], gains: list[float], kept: str
+) -> None:
+    original = _net()[0].weight.detach().clone()
+    base = torch.linspace(0.99, 0.999, 8, dtype=torch.float64)
+
+    def score(prepared: torch.nn.Module) -> torch.Tensor:
+        steps = len(_steps_of(prepared, original))  # 0, 1 or 2
+        return base + steps * torch.tensor(gains, dtype=torch.float64)
+
+    found = search(_net(), (data[0][:1],), data[:2], data[2:], score=score,
+                   candidates=("kernel-sum+bias", "bias", "none"))  # fmt: skip
+    assert found.kept.name == kept, found.format()
+    assert [t.score for t in found.rows] == pytest.approx(
+        [float((base + n * torch.tensor(gains, dtype=torch.float64)).mean()) for n in (2, 1, 0)]
+    )
+    if kept == "none":
+        assert "not measurably worse" in found.reason and "standard error" in found.reason
+
+
 def test_the_budget_skips_the_rest_and_a_failing_candidate_is_a_row(
     data: list[torch.Tensor],
 ) -> None:
@@ -145,5 +176,7 @@ def test_bad_arguments_are_refused(data: list[torch.Tensor]) -> None:
         search(_net(), (data[0][:1],), data[:2], [])
     with pytest.raises(ValueError, match="at least one candidate"):
         search(_net(), (data[0][:1],), data[:2], data[2:], candidates=())
-    with pytest.raises(ValueError, match="budget and tie"):
+    with pytest.raises(ValueError, match="budget, tie and significance"):
         search(_net(), (data[0][:1],), data[:2], data[2:], tie=-1)
+    with pytest.raises(ValueError, match="budget, tie and significance"):
+        search(_net(), (data[0][:1],), data[:2], data[2:], significance=-1)
