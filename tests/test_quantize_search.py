@@ -58,12 +58,26 @@ def test_the_default_searches_on_held_out_calibration_samples(tmp_path: Path) ->
     assert r["ptq"]["recipe"] == r["settings"]["recipe"] == found["kept"]
     assert found["kept"] in ("none", "kernel-sum", "bias")
     assert "recipe_search" in r["timings_s"]
+    # then the kept recipe ran again on all 16 samples: that model is the one exported
+    assert dict(stages)["refit"] == f"{found['kept']} on all 16 calibration samples"
     manifest = json.loads(res.manifest_path.read_text())
     assert manifest["ptq"]["recipe"] == found["kept"] and manifest["ptq"]["chosen_by"] == "search"
     # the kept model is the exported one: ONNX Runtime agrees with it
     assert r["int8_torch"]["vs_onnxruntime"]["cosine_min"] > 0.9999
     html = res.html_path.read_text()
     assert "Recipe search: kept" in html and "held-out score" in html
+
+
+def test_without_refit_the_searched_model_is_exported(tmp_path: Path) -> None:
+    options = SearchOptions(candidates=("bias", "none"), refit=False)
+    res = quantize(_net(), _data(), out=tmp_path / "out", exporter="torchscript", batch_size=4,
+                   show_progress=False, ptq=options)  # fmt: skip
+    r = res.report
+    assert "refit" not in r["timings_s"] and r["ptq"]["recipe"] == r["ptq"]["recipe_search"]["kept"]
+    if r["ptq"]["recipe"] == "bias":  # the searched candidate's own report: 12 samples
+        assert "from 12 samples" in r["ptq"]["bias_correction"]["summary"]
+    refit = _run(tmp_path / "refit", SearchOptions(candidates=("bias",)))
+    assert "from 16 samples" in refit["ptq"]["bias_correction"]["summary"]
 
 
 def test_the_budget_stops_the_search_after_the_first_candidate(tmp_path: Path) -> None:
@@ -126,6 +140,7 @@ def test_held_out_split_keeps_at_least_one_sample_on_each_side() -> None:
         ({"candidates": "none"}, "non-empty sequence of recipe names"),
         ({"candidates": ("none", "sharpen")}, "unknown recipe part"),
         ({"adaround_iters": 0}, "adaround_iters must be a positive int"),
+        ({"refit": "yes"}, "refit must be True or False"),
     ],
 )
 def test_bad_search_options_are_named(options: dict, match: str) -> None:

@@ -7,7 +7,8 @@ recipe's steps after calibration, or the recipe search (the default, issue 33).
 Unless a recipe is given (``--recipe NAME``, a PTQ switch, or a :class:`~qdq.pipeline.PtqOptions`),
 ``qdq quantize`` holds out the last quarter of the calibration samples (:class:`SearchOptions`),
 calibrates on the rest, and lets :func:`qdq.ptq.search.search` try the candidate recipes on the
-held-out samples. The kept model is the one exported; its recipe is recorded in ``report.json``
+held-out samples. The kept recipe then runs once more on every calibration sample (the ``refit``
+stage; :attr:`SearchOptions.refit`), and that model is exported; its recipe is recorded in ``report.json``
 (``ptq.recipe``, the table under ``ptq.recipe_search``), the manifest (``ptq``) and the HTML
 report. The evaluation samples are never used to choose: the figure that decides is never the
 one published.
@@ -61,6 +62,9 @@ class SearchOptions:
             the capture + calibration time, i.e. 10× it and at least 30 s).
         candidates: the recipe names tried, in order (:data:`qdq.ptq.search.CANDIDATES`).
         held_out: the share of the calibration samples held out to score on (the last ones).
+        refit: run the kept recipe once more on every calibration sample, the held-out ones
+            included, and export that model (``False``: export the searched model, calibrated
+            without the held-out samples; saves one calibration and the recipe's steps).
         adaround_samples / adaround_iters: AdaRound's settings for the candidates with it.
 
     Example:
@@ -71,6 +75,7 @@ class SearchOptions:
     budget: float | None = None
     candidates: tuple[str, ...] = CANDIDATES
     held_out: float = 0.25
+    refit: bool = True
     adaround_samples: int = 256
     adaround_iters: int = 500
 
@@ -85,6 +90,8 @@ class SearchOptions:
                 f"candidates must be a non-empty sequence of recipe names, got {self.candidates!r}"
             )
         object.__setattr__(self, "candidates", tuple(recipe(c).name for c in self.candidates))
+        if not isinstance(self.refit, bool):
+            raise ValueError(f"refit must be True or False, got {self.refit!r}")
         h = self.held_out
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h < 1:
             raise ValueError(f"held_out must be a share strictly between 0 and 1, got {h!r}")
@@ -211,7 +218,8 @@ def calibrate_and_improve(
     show_progress: bool,
 ) -> Calibrated:
     """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
-    (a given recipe's steps) or ``recipe_search`` (``ptq`` a :class:`SearchOptions` or ``None``).
+    (a given recipe's steps) or ``recipe_search`` → ``refit`` (``ptq`` a :class:`SearchOptions`
+    or ``None``).
 
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
     they meet ``model.forward``; ``example``: one forward's positional inputs.
@@ -220,7 +228,7 @@ def calibrate_and_improve(
 
     options = ptq if isinstance(ptq, PtqOptions) else None  # a recipe given: no search
     searching = ptq if isinstance(ptq, SearchOptions) else None if options else SearchOptions()
-    held, not_searched = None, ""
+    held, not_searched, every = None, "", cal
     if searching is not None:
         if dist.world_size() > 1:
             not_searched = ("not run under torchrun (every rank would have to choose alike): "
@@ -266,9 +274,28 @@ def calibrate_and_improve(
                                              adaround_samples=searching.adaround_samples,
                                              adaround_iters=searching.adaround_iters)  # fmt: skip
             st.detail = f"{found.summary()} in {sum(t.seconds for t in found.rows):.1f} s"
-    improve, reports = improver(options, calib_batches, show_progress)
-    if found is not None:  # the kept candidate's step reports
-        reports.update({r.key: r.to_report() for r in found.reports})
+    refit = found is not None and searching is not None and searching.refit
+    if refit:  # the kept recipe again, on every calibration sample (none held out)
+        with stages("refit") as st:
+            calib_batches = [to_device(inputs.arguments(b), device)
+                             for b, _ in batches(every, size, static)]  # fmt: skip
+            float_model, equalized = model, None
+            if options.equalize:
+                from qdq.ptq.equalize import equalize
+
+                equalized = equalize(model, example, calib_batches)
+                float_model = equalized.model
+            prepared = qdq.prepare(float_model, example)
+            qdq.calibrate(prepared, calib_batches, method=calib, percentile=percentile,
+                          show_progress=False)  # fmt: skip
+            improve, reports = improver(options, calib_batches, show_progress)
+            improve(prepared)
+            st.detail = f"{options.recipe} on all {num_samples(every)} calibration samples"
+    else:
+        improve, reports = improver(options, calib_batches, show_progress)
+    if found is not None:
+        if not refit:  # the kept candidate's step reports
+            reports.update({r.key: r.to_report() for r in found.reports})
         reports[found.key] = found.to_report()
     elif searching is not None:
         reports["recipe_search"] = skipped(not_searched)
