@@ -114,7 +114,8 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--rounding",
         choices=("nearest", "kernel-sum", "adaround"),
-        help="weight rounding: nearest (default), kernel-sum (data-free: every conv kernel keeps "
+        help="weight rounding, instead of the search's choice: nearest, kernel-sum (data-free: "
+        "every conv kernel keeps "
         "its sum) or adaround (learned on the calibration data); only the INT8 codes change",
     )
     p.add_argument(
