@@ -77,7 +77,7 @@ STAGE_LABELS = {
     "capture_plan": "capture + plan",
     "calibrate": "calibrate",
     "recipe_search": "recipe search",
-    "refit": "kept recipe, all samples",
+    "refit": "refit, all samples",
     "export": "export",
     "fp32_eval": "FP32 (torch)",
     "int8_eval": "INT8 (ONNX Runtime)",
