@@ -24,9 +24,11 @@ choose the same recipe: give ``--recipe``, e.g. the one a single-process run kep
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -146,7 +148,7 @@ def run_search(
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``; the result's ``model``
     is the kept one, with its recipe recorded (:func:`qdq.ptq.search.recipe_of`)."""
-    held_batches = [to_device(inputs.arguments(b), device) for b, _ in batches(held, size, static)]
+    held_batches = _device_batches(held, inputs, size, static, device)
     score, name = None, "output cosine"
     if per_image is not None:  # detection lists: F1 against FP32's detections, image by image
         from qdq.pipeline import per_image as lists
@@ -224,7 +226,6 @@ def calibrate_and_improve(
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
     they meet ``model.forward``; ``example``: one forward's positional inputs.
     """
-    import qdq
 
     options = ptq if isinstance(ptq, PtqOptions) else None  # a recipe given: no search
     searching = ptq if isinstance(ptq, SearchOptions) else None if options else SearchOptions()
@@ -235,30 +236,13 @@ def calibrate_and_improve(
                             "give --recipe, e.g. the one a single-process run kept")  # fmt: skip
         else:
             cal, held, not_searched = held_out_split(cal, searching)
-    calib_batches = [to_device(inputs.arguments(b), device) for b, _ in batches(cal, size, static)]
+    calib_batches = _device_batches(cal, inputs, size, static, device)
     options = options or PtqOptions()
-    float_model, equalized = model, None  # what gets quantized
-    if options.equalize:
-        with stages("equalize") as st:
-            from qdq.ptq.equalize import equalize
-
-            equalized = equalize(model, example, calib_batches, show_progress=show_progress)
-            float_model = equalized.model
-            st.detail = equalized.summary()
-    with stages("capture_plan") as st:
-        prepared = qdq.prepare(float_model, example)
-        st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
-    with stages("calibrate") as st:
-        qdq.calibrate(
-            prepared,
-            calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
-            method=calib,
-            percentile=percentile,
-            show_progress=show_progress,
-        )
-        st.detail = f"{calib} on {num_samples(cal)} samples (one histogram pass)"
-        if held is not None:
-            st.detail += f"; {num_samples(held)} more held out for the recipe search"
+    held_note = "" if held is None else f"; {num_samples(held)} more held out for the recipe search"
+    prepared, equalized = _calibrated(stages, model, example, calib_batches, options, calib=calib,
+                                      percentile=percentile, samples=num_samples(cal),
+                                      note=held_note, show_progress=show_progress)  # fmt: skip
+    float_model = model if equalized is None else equalized.model  # what gets quantized
     found = None
     if searching is not None and held is not None:
         with stages("recipe_search") as st:
@@ -277,17 +261,12 @@ def calibrate_and_improve(
     refit = found is not None and searching is not None and searching.refit
     if refit:  # the kept recipe again, on every calibration sample (none held out)
         with stages("refit") as st:
-            calib_batches = [to_device(inputs.arguments(b), device)
-                             for b, _ in batches(every, size, static)]  # fmt: skip
-            float_model, equalized = model, None
-            if options.equalize:
-                from qdq.ptq.equalize import equalize
-
-                equalized = equalize(model, example, calib_batches)
-                float_model = equalized.model
-            prepared = qdq.prepare(float_model, example)
-            qdq.calibrate(prepared, calib_batches, method=calib, percentile=percentile,
-                          show_progress=False)  # fmt: skip
+            calib_batches = _device_batches(every, inputs, size, static, device)
+            prepared, equalized = _calibrated(_unstaged, model, example, calib_batches, options,
+                                              calib=calib, percentile=percentile,
+                                              samples=num_samples(every), note="",
+                                              show_progress=False)  # fmt: skip
+            float_model = model if equalized is None else equalized.model
             improve, reports = improver(options, calib_batches, show_progress)
             improve(prepared)
             st.detail = f"{options.recipe} on all {num_samples(every)} calibration samples"
@@ -316,3 +295,58 @@ def calibrate_and_improve(
         else None,
         searched=found is not None,
     )
+
+
+def _device_batches(
+    x: Inputs, inputs: ForwardInputs, size: int, static: bool, device: torch.device
+) -> list[Any]:
+    """``x`` in batches of ``size``, laid out for ``forward`` (:class:`ForwardInputs`), on
+    ``device``."""
+    return [to_device(inputs.arguments(b), device) for b, _ in batches(x, size, static)]
+
+
+def _unstaged(name: str) -> contextlib.AbstractContextManager[Any]:
+    """A stand-in for :class:`~qdq.pipeline.stages.Stages` inside one stage (the refit): no
+    timing, no callback; ``detail`` is accepted and dropped."""
+    return contextlib.nullcontext(SimpleNamespace(detail=""))
+
+
+def _calibrated(
+    stage: Callable[[str], contextlib.AbstractContextManager[Any]],
+    model: nn.Module,
+    example: tuple[Any, ...],
+    calib_batches: list[Any],
+    options: PtqOptions,
+    *,
+    calib: str,
+    percentile: float | None,
+    samples: int,
+    note: str,
+    show_progress: bool,
+) -> tuple[nn.Module, Any]:
+    """``(prepared, equalized)``: the stages ``equalize`` (when ``options`` has it; its report or
+    ``None``) → ``capture_plan`` → ``calibrate`` on ``calib_batches`` (``samples`` of them;
+    ``note`` ends the calibrate stage's detail)."""
+    import qdq
+
+    float_model, equalized = model, None
+    if options.equalize:
+        with stage("equalize") as st:
+            from qdq.ptq.equalize import equalize
+
+            equalized = equalize(model, example, calib_batches, show_progress=show_progress)
+            float_model = equalized.model
+            st.detail = equalized.summary()
+    with stage("capture_plan") as st:
+        prepared = qdq.prepare(float_model, example)
+        st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
+    with stage("calibrate") as st:
+        qdq.calibrate(
+            prepared,
+            calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
+            method=calib,
+            percentile=percentile,
+            show_progress=show_progress,
+        )
+        st.detail = f"{calib} on {samples} samples (one histogram pass){note}"
+    return prepared, equalized
