@@ -127,7 +127,23 @@ def test_held_out_split_keeps_at_least_one_sample_on_each_side() -> None:
     fit, held, why = held_out_split(cal, SearchOptions(held_out=0.95))
     assert (len(fit), len(held), why) == (1, 7, "")  # type: ignore[arg-type]
     fit, held, _ = held_out_split(cal, SearchOptions())
-    assert torch.equal(held, cal[6:]) and torch.equal(fit, cal[:6])  # type: ignore[arg-type]
+    assert (len(fit), len(held)) == (6, 2)  # type: ignore[arg-type]
+
+
+def test_held_out_split_draws_across_ordered_data() -> None:
+    """Class-ordered calibration data (MTCNN's crops: faces first) must not hold out one class:
+    the held-out samples are a seeded draw; fit and held-out are disjoint, cover every sample,
+    keep the samples' order and are the same on every run."""
+    cal = {"x": torch.arange(40.0).reshape(40, 1), "label": torch.arange(40) // 20}
+    fit, held, _ = held_out_split(cal, SearchOptions())
+    assert isinstance(fit, dict) and isinstance(held, dict)
+    f, h = fit["x"].flatten().tolist(), held["x"].flatten().tolist()
+    assert len(h) == 10 and sorted(f + h) == list(range(40))
+    assert f == sorted(f) and h == sorted(h)
+    assert set(held["label"].tolist()) == {0, 1}  # both halves of the ordered data
+    assert torch.equal(held["label"], held["x"].flatten().long() // 20)  # inputs stay aligned
+    again = held_out_split(cal, SearchOptions())[1]
+    assert isinstance(again, dict) and torch.equal(again["x"], held["x"])
 
 
 @pytest.mark.parametrize(

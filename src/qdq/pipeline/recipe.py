@@ -5,7 +5,7 @@ improved INT8 model: equalization (when the recipe has it) → capture + plan �
 recipe's steps after calibration, or the recipe search (the default, issue 33).
 
 Unless a recipe is given (``--recipe NAME``, a PTQ switch, or a :class:`~qdq.pipeline.PtqOptions`),
-``qdq quantize`` holds out the last quarter of the calibration samples (:class:`SearchOptions`),
+``qdq quantize`` holds out a quarter of the calibration samples, drawn at random (:class:`SearchOptions`),
 calibrates on the rest, and lets :func:`qdq.ptq.search.search` try the candidate recipes on the
 held-out samples. The kept recipe then runs once more on every calibration sample (the ``refit``
 stage; :attr:`SearchOptions.refit`), and that model is exported; its recipe is recorded in ``report.json``
@@ -53,6 +53,8 @@ __all__ = [
 
 #: the fewest calibration samples the search splits (below, the recipe is ``none``)
 MIN_SAMPLES = 8
+#: the seed of the draw of the held-out samples (:func:`held_out_split`)
+HELD_OUT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class SearchOptions:
         budget: seconds for the candidates (``None``: :func:`qdq.ptq.search.default_budget` of
             the capture + calibration time, i.e. 10× it and at least 30 s).
         candidates: the recipe names tried, in order (:data:`qdq.ptq.search.CANDIDATES`).
-        held_out: the share of the calibration samples held out to score on (the last ones).
+        held_out: the share of the calibration samples held out to score on (a seeded draw:
+            :func:`held_out_split`).
         refit: run the kept recipe once more on every calibration sample, the held-out ones
             included, and export that model (``False``: export the searched model, calibrated
             without the held-out samples; saves one calibration and the recipe's steps).
@@ -105,8 +108,9 @@ class SearchOptions:
 
 def held_out_split(cal: Inputs, options: SearchOptions) -> tuple[Inputs, Inputs | None, str]:
     """``(fit, held, why)``: the calibration samples the search calibrates on and the ones it
-    scores on (the last ``options.held_out`` share, at least one); ``held`` is ``None`` when
-    there are too few samples to split, and ``why`` then says so."""
+    scores on (``options.held_out`` of them, at least one, drawn by a permutation seeded with
+    :data:`HELD_OUT_SEED`; both keep the samples' order); ``held`` is ``None`` when there are
+    too few samples to split, and ``why`` then says so."""
     n = num_samples(cal)
     if n < MIN_SAMPLES:
         return (
@@ -118,7 +122,11 @@ def held_out_split(cal: Inputs, options: SearchOptions) -> tuple[Inputs, Inputs 
             ),
         )
     held = min(n - 1, max(1, round(n * options.held_out)))
-    return take(cal, slice(0, n - held)), take(cal, slice(n - held, n)), ""
+    # a seeded draw, not the last samples: calibration data is often ordered (by class, by
+    # source file), and the last quarter of MTCNN's crops (faces first) held out non-faces only,
+    # which ranked the recipes unlike the evaluation crops did
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
+    return take(cal, order[held:].sort().values), take(cal, order[:held].sort().values), ""
 
 
 def skipped(why: str) -> dict[str, Any]:

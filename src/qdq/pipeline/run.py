@@ -165,7 +165,7 @@ def quantize(
             on the evaluation data in torch fake-quant (:func:`qdq.auto_quantize`); ``None``:
             everything planned stays INT8.
         ptq: the PTQ recipe. ``None`` (default) or a :class:`~qdq.pipeline.SearchOptions`: the
-            recipe search holds out the last quarter of the calibration samples, calibrates on
+            recipe search holds out a quarter of the calibration samples (a seeded draw), calibrates on
             the rest and keeps the recipe that scores best on them (:mod:`qdq.pipeline.recipe`);
             a recipe name (``"kernel-sum+bias"``, ``"none"``) or a
             :class:`~qdq.pipeline.PtqOptions`: that recipe on every calibration sample, no search. The
