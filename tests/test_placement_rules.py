@@ -674,3 +674,60 @@ def test_in_place_add_on_a_quantized_operand_never_mutates_a_shared_quantized_va
     assert torch.equal(out, again)
     with qdq.quantizer_mode(prepared, "bypass"), torch.no_grad():
         assert torch.allclose(prepared(x), model(x), atol=1e-5)
+
+
+class GhostBottleneck(nn.Module):
+    """GhostNet's block without SE: ``cat(x1, cheap(x1))`` with ``x1 = primary(x)`` (the cheap op
+    a depthwise conv of ``x1``), sliced to the output width and summed with the identity."""
+
+    def __init__(self, c: int = 64) -> None:
+        super().__init__()
+        half = c // 2
+        self.primary = nn.Sequential(nn.Conv2d(c, half, 1, bias=False), nn.BatchNorm2d(half))
+        self.cheap = nn.Sequential(
+            nn.Conv2d(half, half, 3, 1, 1, groups=half, bias=False), nn.BatchNorm2d(half)
+        )
+        self.c = c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        out = torch.cat([x1, self.cheap(x1)], dim=1)
+        return out[:, : self.c] + x
+
+
+class GhostNetTiny(nn.Module):
+    def __init__(self, c: int = 64) -> None:
+        super().__init__()
+        self.stem = cbr(16, c)
+        self.blocks = nn.Sequential(GhostBottleneck(c), GhostBottleneck(c))
+        self.head = nn.Conv2d(c, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_s02_concat_whose_only_quantized_reader_is_a_p17_add_is_quantized(tmp_path) -> None:
+    """The Concat is planned before the float residual Add (P17) quantizes its output: planned
+    again once it has that reader, its inputs share the Add's scale, so the primary conv's
+    output is INT8 for both its readers (no P04) and no Concat input is float (no S02b)."""
+    p = plan(GhostNetTiny(), 1, 16, 16, 16)
+    for block in ("blocks.0", "blocks.1"):
+        cat, add = decisions(p, f"{block}.cat"), decisions(p, f"{block}.add")
+        assert {d for d, _ in cat.values()} <= {"quantize", "share"}, cat
+        assert {r for _, r in cat.values()} == {"S02"}
+        assert {r for _, r in add.values()} == {"P17"}
+        group = p.point(f"{block}.add:input0").group
+        assert p.point(f"{block}.cat:input0").group == p.point(f"{block}.cat:input1").group == group
+        # x1 has one INT8 version, for the cheap conv and the Concat (S01)
+        x1 = p.point(f"{block}.cat:input0").producer
+        readers = [pt for pt in p.points if pt.producer == x1 and pt.quantized]
+        assert {pt.owner for pt in readers} == {f"{block}.cheap.0", f"{block}.cat"}
+        assert len({pt.group for pt in readers}) == 1
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 16, 16)
+    prepared = qdq.prepare(GhostNetTiny().eval(), (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    path = qdq.export_onnx(prepared, (x[:1],), tmp_path / "ghost.onnx", exporter="torchscript").path
+    report = qdq.lint.lint(path)
+    assert not {"P04", "S02b", "S02"} & set(report.rules()), report.format()
+    assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]

@@ -96,6 +96,7 @@ def build_plan(
     for n in nodes:
         if kinds[n] in _FANOUT_READERS:
             _plan_fanout_reader(ctx, n)
+    _replan_late_readers(ctx, nodes)
     release_float_output_skips(ctx)
     for n in nodes:
         _explain_silu(ctx, n)
@@ -113,6 +114,48 @@ def build_plan(
 
 
 # ----------------------------------------------------- pools and concats
+#: the reason of a Concat / average pool left float because nothing quantized read its output
+_NO_QUANTIZED_READER = "output does not feed a quantized op"
+
+
+def _replan_late_readers(ctx: PlanContext, nodes: list[fx.Node]) -> None:
+    """Steps 3–4 again for the Concats and average pools left float before a later step gave
+    their output a quantized reader, until nothing changes.
+
+    A Concat is planned before the float Adds between INT8 layers (P17) and the fan-out readers
+    (P04), so when its only quantized reader is such an Add (GhostNet's ``cat(x1, cheap(x1))``
+    sliced into the residual Add) it was left float and the Add then quantized its output: a
+    standalone Quantize after a float Concat (S02b), and ``x1`` read both INT8 (by the cheap
+    depthwise conv) and float (by the Concat: P04). Planned again, its inputs share the output's
+    scale, the Concat is eliminated and its producers write INT8. A Concat quantized here can make
+    another Add eligible for P17, hence the loop.
+    """
+    kinds = ctx.kinds
+    while True:
+        changed = False
+        for n in reversed(nodes):
+            if kinds[n] == "cat" and _left_float(ctx, n) and reaches_quantized(ctx, n):
+                _plan_concat(ctx, n)
+                changed = True
+        for n in nodes:
+            if kinds[n] == "avg_pool" and _left_float(ctx, n) and reaches_quantized(ctx, n):
+                _plan_avg_pool(ctx, n)
+                changed = True
+        if not changed:
+            return
+        plan_pointwise_adds(ctx, nodes)
+
+
+def _left_float(ctx: PlanContext, node: fx.Node) -> bool:
+    """Every input point of ``node`` is a skip for want of a quantized reader."""
+    owner = ctx.owners[node]
+    points = [ctx.points.get(f"{owner}:{input_label(node, pos)}") for pos, _ in tensor_inputs(node)]
+    return bool(points) and all(
+        p is not None and not p.quantized and p.reason.startswith(_NO_QUANTIZED_READER)
+        for p in points
+    )
+
+
 def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
     ins = tensor_inputs(node)
     if not ins:
@@ -142,7 +185,7 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
             pos,
             producer,
             "P06",
-            "output does not feed a quantized op; the pool stays float",
+            f"{_NO_QUANTIZED_READER}; the pool stays float",
             label="input",
         )
 
@@ -170,7 +213,7 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
         elif not ctx.config.family_enabled("concat"):
             rule, reason = "S02", "rule family 'concat' disabled"
         else:
-            rule, reason = "S02", "output does not feed a quantized op; the Concat stays float"
+            rule, reason = "S02", f"{_NO_QUANTIZED_READER}; the Concat stays float"
         skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
 
 
