@@ -157,7 +157,13 @@ def test_compiled_qat_step_matches_eager_with_learned_amax(calibrated: Any) -> N
             loss = net(x).square().mean()
             loss.backward()
             opt.step()
-        assert torch.equal(eager(x), compiled(x))
+        # AOTAutograd's backward sums gradients in its own order: the parameters drift apart by
+        # float rounding (checked below), not by what the forward computes. With the compiled
+        # model's parameters, eager computes its output bit for bit.
+        twin = copy.deepcopy(eager)
+        twin.load_state_dict(model.state_dict())
+        assert torch.equal(twin(x), compiled(x))
+        assert torch.allclose(eager(x), compiled(x), rtol=1e-5, atol=1e-6)
     want = dict(eager.named_parameters())
     got = dict(model.named_parameters())
     amax = [n for n in want if n.endswith("amax")]
