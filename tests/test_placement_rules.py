@@ -731,3 +731,67 @@ def test_s02_concat_whose_only_quantized_reader_is_a_p17_add_is_quantized(tmp_pa
     report = qdq.lint.lint(path)
     assert not {"P04", "S02b", "S02"} & set(report.rules()), report.format()
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]
+
+
+def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout))
+
+
+class HRFusion(nn.Module):
+    """HRNet's multi-resolution fusion over three branches (widths 16/32/64, each half the
+    resolution of the one before): every output sums its own branch, the upsampled 1x1 convs of
+    the lower resolutions and the strided 3x3 convs of the higher ones, as a chain of Adds
+    (``(x0 + up(x1)) + up(x2)``), then a ReLU; every branch is read by a conv after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = (16, 32, 64)
+        self.stems = nn.ModuleList([cbr(16, w[0]), cbr(16, w[1], 2), cbr(16, w[2], 4)])
+        self.up = nn.ModuleDict({f"{i}{j}": _conv_bn(w[j], w[i]) for i in range(3)
+                                 for j in range(i + 1, 3)})  # fmt: skip
+        self.down = nn.ModuleDict({f"{i}{j}": _conv_bn(w[j], w[i], 3, 2 ** (i - j))
+                                   for i in range(3) for j in range(i)})  # fmt: skip
+        self.heads = nn.ModuleList([nn.Conv2d(c, 8, 3, padding=1) for c in w])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        xs = [s(x) for s in self.stems]
+        out = []
+        for i in range(3):
+            y = xs[i] if i == 0 else self.down[f"{i}0"](xs[0])
+            for j in range(1, 3):
+                if j < i:
+                    y = y + self.down[f"{i}{j}"](xs[j])
+                elif j == i:
+                    y = y + xs[i]
+                else:
+                    up = self.up[f"{i}{j}"](xs[j])
+                    y = y + F.interpolate(up, scale_factor=2 ** (j - i), mode="nearest")
+            out.append(self.heads[i](F.relu(y)))
+        return out
+
+
+def test_p17_multi_resolution_fusion_adds_run_int8(tmp_path) -> None:
+    """HRNet's fusion Adds: the upsampled branch cannot fuse into a conv (the Resize between), the
+    sum is a chain of Adds and a ReLU reads it. The chain is one INT8 PointWise layer (P17: its
+    head's output reaches the next conv through the ReLU; the inner Adds are inside it), and a
+    conv+Add fused with an INT8 skip (P03) inside the chain writes INT8: no float Add, nothing
+    for the linter to warn about (P03a/P03d/P04) and no standalone Q/DQ but the input's."""
+    p = plan(HRFusion(), 1, 16, 32, 32)
+    adds = [pt for pt in p.points if pt.op == "add"]
+    assert adds and not [pt for pt in adds if pt.rule == "P05"], [
+        (pt.name, pt.rule) for pt in adds if pt.rule == "P05"
+    ]
+    inside = [pt for pt in adds if pt.reason.startswith("Add fused with this Add")]
+    # y0's (x0 + up(x1)) is inside its chain; y1's and y2's first Adds fuse into a strided conv
+    assert len(inside) == 1 and inside[0].decision == "skip"
+    assert [pt.rule for pt in adds].count("P03") >= 2
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 32, 32)
+    prepared = qdq.prepare(HRFusion().eval(), (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    path = qdq.export_onnx(prepared, (x[:1],), tmp_path / "hr.onnx", exporter="torchscript").path
+    report = qdq.lint.lint(path)
+    assert not {"P03a", "P03d", "P04", "S02b", "S03"} & set(report.rules()), report.format()
+    assert report.summary["unfused_qdq"] == 1 and report.summary["float_islands"] == 0
+    off = plan(HRFusion(), 1, 16, 32, 32, config=QuantConfig.tensorrt(disable=("residual",)))
+    assert not [pt for pt in off.points if pt.rule == "P17"]

@@ -9,7 +9,12 @@ PointWise layer, INT8 in and out when every external input arrives through a Deq
   is quantized once for the pool, the Mul and the Add; the gate is quantized; the Mul→Add edge
   stays inside the fused layer (no Q/DQ);
 * an FPN top-down Add ``lateral + upsample(top)`` whose ``top`` is quantized for its output conv:
-  both operands quantized.
+  both operands quantized;
+* HRNet's multi-resolution fusion ``relu((x0 + up(bn(conv(x1)))) + up(bn(conv(x2))))``: the
+  chain of Adds (each read only by the next) and the ReLU are one PointWise layer, its output
+  read by the next convs through the ReLU; every input of the chain quantized, no Q/DQ between
+  its Adds. A conv+Add fused with an INT8 skip (P03: ``bn(conv_s2(x0)) + x1``) counts as an INT8
+  operand: it writes INT8 at no cost, where a float reader would leave its output float (P03d).
 
 Run after the gating-Mul step (:func:`qdq.graph.planner.build_plan`), repeated until nothing
 changes (one Add's INT8 output makes the Add reading it eligible).
@@ -28,6 +33,10 @@ from qdq.graph.context import (
 )
 from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
 from qdq.graph.plan import QuantPoint
+
+#: what an Add's output may pass through to reach its quantized reader: the pass-through ops and
+#: a ReLU-family activation (fused into the Add's PointWise layer)
+_THROUGH_ACT = PASS_THROUGH_KINDS | {"act"}
 
 __all__ = ["plan_pointwise_adds"]
 
@@ -60,10 +69,16 @@ def _eligible(ctx: PlanContext, add: fx.Node) -> bool:
         return False
     excluded, _, _ = ctx.config.resolve(ctx.owners[add], ctx.owner_types[add], "add")
     inputs = _external_inputs(ctx, add)
-    if excluded or inputs is None or not reaches_quantized(ctx, add):
+    # TensorRT's PointWise layer takes the activation after the Add too (HRNet's fusion
+    # ``relu(x_i + upsample(bn(conv(x_j))))``), and its output is what the next conv quantizes
+    if excluded or inputs is None or not reaches_quantized(ctx, add, _THROUGH_ACT):
         return False
     readers = {add.name} | {c.name for c, _, _ in inputs}
     int8 = {p.producer for p in ctx.points.values() if p.quantized and p.consumer not in readers}
+    # a conv+Add fused with an INT8 skip (P03) writes INT8 at no cost: HRNet's fusion
+    # ``(bn(conv_s2(x0)) + x1) + up(x2)``, whose inner Add would else output float (P03d)
+    int8 |= {p.consumer for p in ctx.points.values()
+             if p.quantized and p.rule == "P03" and ctx.kinds[ctx.by_name[p.consumer]] == "add"}  # fmt: skip
     return any(name in int8 for _, _, producer in inputs for name in _sources(ctx, producer))
 
 
@@ -76,12 +91,29 @@ def _gating_mul(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
     return len(mul_ins) == 2 and len(others) == 1 and others[0] in mul_ins
 
 
+def _chained_add(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
+    """``operand`` is a float (P05) two-input Add read only by ``add``: HRNet sums three branches
+    as ``(x0 + up(x1)) + up(x2)``, and TensorRT fuses the chain (with the ReLU after it) into one
+    PointWise layer, so its inputs are the chain's inputs."""
+    if ctx.kinds[operand] != "add" or len(operand.users) != 1 or len(tensor_inputs(operand)) != 2:
+        return False
+    if any(_gating_mul(ctx, operand, q) for _, q in tensor_inputs(operand)):
+        return False  # a gated Add (PP-OCR's RSE) is a PointWise layer of its own
+    return all(p is not None and not p.quantized and p.rule == "P05" for p in _points(ctx, operand))
+
+
 def _external_inputs(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int, fx.Node]] | None:
     """``(reader, position, producer)`` of every input of the PointWise layer the Add heads: its
     operands, with a gating Mul's operands in place of the Mul (``None`` when that Mul is
     excluded by the config: the Add then stays float)."""
     out = []
     for pos, producer in tensor_inputs(add):
+        if _chained_add(ctx, add, producer):  # its operands are inputs of the same layer
+            inner = _external_inputs(ctx, producer)
+            if inner is None:
+                return None
+            out.extend(inner)
+            continue
         if not _gating_mul(ctx, add, producer):
             out.append((add, pos, producer))
             continue
@@ -100,8 +132,21 @@ def _sources(ctx: PlanContext, node: fx.Node) -> list[str]:
     return names
 
 
+def _inner_edges(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int, fx.Node, str]]:
+    """``(reader, position, producer, what)`` of the edges inside the PointWise layer ``add``
+    heads: from a chained Add or a gating Mul, down the chain."""
+    out = []
+    for pos, producer in tensor_inputs(add):
+        if _chained_add(ctx, add, producer):
+            out += [(add, pos, producer, "Add"), *_inner_edges(ctx, producer)]
+        elif _gating_mul(ctx, add, producer):
+            out.append((add, pos, producer, "gating Mul"))
+    return out
+
+
 def _quantize_add(ctx: PlanContext, add: fx.Node) -> None:
     inputs = _external_inputs(ctx, add) or []
+    inside = _inner_edges(ctx, add)  # before the inputs are quantized: that ends the chains
     for reader, pos, producer in inputs:
         point = ctx.points.get(f"{ctx.owners[reader]}:{input_label(reader, pos)}")
         if point is not None and point.quantized:
@@ -120,6 +165,5 @@ def _quantize_add(ctx: PlanContext, add: fx.Node) -> None:
             calib_o,
             bits_o,
         )
-    for pos, producer in tensor_inputs(add):
-        if _gating_mul(ctx, add, producer):
-            skip_input(ctx, add, pos, producer, "P17", f"gating Mul {_INSIDE}", label=f"input{pos}")
+    for reader, pos, producer, what in inside:
+        skip_input(ctx, reader, pos, producer, "P17", f"{what} {_INSIDE}", label=f"input{pos}")
