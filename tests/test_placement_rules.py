@@ -795,3 +795,48 @@ def test_p17_multi_resolution_fusion_adds_run_int8(tmp_path) -> None:
     assert report.summary["unfused_qdq"] == 1 and report.summary["float_islands"] == 0
     off = plan(HRFusion(), 1, 16, 32, 32, config=QuantConfig.tensorrt(disable=("residual",)))
     assert not [pt for pt in off.points if pt.rule == "P17"]
+
+
+class PoolMixerBlock(nn.Module):
+    """EfficientFormer's / PoolFormer's conv block: a pooling token mixer with LayerScale and
+    stochastic depth, ``x + drop(gamma1 * (avg_pool(x) - x))``, then a conv MLP residual."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.gamma1 = nn.Parameter(torch.full((c, 1, 1), 0.5))
+        self.drop = nn.Identity()
+        self.mlp = nn.Sequential(
+            nn.Conv2d(c, 2 * c, 1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+            nn.Conv2d(2 * c, c, 1), nn.BatchNorm2d(c),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.gamma1 * (self.pool(x) - x))
+        return x + self.mlp(x)
+
+
+def test_p17_pooling_mixer_is_one_int8_pointwise_layer(tmp_path) -> None:
+    """The mixer's Sub, LayerScale and stochastic depth join the residual Add's PointWise layer:
+    its inputs (``x`` once for the pool, the Sub and the Add; the pool's output) are quantized,
+    nothing inside it is, and the pool runs INT8 (P06, planned again once the Sub reads it
+    quantized); the block output is INT8 for every reader (no P03d/P04)."""
+    net = nn.Sequential(cbr(16, 32), PoolMixerBlock(), PoolMixerBlock(), nn.Conv2d(32, 8, 1))
+    p = plan(net, 1, 16, 16, 16)
+    for block in ("2",):  # the second block: its input is the first block's fused conv+Add
+        inside = [pt for pt in p.points if pt.owner.startswith(block) and "fused with this Add"
+                  in pt.reason]  # fmt: skip
+        assert len(inside) == 3 and all(pt.decision == "skip" for pt in inside)  # drop, scale, Sub
+        assert decisions(p, f"{block}.pool")["input"][0] in ("quantize", "share")
+        x = p.point(f"{block}.add:input0").producer
+        readers = [pt for pt in p.points if pt.producer == x and pt.quantized]
+        assert {pt.rule for pt in readers} <= {"P17", "P06"} and len(readers) == 3
+        assert len({pt.group for pt in readers}) == 1
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 16, 16)
+    prepared = qdq.prepare(net.eval(), (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    path = qdq.export_onnx(prepared, (x[:1],), tmp_path / "pool.onnx", exporter="torchscript").path
+    report = qdq.lint.lint(path)
+    rules = set(report.rules())
+    assert not {"P03d", "P04", "S02b", "S03"} & rules, report.format()

@@ -14,7 +14,10 @@ PointWise layer, INT8 in and out when every external input arrives through a Deq
   chain of Adds (each read only by the next) and the ReLU are one PointWise layer, its output
   read by the next convs through the ReLU; every input of the chain quantized, no Q/DQ between
   its Adds. A conv+Add fused with an INT8 skip (P03: ``bn(conv_s2(x0)) + x1``) counts as an INT8
-  operand: it writes INT8 at no cost, where a float reader would leave its output float (P03d).
+  operand: it writes INT8 at no cost, where a float reader would leave its output float (P03d);
+* EfficientFormer's / PoolFormer's pooling mixer ``x + drop_path(gamma * (avg_pool(x) - x))``:
+  the Sub, the LayerScale and the stochastic depth join the Add's PointWise layer; ``x`` and the
+  pool's output are its inputs (the pool then runs INT8, P06, planned again by the planner).
 
 Run after the gating-Mul step (:func:`qdq.graph.planner.build_plan`), repeated until nothing
 changes (one Add's INT8 output makes the Add reading it eligible).
@@ -22,6 +25,9 @@ changes (one Add's INT8 output makes the Add reading it eligible).
 
 from __future__ import annotations
 
+import operator
+
+import torch
 import torch.fx as fx
 
 from qdq.graph.context import (
@@ -91,15 +97,43 @@ def _gating_mul(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
     return len(mul_ins) == 2 and len(others) == 1 and others[0] in mul_ins
 
 
-def _chained_add(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
-    """``operand`` is a float (P05) two-input Add read only by ``add``: HRNet sums three branches
-    as ``(x0 + up(x1)) + up(x2)``, and TensorRT fuses the chain (with the ReLU after it) into one
-    PointWise layer, so its inputs are the chain's inputs."""
-    if ctx.kinds[operand] != "add" or len(operand.users) != 1 or len(tensor_inputs(operand)) != 2:
-        return False
-    if any(_gating_mul(ctx, operand, q) for _, q in tensor_inputs(operand)):
-        return False  # a gated Add (PP-OCR's RSE) is a PointWise layer of its own
-    return all(p is not None and not p.quantized and p.rule == "P05" for p in _points(ctx, operand))
+def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
+    """What ``operand`` is when it joins ``add``'s PointWise layer (``None``: it does not): it is
+    read only by ``add`` and is
+
+    * ``"Add"``: a float (P05) two-input Add: HRNet sums three branches as
+      ``(x0 + up(x1)) + up(x2)``, and TensorRT fuses the chain (with the ReLU after it) into one
+      PointWise layer, so its inputs are the chain's inputs;
+    * ``"Sub"``: a difference of two activations, ``"scale"``: a Mul by a constant, or
+      ``"identity"`` (stochastic depth, dropout): the pooling mixer of EfficientFormer and
+      PoolFormer, ``x + drop_path(gamma * (avg_pool(x) - x))``.
+    """
+    if len(operand.users) != 1:
+        return None
+    ins = tensor_inputs(operand)
+    kind = ctx.kinds[operand]
+    if kind == "mul" and len(ins) == 1:
+        return "scale"
+    if kind == "identity" and len(ins) == 1:
+        return "identity"  # stochastic depth / dropout in eval
+    if _is_sub(operand) and len(ins) == 2:
+        return "Sub"
+    if kind != "add" or len(ins) != 2:
+        return None
+    if any(_gating_mul(ctx, operand, q) for _, q in ins):
+        return None  # a gated Add (PP-OCR's RSE) is a PointWise layer of its own
+    points = _points(ctx, operand)
+    return (
+        "Add"
+        if all(p is not None and not p.quantized and p.rule == "P05" for p in points)
+        else None
+    )
+
+
+def _is_sub(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("sub", "sub_")
+    return node.op == "call_function" and node.target in (operator.sub, operator.isub, torch.sub)
 
 
 def _external_inputs(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int, fx.Node]] | None:
@@ -108,7 +142,7 @@ def _external_inputs(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int,
     excluded by the config: the Add then stays float)."""
     out = []
     for pos, producer in tensor_inputs(add):
-        if _chained_add(ctx, add, producer):  # its operands are inputs of the same layer
+        if _chained(ctx, add, producer):  # its operands are inputs of the same layer
             inner = _external_inputs(ctx, producer)
             if inner is None:
                 return None
@@ -137,8 +171,9 @@ def _inner_edges(ctx: PlanContext, add: fx.Node) -> list[tuple[fx.Node, int, fx.
     heads: from a chained Add or a gating Mul, down the chain."""
     out = []
     for pos, producer in tensor_inputs(add):
-        if _chained_add(ctx, add, producer):
-            out += [(add, pos, producer, "Add"), *_inner_edges(ctx, producer)]
+        what = _chained(ctx, add, producer)
+        if what is not None:
+            out += [(add, pos, producer, what), *_inner_edges(ctx, producer)]
         elif _gating_mul(ctx, add, producer):
             out.append((add, pos, producer, "gating Mul"))
     return out
