@@ -81,11 +81,30 @@ def _eligible(ctx: PlanContext, add: fx.Node) -> bool:
         return False
     readers = {add.name} | {c.name for c, _, _ in inputs}
     int8 = {p.producer for p in ctx.points.values() if p.quantized and p.consumer not in readers}
-    # a conv+Add fused with an INT8 skip (P03) writes INT8 at no cost: HRNet's fusion
-    # ``(bn(conv_s2(x0)) + x1) + up(x2)``, whose inner Add would else output float (P03d)
+    # a conv+Add fused with an INT8 skip (P03) read only by this PointWise layer writes INT8 at
+    # no cost: HRNet's fusion ``(bn(conv_s2(x0)) + x1) + up(x2)``, whose inner Add would else
+    # output float (P03d). Not when a float op reads it too (PoolFormerV2's GroupNorm): that
+    # reader would then cost a Dequantize (P04)
     int8 |= {p.consumer for p in ctx.points.values()
-             if p.quantized and p.rule == "P03" and ctx.kinds[ctx.by_name[p.consumer]] == "add"}  # fmt: skip
+             if p.quantized and p.rule == "P03" and ctx.kinds[ctx.by_name[p.consumer]] == "add"
+             and not _float_readers(ctx, ctx.by_name[p.consumer], readers)}  # fmt: skip
     return any(name in int8 for _, _, producer in inputs for name in _sources(ctx, producer))
+
+
+def _float_readers(ctx: PlanContext, node: fx.Node, readers: set[str]) -> list[fx.Node]:
+    """The readers of ``node`` other than ``readers`` that would read it in float: not reading
+    it through a quantized point, and not an average pool (it runs INT8 once its output is
+    quantized, P06); through pass-through ops, their readers."""
+    quantized = {p.consumer for p in ctx.points.values() if p.quantized and p.producer == node.name}
+    out = []
+    for u in node.users:
+        if u.name in readers or u.name in quantized or ctx.kinds[u] == "avg_pool":
+            continue
+        if ctx.kinds[u] in PASS_THROUGH_KINDS:  # what reads the copy reads the tensor
+            out += _float_readers(ctx, u, readers)
+        else:
+            out.append(u)
+    return out
 
 
 def _gating_mul(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> bool:
