@@ -72,3 +72,35 @@ def test_rse_block_alone_is_numerically_unchanged_by_the_placement(tmp_path: Pat
     assert [pt.rule for pt in qdq.plan_of(prepared).points if pt.owner == "1.add"] == ["P17"] * 2
     with qdq.quantizer_mode(prepared, "bypass"), torch.no_grad():
         np.testing.assert_allclose(prepared(x).numpy(), model(x).numpy(), atol=1e-5)
+
+
+class ReXNetSE(nn.Module):
+    """ReXNet's block tail: ``conv_pwl(relu6(x * sigmoid(se(x))))`` with ``x = bn(dwconv(.))``:
+    the SE pool and the Mul read ``x``, a ReLU6 sits between the Mul and the next conv."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.dw = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c))
+        self.fc1 = nn.Conv2d(c, 8, 1)
+        self.fc2 = nn.Conv2d(8, c, 1)
+        self.pwl = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dw(x)
+        gate = torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+        return self.pwl(nn.functional.relu6(x * gate))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_gating_mul_followed_by_relu6_is_one_int8_pointwise_layer(
+    exporter: str, tmp_path: Path
+) -> None:
+    """P04 reaches the Mul's quantized reader through the ReLU6 (TensorRT fuses Mul + Clip into
+    one PointWise layer): ``x`` is read INT8 by the SE pool and the Mul, no P04 finding."""
+    model = nn.Sequential(nn.Conv2d(16, 16, 1), ReXNetSE()).eval()
+    report = lint(_export(model, tmp_path, exporter))
+    assert not {f.rule for f in report.findings} & PLACEMENT, report.format()
+    gated = [lay for lay in report.layers if any(n.endswith("/Mul") for n in lay.nodes)]
+    assert len(gated) == 1, [lay.nodes for lay in report.layers]
+    assert gated[0].input_precision == gated[0].output_precision == "int8"
+    assert any("Clip" in n or "Relu" in n for n in gated[0].nodes), gated[0].nodes

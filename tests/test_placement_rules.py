@@ -492,24 +492,27 @@ def test_bad_config_values_are_rejected() -> None:
 
 # ------------------------------------------------------- squeeze-excitation, stochastic depth
 class SE(nn.Module):
-    """conv -> x; gate = sigmoid(fc2(relu(fc1(avgpool(x))))); x * gate -> conv."""
+    """conv -> x; gate = sigmoid(fc2(relu(fc1(avgpool(x))))); x * gate -> conv. With
+    ``act_after`` (ReXNet's block) a ReLU6 sits between the Mul and the conv."""
 
-    def __init__(self, c: int = 32) -> None:
+    def __init__(self, c: int = 32, act_after: bool = False) -> None:
         super().__init__()
         self.conv = cbr(16, c)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Conv2d(c, 16, 1)
         self.fc2 = nn.Conv2d(16, c, 1)
+        self.act = nn.ReLU6() if act_after else nn.Identity()
         self.out = nn.Conv2d(c, c, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         gate = torch.sigmoid(self.fc2(F.relu(self.fc1(self.pool(x)))))
-        return self.out(x * gate)
+        return self.out(self.act(x * gate))
 
 
-def test_p04_gating_mul_quantizes_both_operands_sharing_the_pool_scale() -> None:
-    p = plan(SE(), 1, 16, 8, 8)
+@pytest.mark.parametrize("act_after", [False, True], ids=["mul-conv", "mul-relu6-conv"])
+def test_p04_gating_mul_quantizes_both_operands_sharing_the_pool_scale(act_after: bool) -> None:
+    p = plan(SE(act_after=act_after), 1, 16, 8, 8)
     mul = [pt for pt in p.points if pt.op == "mul"]
     assert [(pt.decision, pt.rule) for pt in mul] in (
         [("quantize", "P04"), ("share", "P04")],

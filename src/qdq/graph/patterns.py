@@ -32,6 +32,9 @@ WEIGHTED_KINDS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 COPY_KINDS = frozenset({"copy", "identity"})
 #: ops Q/DQ commute with, so scales on both sides must be shared
 PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize"})
+#: ...and a ReLU-family activation, which TensorRT fuses into the PointWise layer before it
+#: (an Add's, a gating Mul's): that layer's output is what the activation's reader quantizes
+THROUGH_ACT_KINDS = PASS_THROUGH_KINDS | {"act"}
 #: what TensorRT fuses after a weighted op (its epilogue)
 EPILOGUE_KINDS = frozenset({"bn", "act", "silu", "hardswish", "sigmoid", "bias"})
 

@@ -36,7 +36,7 @@ from qdq.graph.context import (
     skip_input,
 )
 from qdq.graph.grouping import coverage, group_points
-from qdq.graph.patterns import WEIGHTED_KINDS, op_kind, tensor_inputs
+from qdq.graph.patterns import THROUGH_ACT_KINDS, WEIGHTED_KINDS, op_kind, tensor_inputs
 from qdq.graph.plan import QuantPlan
 from qdq.graph.pointwise import plan_pointwise_adds
 from qdq.graph.residual import plan_residual_add, release_float_output_skips, silu_operand
@@ -233,7 +233,10 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
         return
     owner = ctx.owners[node]
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "mul")
-    if excluded or not ctx.config.family_enabled("fanout") or not reaches_quantized(ctx, node):
+    if excluded or not ctx.config.family_enabled("fanout"):
+        return
+    # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer
+    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS):
         return
     for pos, producer in ins:
         quantize_input(

@@ -37,12 +37,8 @@ from qdq.graph.context import (
     reaches_quantized,
     skip_input,
 )
-from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
+from qdq.graph.patterns import PASS_THROUGH_KINDS, THROUGH_ACT_KINDS, tensor_inputs
 from qdq.graph.plan import QuantPoint
-
-#: what an Add's output may pass through to reach its quantized reader: the pass-through ops and
-#: a ReLU-family activation (fused into the Add's PointWise layer)
-_THROUGH_ACT = PASS_THROUGH_KINDS | {"act"}
 
 __all__ = ["plan_pointwise_adds"]
 
@@ -77,7 +73,7 @@ def _eligible(ctx: PlanContext, add: fx.Node) -> bool:
     inputs = _external_inputs(ctx, add)
     # TensorRT's PointWise layer takes the activation after the Add too (HRNet's fusion
     # ``relu(x_i + upsample(bn(conv(x_j))))``), and its output is what the next conv quantizes
-    if excluded or inputs is None or not reaches_quantized(ctx, add, _THROUGH_ACT):
+    if excluded or inputs is None or not reaches_quantized(ctx, add, THROUGH_ACT_KINDS):
         return False
     readers = {add.name} | {c.name for c, _, _ in inputs}
     int8 = {p.producer for p in ctx.points.values() if p.quantized and p.consumer not in readers}
