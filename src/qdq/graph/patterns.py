@@ -55,7 +55,8 @@ _MODULE_KINDS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
     ((nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle), "copy"),
     ((nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d), "identity"),
     ((nn.Softmax, nn.LogSoftmax), "softmax"),
-    ((nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), "norm"),
+    ((nn.LayerNorm, nn.GroupNorm, nn.RMSNorm), "norm"),
+    ((nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), "norm"),
     ((nn.MultiheadAttention,), "attention"),
 )
 
@@ -122,6 +123,9 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.softmax: "softmax",
     torch.softmax: "softmax",
     F.layer_norm: "norm",
+    F.group_norm: "norm",  # timm's GroupNorm1 calls it from its own forward
+    F.instance_norm: "norm",
+    F.rms_norm: "norm",
     F.batch_norm: "bn",
 }
 
