@@ -736,6 +736,27 @@ def test_s02_concat_whose_only_quantized_reader_is_a_p17_add_is_quantized(tmp_pa
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]
 
 
+class GhostBottleneckWrapped(GhostBottleneck):
+    """The same block with its Concat wrapped in a one-input Concat (generic code that
+    concatenates a list of branches, here of one)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        out = torch.cat([torch.cat([x1, self.cheap(x1)], dim=1)], dim=1)
+        return out[:, : self.c] + x
+
+
+def test_s02_a_one_input_concat_left_float_is_planned_again_too() -> None:
+    """A one-input Concat's point is labelled ``input`` when left float as when quantized, so the
+    re-planning finds it: both Concats quantized, one point per Concat input."""
+    net = nn.Sequential(cbr(16, 64), GhostBottleneckWrapped(), nn.Conv2d(64, 32, 1))
+    p = plan(net, 1, 16, 16, 16)
+    cats = [pt for pt in p.points if pt.op == "cat"]
+    assert sorted(pt.name for pt in cats) == ["1.cat:input0", "1.cat:input1", "1.cat_1:input"]
+    assert {(pt.quantized, pt.rule) for pt in cats} == {(True, "S02")}
+    assert len({pt.group for pt in cats}) == 1
+
+
 def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout))
 

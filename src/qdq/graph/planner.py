@@ -214,7 +214,7 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
             rule, reason = "S02", "rule family 'concat' disabled"
         else:
             rule, reason = "S02", f"{_NO_QUANTIZED_READER}; the Concat stays float"
-        skip_input(ctx, node, pos, producer, rule, reason, label=f"input{pos}")
+        skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
 
 
 def _quantized_for_others(ctx: PlanContext, node: fx.Node) -> set[str]:

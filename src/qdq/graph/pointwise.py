@@ -216,4 +216,6 @@ def _quantize_add(ctx: PlanContext, add: fx.Node) -> None:
             bits_o,
         )
     for reader, pos, producer, what in inside:
-        skip_input(ctx, reader, pos, producer, "P17", f"{what} {_INSIDE}", label=f"input{pos}")
+        skip_input(
+            ctx, reader, pos, producer, "P17", f"{what} {_INSIDE}", label=input_label(reader, pos)
+        )
