@@ -5,14 +5,15 @@ Steps, each citing its rule id (``qdq.rules``):
 1. weighted ops (P01, V12, P08, H02, P14): quantize activation input + weight, or skip with a reason
    (:mod:`qdq.graph.weighted`);
 2. residual Adds (P03, P05): quantize only the skip operand (:mod:`qdq.graph.residual`);
-3. average pools (P06): quantize the input when the output feeds a quantized op;
-4. Concats (S02): quantize every input when the output feeds a quantized op;
-   gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
+3. average pools (P06) and Concats (S02): quantize the input(s) when the output feeds a quantized
+   op;
+4. gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
    standalone BatchNorms (P04): the input when it is quantized for another reader, and the other
-   operand of the float Add they feed (RepVGG's identity branch); ReLUs and RoIAligns (P04)
-   reading a tensor quantized for another reader (FPN levels);
-   float Adds between INT8 layers (P17): every input of their PointWise layer, through a gating
-   Mul (PP-OCR's ``x + x * se(x)``) (:mod:`qdq.graph.pointwise`);
+   operand of the float Add they feed (RepVGG's identity branch); float Adds between INT8 layers
+   (P17): every input of their PointWise layer, through a gating Mul (PP-OCR's ``x + x * se(x)``)
+   (:mod:`qdq.graph.pointwise`); ReLUs and RoIAligns (P04) reading a tensor quantized for another
+   reader (FPN levels); then step 3 again for the pools and Concats a step-4 point gave their first
+   quantized reader, and the P17/P04 part of step 4 after it, until nothing changes;
 5. residual skips quantized only for an Add whose fused output stays float go back to float
    (P03, :func:`qdq.graph.residual.release_float_output_skips`);
 6. scale groups by union-find: one quantizer per tensor (S01), across pass-through ops (S03) and
@@ -81,22 +82,15 @@ def build_plan(
     for n in nodes:
         if kinds[n] == "add":
             plan_residual_add(ctx, n)
-    for n in nodes:
-        if kinds[n] == "avg_pool":
-            _plan_avg_pool(ctx, n)
-    for n in reversed(nodes):
-        if kinds[n] == "cat":
-            _plan_concat(ctx, n)
+    _plan_pools_and_concats(ctx, nodes)
     for n in nodes:
         if kinds[n] == "mul":
             _plan_gating_mul(ctx, n)
         elif kinds[n] == "bn":
             _plan_fanout_bn(ctx, n)
-    plan_pointwise_adds(ctx, nodes)
-    for n in nodes:
-        if kinds[n] in _FANOUT_READERS:
-            _plan_fanout_reader(ctx, n)
-    _replan_late_readers(ctx, nodes)
+    _plan_pointwise(ctx, nodes)
+    while _plan_pools_and_concats(ctx, nodes, again=True):
+        _plan_pointwise(ctx, nodes)
     release_float_output_skips(ctx)
     for n in nodes:
         _explain_silu(ctx, n)
@@ -118,32 +112,43 @@ def build_plan(
 _NO_QUANTIZED_READER = "output does not feed a quantized op"
 
 
-def _replan_late_readers(ctx: PlanContext, nodes: list[fx.Node]) -> None:
-    """Steps 3–4 again for the Concats and average pools left float before a later step gave
-    their output a quantized reader, until nothing changes.
+def _plan_pools_and_concats(ctx: PlanContext, nodes: list[fx.Node], again: bool = False) -> bool:
+    """Step 3: average pools, then Concats from the output back (a Concat read by a quantized
+    Concat is quantized too). With ``again``, only those left float for want of a quantized
+    reader that a later step has since given one; returns whether any was planned.
 
     A Concat is planned before the float Adds between INT8 layers (P17) and the fan-out readers
     (P04), so when its only quantized reader is such an Add (GhostNet's ``cat(x1, cheap(x1))``
     sliced into the residual Add) it was left float and the Add then quantized its output: a
     standalone Quantize after a float Concat (S02b), and ``x1`` read both INT8 (by the cheap
     depthwise conv) and float (by the Concat: P04). Planned again, its inputs share the output's
-    scale, the Concat is eliminated and its producers write INT8. A Concat quantized here can make
-    another Add eligible for P17, hence the loop.
+    scale, the Concat is eliminated and its producers write INT8. A Concat quantized then can make
+    another Add eligible for P17 or another reader a P04 fan-out reader: the caller loops.
     """
-    kinds = ctx.kinds
-    while True:
-        changed = False
-        for n in reversed(nodes):
-            if kinds[n] == "cat" and _left_float(ctx, n) and reaches_quantized(ctx, n):
-                _plan_concat(ctx, n)
-                changed = True
-        for n in nodes:
-            if kinds[n] == "avg_pool" and _left_float(ctx, n) and reaches_quantized(ctx, n):
-                _plan_avg_pool(ctx, n)
-                changed = True
-        if not changed:
-            return
-        plan_pointwise_adds(ctx, nodes)
+    planned = False
+    for n in nodes:
+        if ctx.kinds[n] == "avg_pool" and (not again or _late_reader(ctx, n)):
+            _plan_avg_pool(ctx, n)
+            planned = True
+    for n in reversed(nodes):
+        if ctx.kinds[n] == "cat" and (not again or _late_reader(ctx, n)):
+            _plan_concat(ctx, n)
+            planned = True
+    return planned
+
+
+def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
+    """Step 4's second half: the float Adds between INT8 layers (P17), then the fan-out readers
+    (P04)."""
+    plan_pointwise_adds(ctx, nodes)
+    for n in nodes:
+        if ctx.kinds[n] in _FANOUT_READERS:
+            _plan_fanout_reader(ctx, n)
+
+
+def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
+    """``node`` was left float for want of a quantized reader, and now has one."""
+    return _left_float(ctx, node) and reaches_quantized(ctx, node)
 
 
 def _left_float(ctx: PlanContext, node: fx.Node) -> bool:
