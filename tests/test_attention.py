@@ -229,3 +229,48 @@ def test_multihead_attention_exports_int8(exporter: str, tmp_path: Path) -> None
     lr = lint(out.path)
     assert lr.summary["int8_weighted_layers"] == lr.summary["weighted_layers"] == 8
     assert lr.rules("WARN") == set(), lr.format()
+
+
+# ------------------------------------------------------------ the value-first form
+class _PSAAttention(nn.Module):
+    """ultralytics' ``Attention`` (YOLO's PSA block): a conv makes q, k and v, the scores are
+    ``qᵀ @ k``, the context ``v @ probsᵀ`` (the probabilities the second operand, transposed)."""
+
+    def __init__(self, c: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.key_dim, self.head_dim = heads, 8, c // heads
+        self.scale = self.key_dim**-0.5
+        self.qkv = nn.Conv2d(c, c + 2 * self.key_dim * heads, 1)
+        self.pe = nn.Conv2d(c, c, 3, 1, 1, groups=c)
+        self.proj = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        qkv = self.qkv(x).view(b, self.heads, 2 * self.key_dim + self.head_dim, h * w)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.head_dim], dim=2)
+        attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(dim=-1)
+        y = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+        return self.proj(y)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_value_first_attention_is_one_int8_mha(exporter: str, tmp_path: Path) -> None:
+    """The planner quantizes both products (P16) with the Q/DQ on the transposed probabilities;
+    the linter follows the layout ops around that Q/DQ and predicts one INT8 MHA, as planned."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), _PSAAttention(), nn.Conv2d(32, 8, 1)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    prepared = qdq.prepare(model, (x[:1],))
+    p16 = [pt for pt in qdq.plan_of(prepared).points if pt.rule == "P16"]
+    assert len(p16) == 4 and all(pt.quantized for pt in p16)
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", exporter=exporter)
+    assert parity(prepared, out.path, [x]).min_cosine > 0.9999
+    result = lint(out.path)
+    (attention,) = [ly for ly in result.layers if ly.kind == "attention"]
+    assert attention.input_precision == "int8"
+    assert any("Softmax" in n for n in attention.nodes)
+    assert any("Transpose" in n for n in attention.nodes)
+    assert "P14" not in {f.rule for f in result.findings}, result.format()

@@ -1,4 +1,5 @@
-"""Attention in a Q/DQ ONNX graph: ``MatMul → [scale, mask, layout] → Softmax → Q/DQ → MatMul``.
+"""Attention in a Q/DQ ONNX graph: ``MatMul → [scale, mask, layout] → Softmax → Q/DQ → [layout] →
+MatMul``, the probabilities either operand of the second product.
 
 TensorRT fuses the two batched products and the softmax between them into one MHA kernel. With
 Q/DQ on both operands of both products (the scaled query and the key, the probabilities and the
@@ -27,7 +28,8 @@ class Attention:
         scores: the first MatMul (``q @ kᵀ``).
         context: the second MatMul (``probs @ v``).
         members: every node of the fused kernel, in graph order of discovery: ``scores``, the ops
-            up to the softmax, the softmax, the probabilities' Quantize and Dequantize, ``context``.
+            up to the softmax, the softmax, the probabilities' Quantize and Dequantize, the layout
+            ops after it (a transpose), ``context``.
     """
 
     scores: Any
@@ -64,7 +66,9 @@ def _from_scores(g: LintGraph, scores: Any) -> Attention | None:
         if node.op_type not in _BETWEEN:
             return None
         tensor = node.output[0]
-    probs = members[-1].output[0]
+    # the quantized probabilities may be a transpose of the softmax output (ultralytics'
+    # ``v @ probs.transpose(-2, -1)``: the Q sits on the second product's operand)
+    probs, before = _through_layout(g, members[-1].output[0])
     quantizers = [c for c in g.consumers.get(probs, []) if c.op_type == "QuantizeLinear"]
     if len(quantizers) != 1 or g.float_uses(probs):
         return None
@@ -73,9 +77,22 @@ def _from_scores(g: LintGraph, scores: Any) -> Attention | None:
     if len(dqs) != 1:
         return None
     (dq,) = dqs
-    context = [c for c in g.consumers.get(dq.output[0], []) if c.op_type == "MatMul"]
-    if len(context) != 1 or context[0].input[0] != dq.output[0]:
+    tensor, after = _through_layout(g, dq.output[0])
+    readers = g.consumers.get(tensor, [])
+    if len(readers) != 1:
         return None
-    if not _int8_operands(g, context[0]):
+    (node,) = readers
+    if node.op_type != "MatMul" or g.weighted(node) or not _int8_operands(g, node):
         return None
-    return Attention(scores, context[0], (*members, q, dq, context[0]))
+    return Attention(scores, node, (*members, *before, q, dq, *after, node))
+
+
+def _through_layout(g: LintGraph, tensor: str) -> tuple[str, list[Any]]:
+    """Follow ``tensor`` through a chain of single-reader layout ops: the last tensor and the ops."""
+    ops: list[Any] = []
+    while True:
+        readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
+        if len(readers) != 1 or readers[0].op_type not in COPY_OPS:
+            return tensor, ops
+        ops.append(readers[0])
+        tensor = readers[0].output[0]
