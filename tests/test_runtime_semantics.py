@@ -133,6 +133,40 @@ def test_calls_made_only_by_a_first_forward_do_not_shift_the_planned_sites() -> 
     assert torch.equal(outs[0], outs[1])
 
 
+class WindowPad(nn.Module):
+    """TinyViT's window padding: ``H + pad`` on sizes before the block's residual Add. Under the
+    TorchScript tracer sizes are 0-dim int64 tensors, so that line is a torch ``add``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.conv3 = nn.Conv2d(32, 32, 1)
+        self.window = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv1(x)
+        h, w = x.shape[2], x.shape[3]
+        pad_b, pad_r = (self.window - h % self.window) % self.window, (-w) % self.window
+        y = F.pad(x, (0, pad_r, 0, pad_b))[:, :, : h + pad_b, : w + pad_r]
+        return self.conv3(self.conv2(y[:, :, :h, :w]) + x)
+
+
+def test_size_arithmetic_under_the_tracer_does_not_shift_the_planned_sites(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 6, 6)
+    net = WindowPad().eval()
+    prepared = qdq.prepare(net, (x,))
+    assert any(pt.op == "add" and pt.quantized for pt in qdq.plan_of(prepared).points)
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    # the residual Add's quantizer was handed the int64 sum ``h + pad_b`` and raised
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter="torchscript")
+    with torch.no_grad():
+        want = prepared(x).numpy()
+    got = run(session(out.path), [x])[0]
+    assert abs(got - want).max() < 1e-4
+
+
 class Masked(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -172,7 +172,7 @@ class _Mode(TorchFunctionMode):
     ) -> Any:
         tracker = self.tracker
         kwargs = kwargs or {}
-        if tracker.leaf_depth:
+        if tracker.leaf_depth or _size_arithmetic(args, kwargs):
             return func(*args, **kwargs)
         op, target, family, parts_seen = _call_info(func)
         if parts_seen:
@@ -185,6 +185,25 @@ class _Mode(TorchFunctionMode):
                 return parts
         key = tracker.next_key(family)
         return tracker.on_call(func, key, op, target, args, kwargs)
+
+
+def _size_arithmetic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether every tensor operand is a 0-dim integer or bool tensor: arithmetic on sizes.
+
+    In eager mode ``H + pad`` with ``H = x.shape[1]`` is Python arithmetic and no torch call; the
+    TorchScript tracer hands out sizes as 0-dim int64 tensors, so the same line becomes a torch
+    ``add``. Counted, it would take the call-site key of the module's next real Add (TinyViT's
+    window padding shifted every Add of its blocks by one). Such calls are not counted in any
+    mode: eager and traced runs then key the same calls. A 0-dim integer tensor is never quantized.
+    """
+    found = False
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                if item.dim() != 0 or item.is_floating_point() or item.is_complex():
+                    return False
+                found = True
+    return found
 
 
 class CallTracker:
