@@ -144,3 +144,29 @@ def test_layerscale_add_fuses_into_the_linear_through_transpose_and_scale(
     # fc2's MatMul, its bias, the Transpose back to NCHW, LayerScale's Mul and the residual Add
     assert len(fused.nodes) == 5 and any("Transpose" in n for n in fused.nodes), fused
     assert fused.output_precision == "int8", report.format(True)
+
+
+def _split_block(float_slice: bool) -> onnx.ModelProto:
+    """SKNet's split-input selective kernel: ``x`` is quantized for the shortcut conv and split
+    into two paths, each read by a conv through Q/DQ of the same scale (one quantizer planned
+    for all three uses); with ``float_slice`` the second path reads its slice in float."""
+    import numpy as np
+    from onnx import helper
+
+    g = G(64)
+    x = g.op("Relu", [g.conv(g.qdq("x"), 64, 64)])
+    shortcut = g.conv(g.qdq(x, 0.02), 64, 32)
+    sizes = g.const(np.array([32, 32], dtype=np.int64), "split")
+    g.nodes.append(helper.make_node("Split", [x, sizes], ["xa", "xb"], name="split", axis=1))
+    a = g.conv(g.qdq("xa", 0.02), 32, 32)
+    b = g.op("Relu", ["xb"]) if float_slice else g.conv(g.qdq("xb", 0.02), 32, 32)
+    out = g.op("Add", [g.op("Add", [a, b]), shortcut])
+    return g.model([out])
+
+
+def test_p04_counts_a_split_read_only_through_q_as_a_quantized_reader() -> None:
+    """TensorRT swaps a Slice with the Quantize after it (the rule specification's
+    VanillaSwapWithFollowingQ): a Split whose every output is read through Q is a quantized
+    use of its input, like a MaxPool or a Reshape. A slice read in float is a float use (P04)."""
+    assert "P04" not in lint(_split_block(False), target="trt10").rules("WARN")
+    assert "P04" in lint(_split_block(True), target="trt10").rules("WARN")

@@ -464,7 +464,7 @@ def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
 def _quantized_through(g: LintGraph, consumer: Any) -> bool:
     """A commuting/copy consumer (MaxPool, Reshape, nearest Resize, ...) whose outputs are read only
     through Q (TensorRT moves the Q backward across it): a quantized use, not a float one."""
-    if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize"}:
+    if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize", "Split", "Slice"}:
         return False
     readers = [
         c

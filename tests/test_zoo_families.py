@@ -1,0 +1,93 @@
+"""Architecture families of issue 34's zoo sweep, guarded (``benchmarks/zoo_sweep.py``).
+
+One row per block shape the sweep taught the planner: HRNet's multi-resolution fusion (P17
+through ReLU, chains of Adds), EfficientFormer's and PoolFormer's pooling mixers (P17 through
+Sub/scale; P15 through the functional GroupNorm), ReXNet's ``relu6(x * se(x))`` (P04 through the
+activation), YOLO26's value-first PSA attention (P16 as the linter reads it), and families clean
+from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
+features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
+
+Each row: random weights, batch 1, the smallest input the sweep found; ``qdq.prepare`` takes the
+graph path; calibrate, export with the default exporter, compare with ONNX Runtime (cosine) and
+lint: no placement warning (P03a, P03d, P04, S02b, S03), every attention MatMul predicted INT8.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from qdq.backends.parity import parity
+
+pytest.importorskip("onnxruntime")
+
+PLACEMENT_RULES = {"P03a", "P03d", "P04", "S02b", "S03"}
+
+
+def _timm(name: str, size: int, **kwargs: Any) -> Callable[[], tuple[nn.Module, int]]:
+    def build() -> tuple[nn.Module, int]:
+        timm = pytest.importorskip("timm")
+        return timm.create_model(name, pretrained=False, **kwargs), size
+
+    return build
+
+
+def _yolo(stem: str, size: int) -> Callable[[], tuple[nn.Module, int]]:
+    def build() -> tuple[nn.Module, int]:
+        pytest.importorskip("ultralytics")
+        from ultralytics.nn import tasks
+
+        from models.real import _ultralytics_export_form
+
+        model = tasks.DetectionModel(f"{stem}.yaml", verbose=False)
+        _ultralytics_export_form(model, size)
+        return model, size
+
+    return build
+
+
+#: row -> builder of (model, input size)
+ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
+    "hrnet_w18_small": _timm("hrnet_w18_small", 64),
+    "efficientformer_l1": _timm("efficientformer_l1", 224),  # its attention bias is 7x7
+    "poolformerv2_s12": _timm("poolformerv2_s12", 64),
+    "rexnet_100": _timm("rexnet_100", 64),
+    "yolo26n": _yolo("yolo26n", 64),
+    "cspresnet50": _timm("cspresnet50", 64),
+    "dla34": _timm("dla34", 64),
+    "selecsls42": _timm("selecsls42", 64),
+    "starnet_s1": _timm("starnet_s1", 64),
+    "ese_vovnet19b_dw": _timm("ese_vovnet19b_dw", 64),
+    "hgnetv2_b0": _timm("hgnetv2_b0", 64),
+}
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_family_takes_the_graph_path_exports_and_lints_clean(name: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, size = ROWS[name]()
+    model.eval()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 3, size, size, generator=gen)
+    calib = torch.randn(2, 3, size, size, generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = qdq.prepare(model, (x,))
+        assert qdq.plan_of(prepared).capture == "recorded"
+        qdq.calibrate(prepared, [calib], method="max", show_progress=False)
+        out = qdq.export_onnx(prepared, (x,), tmp_path / f"{name}.onnx", verify=False)
+    report = parity(prepared, out.path, [x])
+    assert report.min_cosine >= 0.999, (name, report.min_cosine)
+    lint = qdq.lint.lint(out.path)
+    placement = sorted(f.rule for f in lint.findings if f.severity == "WARN")
+    assert not PLACEMENT_RULES & set(placement), lint.format()
+    attention = [ly for ly in lint.layers if ly.kind == "attention"]
+    assert all(ly.input_precision == "int8" for ly in attention)
+    assert not [f for f in lint.findings if f.rule == "P14" and "attention" in f.message]
