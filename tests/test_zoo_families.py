@@ -8,8 +8,8 @@ from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's co
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
 
 Each row: random weights, batch 1, the smallest input the sweep found; ``qdq.prepare`` takes the
-graph path; calibrate, export with the default exporter, compare with ONNX Runtime (cosine) and
-lint: no placement warning (P03a, P03d, P04, S02b, S03), every attention MatMul predicted INT8.
+graph path; calibrate, export with the default exporter, compare with ONNX Runtime per quantizer
+and lint: no placement warning (P03a, P03d, P04, S02b, S03), every attention MatMul predicted INT8.
 """
 
 from __future__ import annotations
@@ -83,8 +83,12 @@ def test_family_takes_the_graph_path_exports_and_lints_clean(name: str, tmp_path
         assert qdq.plan_of(prepared).capture == "recorded"
         qdq.calibrate(prepared, [calib], method="max", show_progress=False)
         out = qdq.export_onnx(prepared, (x,), tmp_path / f"{name}.onnx", verify=False)
-    report = parity(prepared, out.path, [x])
-    assert report.min_cosine >= 0.999, (name, report.min_cosine)
+    # per quantizer: every Q/DQ bit-exact on ORT's own input, and any divergence explained by
+    # rounding-boundary flips (random weights: flips cascade, SelecSLS ends at cosine 0.998)
+    report = parity(prepared, out.path, [x], per_layer=True)
+    assert report.first_unexplained is None, (name, report.first_unexplained)
+    assert all(lp.qdq_mismatches == 0 for lp in report.layers.values()), name
+    assert report.min_cosine >= 0.99, (name, report.min_cosine)
     lint = qdq.lint.lint(out.path)
     placement = sorted(f.rule for f in lint.findings if f.severity == "WARN")
     assert not PLACEMENT_RULES & set(placement), lint.format()
