@@ -104,3 +104,40 @@ def test_gating_mul_followed_by_relu6_is_one_int8_pointwise_layer(
     assert len(gated) == 1, [lay.nodes for lay in report.layers]
     assert gated[0].input_precision == gated[0].output_precision == "int8"
     assert any("Clip" in n or "Relu" in n for n in gated[0].nodes), gated[0].nodes
+
+
+class SEBasicBlock(nn.Module):
+    """TResNet's / SE-ResNet's basic block: ``drop_path(se(conv(x))) + x``, the SE gate's Mul the
+    Add's operand (through the stochastic-depth identity), its ``x`` read by the SE pool too."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+        self.fc1 = nn.Conv2d(c, 16, 1)
+        self.fc2 = nn.Conv2d(16, c, 1)
+        self.drop_path = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        gate = torch.sigmoid(self.fc2(torch.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        return torch.relu(self.drop_path(y * gate) + x)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_se_gate_feeding_a_residual_add_joins_its_int8_pointwise_layer(
+    exporter: str, tmp_path: Path
+) -> None:
+    """P17 takes the SE Mul into the Add's PointWise layer: its operands are the layer's inputs
+    (``y`` INT8 once, for the pool and the Mul), no Q/DQ between the Mul and the Add, no P04."""
+    model = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU(), SEBasicBlock(), nn.Conv2d(32, 8, 1))
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 16, 16)
+    plan = qdq.plan_of(qdq.prepare(model.eval(), (x,)))
+    mul = [pt for pt in plan.points if pt.owner == "2.mul"]
+    assert [(pt.quantized, pt.rule) for pt in mul] == [(True, "P17")] * 2
+    assert not [pt for pt in plan.points if pt.owner == "2.drop_path" and pt.quantized]
+    report = lint(_export(model, tmp_path, exporter))
+    assert not {f.rule for f in report.findings} & PLACEMENT, report.format()
+    gated = [lay for lay in report.layers if any(n.endswith("/Mul") for n in lay.nodes)]
+    assert len(gated) == 1 and any("Add" in n for n in gated[0].nodes), gated
+    assert gated[0].input_precision == gated[0].output_precision == "int8"

@@ -121,7 +121,10 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
       PointWise layer, so its inputs are the chain's inputs;
     * ``"Sub"``: a difference of two activations, ``"scale"``: a Mul by a constant, or
       ``"identity"`` (stochastic depth, dropout): the pooling mixer of EfficientFormer and
-      PoolFormer, ``x + drop_path(gamma * (avg_pool(x) - x))``.
+      PoolFormer, ``x + drop_path(gamma * (avg_pool(x) - x))``;
+    * ``"gating Mul"``: a squeeze-excitation ``x * gate`` whose ``x`` is already INT8 for another
+      reader (the SE pool), TResNet's and SE-ResNet's ``drop_path(se(x)) + shortcut``: the Mul
+      joins the layer and reads ``x`` in INT8, so ``x`` is not read in float (P04).
     """
     if len(operand.users) != 1:
         return None
@@ -129,6 +132,9 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
     kind = ctx.kinds[operand]
     if kind == "mul" and len(ins) == 1:
         return "scale"
+    if kind == "mul" and len(ins) == 2 and _int8_elsewhere(ctx, operand, ins):
+        excluded = ctx.config.resolve(ctx.owners[operand], ctx.owner_types[operand], "mul")[0]
+        return None if excluded else "gating Mul"
     if kind == "identity" and len(ins) == 1:
         return "identity"  # stochastic depth / dropout in eval
     if _is_sub(operand) and len(ins) == 2:
@@ -143,6 +149,12 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
         if all(p is not None and not p.quantized and p.rule == "P05" for p in points)
         else None
     )
+
+
+def _int8_elsewhere(ctx: PlanContext, node: fx.Node, ins: list[tuple[int, fx.Node]]) -> bool:
+    """An input of ``node`` is quantized for a reader other than ``node``."""
+    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    return any(producer.name in quantized for _, producer in ins)
 
 
 def _is_sub(node: fx.Node) -> bool:
