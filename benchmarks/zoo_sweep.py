@@ -588,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(names)} rows: {_counts(n.partition(':')[0] for n in names)}")
             return 0
         rows = _run(names, args)
-    print(f"qdq {qdq.__version__}, torch {torch.__version__}, {args.threads} threads per row")
+    threads = "" if args.merge else f", {args.threads} threads per row"  # a merge ran nothing
+    print(f"qdq {qdq.__version__}, torch {torch.__version__}{threads}")
     if args.details:
         print(real_models.render(rows), "", sep="\n")
     print(render_table(rows), "", render_summary(rows), sep="\n")
