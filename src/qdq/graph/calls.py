@@ -172,7 +172,9 @@ class _Mode(TorchFunctionMode):
     ) -> Any:
         tracker = self.tracker
         kwargs = kwargs or {}
-        if tracker.leaf_depth or _size_arithmetic(args, kwargs):
+        if tracker.leaf_depth or (
+            _size_arithmetic(args, kwargs) and getattr(func, "__name__", "") not in VALUE_READS
+        ):
             return func(*args, **kwargs)
         op, target, family, parts_seen = _call_info(func)
         if parts_seen:
@@ -185,6 +187,11 @@ class _Mode(TorchFunctionMode):
                 return parts
         key = tracker.next_key(family)
         return tracker.on_call(func, key, op, target, args, kwargs)
+
+
+#: calls that turn a tensor value into a Python value (control flow may depend on it): seen even
+#: on a 0-dim tensor, where ``bool(x.mean() > 0)`` decides a branch
+VALUE_READS = frozenset({"__bool__", "item", "tolist", "__int__", "__float__", "__index__"})
 
 
 def _size_arithmetic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -28,13 +28,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from qdq.graph.calls import CallTracker, SiteKey, _path_of
+from qdq.graph.calls import VALUE_READS, CallTracker, SiteKey, _path_of
 from qdq.graph.capture import CaptureError, ForwardError
 
 __all__ = ["Recording", "record"]
-
-#: calls that turn a tensor value into a Python value (control flow may depend on it)
-_VALUE_READS = frozenset({"__bool__", "item", "tolist", "__int__", "__float__", "__index__"})
 
 
 @dataclass
@@ -153,7 +150,7 @@ class _Recorder(CallTracker):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        if key[1] in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
+        if key[1] in VALUE_READS and args and isinstance(args[0], torch.Tensor):
             known = self._values.get(id(args[0]))
             if (
                 known is not None
