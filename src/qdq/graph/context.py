@@ -20,6 +20,7 @@ __all__ = [
     "owner_names",
     "owner_type",
     "quantize_input",
+    "quantized_for_others",
     "reaches_quantized",
     "skip_input",
 ]
@@ -217,6 +218,11 @@ def skip_input(
             ctx, node, pos, producer, "input", label, decision=SKIP, rule=rule, reason=reason
         )
     )
+
+
+def quantized_for_others(ctx: PlanContext, node: fx.Node) -> set[str]:
+    """Names of the tensors a planned point quantizes for some reader other than ``node``."""
+    return {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
 
 
 def reaches_quantized(

@@ -33,6 +33,7 @@ from qdq.graph.context import (
     owner_names,
     owner_type,
     quantize_input,
+    quantized_for_others,
     reaches_quantized,
     skip_input,
 )
@@ -222,18 +223,13 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
         skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
 
 
-def _quantized_for_others(ctx: PlanContext, node: fx.Node) -> set[str]:
-    """Names of the tensors a planned point quantizes for some reader other than ``node``."""
-    return {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
-
-
 def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     """P04: ``x * gate(x)`` where ``x`` is also quantized for another reader (the squeeze-excitation
     pool): quantize both operands so ``x`` is quantized for all its readers and the Mul runs INT8."""
     ins = tensor_inputs(node)
     if len(ins) != 2 or silu_operand(ctx, node) is not None:
         return
-    quantized = _quantized_for_others(ctx, node)
+    quantized = quantized_for_others(ctx, node)
     if not any(producer.name in quantized for _, producer in ins):
         return
     owner = ctx.owners[node]
@@ -266,7 +262,7 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
     if not ins:
         return
     pos, producer = ins[0]
-    quantized = _quantized_for_others(ctx, node)
+    quantized = quantized_for_others(ctx, node)
     if producer.name not in quantized:
         return
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "bn")
@@ -335,7 +331,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     key = f"{ctx.owners[node]}:{input_label(node, pos)}"
     if key in ctx.points and ctx.points[key].quantized:
         return
-    quantized = _quantized_for_others(ctx, node)
+    quantized = quantized_for_others(ctx, node)
     if producer.name not in quantized:
         return
     kind = ctx.kinds[node]

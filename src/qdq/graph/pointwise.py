@@ -34,6 +34,7 @@ from qdq.graph.context import (
     PlanContext,
     input_label,
     quantize_input,
+    quantized_for_others,
     reaches_quantized,
     skip_input,
 )
@@ -132,7 +133,10 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
     kind = ctx.kinds[operand]
     if kind == "mul" and len(ins) == 1:
         return "scale"
-    if kind == "mul" and len(ins) == 2 and _int8_elsewhere(ctx, operand, ins):
+    if kind == "mul" and len(ins) == 2:
+        int8 = quantized_for_others(ctx, operand)
+        if not any(producer.name in int8 for _, producer in ins):
+            return None
         excluded = ctx.config.resolve(ctx.owners[operand], ctx.owner_types[operand], "mul")[0]
         return None if excluded else "gating Mul"
     if kind == "identity" and len(ins) == 1:
@@ -149,12 +153,6 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
         if all(p is not None and not p.quantized and p.rule == "P05" for p in points)
         else None
     )
-
-
-def _int8_elsewhere(ctx: PlanContext, node: fx.Node, ins: list[tuple[int, fx.Node]]) -> bool:
-    """An input of ``node`` is quantized for a reader other than ``node``."""
-    quantized = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
-    return any(producer.name in quantized for _, producer in ins)
 
 
 def _is_sub(node: fx.Node) -> bool:
