@@ -176,7 +176,6 @@ def test_bad_arguments_are_refused(data: list[torch.Tensor]) -> None:
         search(_net(), (data[0][:1],), data[:2], [])
     with pytest.raises(ValueError, match="at least one candidate"):
         search(_net(), (data[0][:1],), data[:2], data[2:], candidates=())
-    with pytest.raises(ValueError, match="budget, tie and significance"):
-        search(_net(), (data[0][:1],), data[:2], data[2:], tie=-1)
-    with pytest.raises(ValueError, match="budget, tie and significance"):
-        search(_net(), (data[0][:1],), data[:2], data[2:], significance=-1)
+    for bad in ({"tie": -1}, {"significance": -1}, {"effect": -0.1}, {"budget": -1}):
+        with pytest.raises(ValueError, match=f"must be >= 0, got .*{next(iter(bad))}=-"):
+            search(_net(), (data[0][:1],), data[:2], data[2:], **bad)

@@ -13,7 +13,7 @@ import torch
 import qdq
 from qdq.cli.main import main
 from qdq.pipeline import PtqOptions, QuantData, SearchOptions, quantize
-from qdq.pipeline.recipe import MIN_SAMPLES, held_out_split
+from qdq.pipeline.recipe import MIN_SAMPLES, held_out_folds, held_out_split
 
 
 def _net() -> torch.nn.Module:
@@ -48,12 +48,18 @@ def test_the_default_searches_on_held_out_calibration_samples(tmp_path: Path) ->
                    ptq=SearchOptions(candidates=("none", "kernel-sum", "bias")))  # fmt: skip
     r = res.report
     found = r["ptq"]["recipe_search"]
-    # 16 calibration samples: 12 calibrate, the last 4 (one batch of 4) are scored on
+    # 16 calibration samples: 12 calibrate, 4 (one batch of 4) are scored on; the candidates
+    # still close then race over the 3 other disjoint quarters (each calibrated on the rest)
     assert dict(stages)["calibrate"].startswith("mse on 12 samples")
     assert "4 more held out for the recipe search" in dict(stages)["calibrate"]
-    assert found["held_out_batches"] == 1 and found["score"] == "output cosine"
+    assert found["score"] == "output cosine" and found["margin"]["ceiling"] == 1.0
+    assert 1 <= found["folds"] <= 4 and found["held_out_batches"] == found["folds"]
     assert [t["recipe"] for t in found["rows"]] == ["none", "kernel-sum", "bias"]
-    assert all(t["status"] == "scored" and 0.9 < t["score"] <= 1.0 for t in found["rows"])
+    assert all(t["status"].startswith("scored") and 0.9 < t["score"] <= 1.0
+               for t in found["rows"])  # fmt: skip
+    assert max(t["folds"] for t in found["rows"]) == found["folds"]
+    kept_row = next(t for t in found["rows"] if t["recipe"] == found["kept"])
+    assert kept_row["folds"] == found["folds"] and kept_row["status"] == "scored"
     # the kept recipe is the one that ran, exported, and recorded for replay
     assert r["ptq"]["recipe"] == r["settings"]["recipe"] == found["kept"]
     assert found["kept"] in ("none", "kernel-sum", "bias")
@@ -130,6 +136,22 @@ def test_held_out_split_keeps_at_least_one_sample_on_each_side() -> None:
     assert (len(fit), len(held)) == (6, 2)  # type: ignore[arg-type]
 
 
+def test_held_out_folds_are_disjoint_shares_and_each_fits_on_the_rest() -> None:
+    cal = torch.arange(10.0).reshape(10, 1)
+    folds = held_out_folds(cal, SearchOptions())  # 10 samples, a quarter: 2 per fold, 4 folds
+    first = held_out_split(cal, SearchOptions())
+    assert len(folds) == 4 and all(torch.equal(a, b) for a, b in zip(folds[0], first[:2]))  # type: ignore[arg-type]
+    helds = [set(h.flatten().tolist()) for _, h in folds]  # type: ignore[union-attr]
+    assert all(len(h) == 2 for h in helds) and len(set().union(*helds)) == 8
+    for (fit, held), h in zip(folds, helds, strict=True):
+        assert set(fit.flatten().tolist()) | h == set(range(10)) and len(fit) == 8  # type: ignore[union-attr,arg-type]
+        assert torch.equal(held, held.sort(0).values)  # the samples keep their order
+    assert len(held_out_folds(cal, SearchOptions(folds=2))) == 2
+    assert len(held_out_folds(cal, SearchOptions(held_out=0.6))) == 1  # only one share of 6 fits
+    with pytest.raises(ValueError, match="folds must be an int >= 1"):
+        SearchOptions(folds=0)
+
+
 def test_held_out_split_draws_across_ordered_data() -> None:
     """Class-ordered calibration data (MTCNN's crops: faces first) must not hold out one class:
     the held-out samples are a seeded draw; fit and held-out are disjoint, cover every sample,
@@ -196,7 +218,8 @@ def test_a_per_image_detector_is_searched_by_detection_f1(tmp_path: Path) -> Non
     res = quantize(TinyDetector().eval(), data, out=tmp_path / "out", exporter="torchscript",
                    show_progress=False, ptq=SearchOptions(candidates=("none", "bias")))  # fmt: skip
     found = res.report["ptq"]["recipe_search"]
-    assert found["score"] == "detection F1 vs FP32" and found["held_out_batches"] == 2
+    assert found["score"] == "detection F1 vs FP32" and found["margin"]["ceiling"] is None
+    assert found["held_out_batches"] == 2 * found["folds"]  # 2 of the 8 images per fold
     assert all(t["status"] == "scored" and 0 <= t["score"] <= 1 for t in found["rows"])
 
 

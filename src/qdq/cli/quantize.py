@@ -453,11 +453,16 @@ def _print_search(found: Any) -> None:
     """The recipe search's table: each candidate's held-out score and seconds."""
     if not isinstance(found, dict) or not found.get("rows"):
         return
-    print(f"    {'recipe':<28}{'held-out ' + str(found['score']):>28}{'seconds':>9}  status")
+    print(
+        f"    {'recipe':<28}{'held-out ' + str(found['score']):>28}{'folds':>6}{'seconds':>9}  status"
+    )
     for t in found["rows"]:
         value = "-" if t["score"] is None else f"{t['score']:.6f}"
         mark = "  <- kept" if t["recipe"] == found["kept"] else ""
-        print(f"    {t['recipe']:<28}{value:>28}{t['seconds']:>9.1f}  {t['status']}{mark}")
+        folds = t.get("folds", 1)
+        print(
+            f"    {t['recipe']:<28}{value:>28}{folds:>6}{t['seconds']:>9.1f}  {t['status']}{mark}"
+        )
     print(f"    kept {found['kept']}: {found['reason']}")
 
 

@@ -38,7 +38,7 @@ from qdq.pipeline.device import to_device
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
 from qdq.pipeline.stages import Stages
-from qdq.ptq.search import CANDIDATES, SearchResult, default_budget, recipe, search
+from qdq.ptq.search import CANDIDATES, Fold, SearchResult, default_budget, recipe, search
 from qdq.qat import distributed as dist
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Calibrated",
     "SearchOptions",
     "calibrate_and_improve",
+    "held_out_folds",
     "held_out_split",
     "run_search",
     "skipped",
@@ -67,6 +68,10 @@ class SearchOptions:
         candidates: the recipe names tried, in order (:data:`qdq.ptq.search.CANDIDATES`).
         held_out: the share of the calibration samples held out to score on (a seeded draw:
             :func:`held_out_split`).
+        folds: how many disjoint held-out shares the search may score on (cross-fitting,
+            :func:`held_out_folds`; at most ``1 / held_out``): the candidates still in contention
+            after the first are calibrated without, and scored on, each further share in turn,
+            while the budget lasts. 1: the first share only.
         refit: run the kept recipe once more on every calibration sample, the held-out ones
             included, and export that model (``False``: export the searched model, calibrated
             without the held-out samples; saves one calibration and the recipe's steps).
@@ -81,6 +86,7 @@ class SearchOptions:
     candidates: tuple[str, ...] = CANDIDATES
     held_out: float = 0.25
     refit: bool = True
+    folds: int = 4
     adaround_samples: int = 256
     adaround_iters: int = 500
 
@@ -100,6 +106,9 @@ class SearchOptions:
         h = self.held_out
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h < 1:
             raise ValueError(f"held_out must be a share strictly between 0 and 1, got {h!r}")
+        f = self.folds
+        if isinstance(f, bool) or not isinstance(f, int) or f < 1:
+            raise ValueError(f"folds must be an int >= 1, got {f!r}")
         for name in ("adaround_samples", "adaround_iters"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,12 +130,27 @@ def held_out_split(cal: Inputs, options: SearchOptions) -> tuple[Inputs, Inputs 
                 "some out (give more with --calib-samples, or a recipe with --recipe)"
             ),
         )
+    fit, held = held_out_folds(cal, options)[0]
+    return fit, held, ""
+
+
+def held_out_folds(cal: Inputs, options: SearchOptions) -> list[tuple[Inputs, Inputs]]:
+    """``(fit, held)`` per fold (``options.folds`` of them, ``n ≥ MIN_SAMPLES`` samples): fold
+    ``k`` holds out the ``k``-th share of ``options.held_out`` of the samples in the order of a
+    permutation seeded with :data:`HELD_OUT_SEED` (disjoint shares, at least one sample each)
+    and fits on the rest; both keep the samples' order."""
+    n = num_samples(cal)
     held = min(n - 1, max(1, round(n * options.held_out)))
     # a seeded draw, not the last samples: calibration data is often ordered (by class, by
     # source file), and the last quarter of MTCNN's crops (faces first) held out non-faces only,
     # which ranked the recipes unlike the evaluation crops did
     order = torch.randperm(n, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
-    return take(cal, order[held:].sort().values), take(cal, order[:held].sort().values), ""
+    out = []
+    for k in range(min(options.folds, n // held)):
+        part = order[k * held : (k + 1) * held]
+        rest = torch.cat([order[: k * held], order[(k + 1) * held :]])
+        out.append((take(cal, rest.sort().values), take(cal, part.sort().values)))
+    return out
 
 
 def skipped(why: str) -> dict[str, Any]:
@@ -152,29 +176,38 @@ def run_search(
     options: SearchOptions,
     per_image: tuple[str, ...] | None,
     show_progress: bool,
+    folds: list[tuple[Inputs, Inputs]] | None = None,
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
-    ``calib_batches`` in ``seconds``) on the held-out samples ``held``; the result's ``model``
-    is the kept one, with its recipe recorded (:func:`qdq.ptq.search.recipe_of`)."""
-    held_batches = _device_batches(held, inputs, size, static, device)
-    score, name = None, "output cosine"
-    if per_image is not None:  # detection lists: F1 against FP32's detections, image by image
-        from qdq.pipeline import per_image as lists
+    ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
+    still in contention, on each further ``(fit, held)`` of ``folds``; the result's ``model`` is
+    the kept one, with its recipe recorded (:func:`qdq.ptq.search.recipe_of`)."""
 
-        refs = lists.torch_detections(float_model, held, desc="FP32 (held out)", show=False)
+    def scorer(samples: Inputs) -> Callable[[nn.Module], float] | None:
+        if per_image is None:
+            return None  # the search's output cosine
+        from qdq.pipeline import per_image as lists  # detection lists: F1 vs FP32's, per image
+
+        refs = lists.torch_detections(float_model, samples, desc="FP32 (held out)", show=False)
 
         def score(m: nn.Module) -> float:
-            got = lists.score_model(m, held, refs, per_image, "held out", False)
-            return float(got["metric"])
+            return float(
+                lists.score_model(m, samples, refs, per_image, "held out", False)["metric"]
+            )
 
-        name = "detection F1 vs FP32"
+        return score
+
+    def batched(x: Inputs) -> list[Any]:
+        return _device_batches(x, inputs, size, static, device)
+
+    more = [Fold(batched(fit), batched(out), scorer(out)) for fit, out in folds or []]
     return search(
         float_model,
         example,
         calib_batches,
-        held_batches,
-        score=score,
-        score_name=name,
+        batched(held),
+        score=scorer(held),
+        score_name="output cosine" if per_image is None else "detection F1 vs FP32",
         method=method,
         percentile=percentile,
         candidates=options.candidates,
@@ -183,6 +216,7 @@ def run_search(
         adaround_iters=options.adaround_iters,
         calibrated=calibrated,
         calibration_seconds=seconds,
+        folds=more,
         show_progress=show_progress,
     )
 
@@ -259,7 +293,8 @@ def calibrate_and_improve(
                                percentile=percentile,
                                seconds=stages.timings["capture_plan"] + stages.timings["calibrate"],
                                options=searching, per_image=per_image,
-                               show_progress=show_progress)  # fmt: skip
+                               show_progress=show_progress,
+                               folds=held_out_folds(every, searching)[1:])  # fmt: skip
             assert found.model is not None and found.float_model is not None
             prepared, float_model = found.model, found.float_model
             options = PtqOptions.from_recipe(found.kept.name,

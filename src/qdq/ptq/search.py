@@ -21,7 +21,13 @@ keeps the best:
    to the simpler recipe). With one number per candidate it must exceed ``tie``. (An absolute
    tie on the cosine fails both ways: 1e-4 is noise on one model and, on CREPE-tiny, where every
    candidate scores above 0.9999, it hid kernel-sum + bias, whose mean error 1 − cosine on the
-   held-out frames was 2.7× smaller: a gain of 4.7e-5 ± 3.0e-5, 1.6 standard errors.)
+   held-out frames was 2.7× smaller: a gain of 4.7e-5 ± 3.0e-5, 1.6 standard errors.) With the
+   default score the gain must also cut the simpler recipe's error 1 − cosine by ``effect`` (a
+   tenth): a consistent gap of 1e-7 is significant, not meaningful;
+4. with ``folds`` (cross-fitting, :mod:`qdq.ptq.race`), the candidates still in contention after
+   the first held-out share run again on further disjoint shares, each time calibrated on the
+   rest of the samples, and the choice is made on all the held-out samples they completed: a few
+   held-out samples do not decide alone.
 
 The held-out batches must not be the evaluation samples the results are published on: the
 figure that decides is never the figure that is reported. Candidates run in the order given
@@ -35,6 +41,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -44,10 +51,12 @@ from torch.utils._pytree import tree_flatten
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.calib.batches import expected_inputs, run_batch
+from qdq.ptq.race import Margin, Runs, choose, describe, race, run_one
 from qdq.ptq.step import STEPS, StepReport, step_runs
 
 __all__ = [
     "CANDIDATES",
+    "Fold",
     "Recipe",
     "SearchResult",
     "Trial",
@@ -165,8 +174,10 @@ class Trial:
         recipe: its name.
         score: its held-out score (higher is better); ``None`` when it did not run.
         seconds: the time its steps and its scoring took (the shared calibrations not counted).
-        status: ``"scored"``, ``"skipped (budget)"`` or ``"failed: <error>"``.
+        status: ``"scored"``, ``"scored on k of n folds (left the race)"`` (or ``(budget)``),
+            ``"skipped (budget)"`` or ``"failed: <error>"``.
         steps: each step's one-line summary.
+        folds: the folds it was scored on (:func:`search`'s ``folds``; 1: the first split only).
     """
 
     recipe: str
@@ -174,6 +185,7 @@ class Trial:
     seconds: float
     status: str
     steps: tuple[str, ...] = ()
+    folds: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable (a non-finite score is ``null``)."""
@@ -194,7 +206,8 @@ class SearchResult(StepReport):
         reason: why it was kept.
         score_name: what the score is (``"output cosine"`` or the caller's name).
         budget: the time budget in seconds; ``calibration_seconds``: one prepare + calibrate.
-        held_out: held-out batches scored on.
+        held_out: held-out batches the choice was made on (over ``folds`` folds).
+        folds: the folds the choice was made on (1: the first split only).
         model: the kept prepared model (calibrated, its steps applied); not in the JSON.
         float_model: the float model the kept model was prepared from (the equalized copy when
             the kept recipe equalizes, else the model searched); not in the JSON.
@@ -213,11 +226,14 @@ class SearchResult(StepReport):
     notes: tuple[str, ...] = ()
     float_model: nn.Module | None = field(default=None, repr=False, compare=False)
     reports: tuple[StepReport, ...] = field(default=(), repr=False, compare=False)
+    folds: int = 1
+    margin: dict[str, Any] = field(default_factory=dict)
 
     key: ClassVar[str] = "recipe_search"
     columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
         ("recipe", lambda t: t.recipe),
         ("score", lambda t: "-" if t.score is None else f"{t.score:.6f}"),
+        ("folds", lambda t: str(t.folds)),
         ("seconds", lambda t: f"{t.seconds:.1f}"),
         ("status", lambda t: t.status),
     )
@@ -227,9 +243,10 @@ class SearchResult(StepReport):
         scored = [t for t in self.rows if t.score is not None]
         best = next((t for t in scored if t.recipe == self.kept.name), None)
         value = "-" if best is None else f"{best.score:.6f}"
+        folds = f" of {self.folds} folds" if self.folds > 1 else ""
         return (
             f"recipe search: kept {self.kept.name} ({self.score_name} {value} on {self.held_out} "
-            f"held-out batches) of {len(scored)} scored / {len(self.rows)} candidates"
+            f"held-out batches{folds}) of {len(scored)} scored / {len(self.rows)} candidates"
         )
 
     def fields(self) -> dict[str, Any]:
@@ -242,11 +259,30 @@ class SearchResult(StepReport):
             "budget_seconds": self.budget,
             "calibration_seconds": self.calibration_seconds,
             "held_out_batches": self.held_out,
+            "folds": self.folds,
+            "margin": dict(self.margin),
         }
 
     def flag(self, row: Trial) -> str:
         """The kept row is marked."""
         return "  <- kept" if row.recipe == self.kept.name else ""
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Another split of the calibration samples for :func:`search` to score on (cross-fitting).
+
+    Attributes:
+        calib: the batches this fold calibrates on (and runs the steps on).
+        held: the batches it scores on: none of them in ``calib``, nor in another fold's
+            ``held``, nor evaluation samples.
+        score: ``score(prepared)`` on ``held``, as :func:`search`'s ``score`` (required when that
+            is given; default: the output cosine with FP32 on ``held``).
+    """
+
+    calib: Sequence[Any]
+    held: Sequence[Any]
+    score: Callable[[nn.Module], float | torch.Tensor] | None = None
 
 
 def search(
@@ -264,10 +300,12 @@ def search(
     budget: float | None = None,
     tie: float = 1e-4,
     significance: float = 1.0,
+    effect: float = 0.1,
     adaround_samples: int = 256,
     adaround_iters: int = 500,
     calibrated: nn.Module | None = None,
     calibration_seconds: float | None = None,
+    folds: Sequence[Fold] = (),
     show_progress: bool = False,
 ) -> SearchResult:
     """Try PTQ recipes and keep the best on held-out data (module docstring).
@@ -286,21 +324,32 @@ def search(
         candidates: recipe names (:func:`recipe`), tried in this order.
         budget: seconds for the candidates (default: :func:`default_budget` of one prepare +
             calibrate). The first candidate always runs; the rest are skipped once the budget is
-            spent.
+            spent. The race over ``folds`` has the same budget once more.
         tie: for a score of one number: a recipe with fewer steps within ``tie`` of the best is
             kept instead.
         significance: for per-sample scores: a recipe with fewer steps is kept instead of the
             best unless the best's mean per-sample gain over it exceeds this many standard
             errors of that gain.
+        effect: with the default score (the output cosine, whose ceiling is 1): the best's mean
+            gain must also cut the simpler recipe's mean error 1 − cosine by this share
+            (:class:`qdq.ptq.race.Margin`); a ``score`` of your own has no known ceiling, and
+            this does not apply.
         adaround_samples / adaround_iters: AdaRound's settings (:func:`qdq.ptq.adaround.adaround`).
         calibrated: ``model`` already prepared and calibrated on ``calib_data`` with ``method``
             (it is copied, not changed): the search then calibrates only the equalized copy.
         calibration_seconds: what preparing and calibrating ``calibrated`` took (for the default
             budget and the report; measured when the search calibrates).
+        folds: more splits of the calibration samples (:class:`Fold`). After every candidate
+            ran on ``calib_data`` / ``held_out``, the ones still in contention (the best not
+            measurably better at :data:`qdq.ptq.race.RACE` standard errors) run on each fold in
+            turn, calibrated on its ``calib`` and scored on its ``held``; the choice is then made
+            on all the held-out samples of the folds the remaining candidates completed, so that
+            a few held-out samples do not decide alone.
 
     Raises:
-        ValueError: no candidates, an unknown recipe, empty calibration or held-out data, or a
-            negative ``budget`` / ``tie``.
+        ValueError: no candidates, an unknown recipe, empty calibration or held-out data (of a
+            fold too), a fold without ``score`` when ``score`` is given, or a negative
+            ``budget`` / ``tie`` / ``significance`` / ``effect``.
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
@@ -314,79 +363,79 @@ def search(
     recipes = [recipe(c) for c in candidates]
     if not recipes:
         raise ValueError("search needs at least one candidate recipe")
-    calib, held = list(calib_data), list(held_out)
-    if not calib or not held:
+    splits = [Fold(list(f.calib), list(f.held), f.score)
+              for f in (Fold(list(calib_data), list(held_out), score), *folds)]  # fmt: skip
+    if any(not f.calib or not f.held for f in splits):
         raise ValueError("search needs calibration batches and held-out batches (neither empty)")
-    if (budget is not None and budget < 0) or tie < 0 or significance < 0:
+    if score is not None and any(f.score is None for f in splits[1:]):
         raise ValueError(
-            f"budget, tie and significance must be >= 0, got budget={budget!r}, tie={tie!r}, "
-            f"significance={significance!r}"
+            "with a score given, every fold needs its own score (on its held-out data)"
         )
+    if (budget is not None and budget < 0) or min(tie, significance, effect) < 0:
+        raise ValueError(
+            f"budget, tie, significance and effect must be >= 0, got budget={budget!r}, "
+            f"tie={tie!r}, significance={significance!r}, effect={effect!r}"
+        )
+    margin = Margin(significance, tie, effect, 1.0 if score is None else None)
     if score is None:
-        score, score_name = _output_cosine(model, held), "output cosine"
-    # per base (equalized or not): its float model, its calibrated prepared model and the
-    # equalization report; calibrated once each, copied for every candidate
-    bases: dict[bool, tuple[nn.Module, nn.Module, StepReport | None]] = {}
+        score_name = "output cosine"
+    scorers = [f.score or _output_cosine(model, list(f.held)) for f in splits]
+    # per fold and base (equalized or not): its float model, its calibrated prepared model and
+    # the equalization report; calibrated once each, copied for every candidate
+    bases: dict[tuple[int, bool], tuple[nn.Module, nn.Module, StepReport | None]] = {}
     if calibrated is not None:
-        bases[False] = (model, calibrated, None)
+        bases[0, False] = (model, calibrated, None)
     seconds: list[float] = [] if calibration_seconds is None else [float(calibration_seconds)]
 
-    def base(equalized: bool) -> tuple[nn.Module, nn.Module, StepReport | None]:
-        if equalized not in bases:
+    def base(fold: int, equalized: bool) -> tuple[nn.Module, nn.Module, StepReport | None]:
+        if (fold, equalized) not in bases:
             start = time.perf_counter()
+            data = list(splits[fold].calib)
             float_model, report = model, None
             if equalized:
                 from qdq.ptq.equalize import equalize
 
-                report = equalize(model, example_inputs, calib)
+                report = equalize(model, example_inputs, data)
                 float_model = report.model
             prepared = qdq.prepare(float_model, example_inputs, config)
-            qdq.calibrate(
-                prepared, calib, method=method, percentile=percentile, show_progress=False
-            )
-            bases[equalized] = (float_model, prepared, report)
-            seconds.append(time.perf_counter() - start)
-        return bases[equalized]
+            qdq.calibrate(prepared, data, method=method, percentile=percentile,
+                          show_progress=False)  # fmt: skip
+            bases[fold, equalized] = (float_model, prepared, report)
+            if (fold, equalized) == (0, False):
+                seconds.append(time.perf_counter() - start)
+        return bases[fold, equalized]
 
-    runs = step_runs(calib, adaround_samples=adaround_samples, adaround_iters=adaround_iters)
+    runs = [step_runs(list(f.calib), adaround_samples=adaround_samples,
+                      adaround_iters=adaround_iters) for f in splits]  # fmt: skip
 
-    def build(r: Recipe) -> tuple[nn.Module, tuple[StepReport, ...]]:
+    def build(r: Recipe, fold: int = 0) -> tuple[nn.Module, tuple[StepReport, ...]]:
         """A copy of the recipe's calibrated base with its steps applied, and their reports."""
-        _, calibrated_base, eq = base(r.equalize)
+        _, calibrated_base, eq = base(fold, r.equalize)
         prepared = qdq.copy_prepared(calibrated_base)
-        done = tuple(runs[s](prepared) for s in r.steps if s != "equalize")
+        done = tuple(runs[fold][s](prepared) for s in r.steps if s != "equalize")
         return prepared, done if eq is None else (eq, *done)
 
-    base(False)
+    base(0, False)
     limit = budget if budget is not None else default_budget(seconds[0])
-    spent = 0.0
-    trials: list[Trial] = []
-    per_sample: dict[str, torch.Tensor] = {}  # each scored recipe's per-sample scores, if any
-    # the first best score, its recipe, model and step reports
+    runs_of = {r.name: Runs() for r in recipes}
+    # the best score on the first split, its recipe, model and step reports
     best: tuple[float, str, nn.Module, tuple[StepReport, ...]] | None = None
-    for r in progress(recipes, total=len(recipes), desc="recipe search", enabled=show_progress):
-        if trials and spent > limit:
-            trials.append(Trial(r.name, None, 0.0, "skipped (budget)"))
+    spent = 0.0
+    for i, r in enumerate(progress(recipes, total=len(recipes), desc="recipe search",
+                                   enabled=show_progress)):  # fmt: skip
+        if i and spent > limit:
+            runs_of[r.name].status = "skipped (budget)"
             continue
-        start = time.perf_counter()
-        value: float | None = None
-        done: tuple[StepReport, ...] = ()
-        try:
-            prepared, done = build(r)
-            got = score(prepared)
-            if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() > 1:
-                per_sample[r.name] = got.detach().double().cpu()
-                got = got.mean()
-            value, status = float(got), "scored"
-        except Exception as err:  # a failing candidate is a row, not the end of the search
-            status = f"failed: {type(err).__name__}: {err}"[:300]
-        took = time.perf_counter() - start
-        spent += took
-        trials.append(Trial(r.name, value, took, status, tuple(d.summary() for d in done)))
-        if value is not None and math.isfinite(value) and (best is None or value > best[0]):
-            best = (value, r.name, prepared, done)
-    kept, reason = _choose(trials, recipes, tie, per_sample, significance)
-    # only the best-scoring model was kept: a simpler recipe chosen over it is made again
+        got = run_one(runs_of[r.name], partial(build, r, 0), scorers[0])
+        spent += runs_of[r.name].seconds
+        if got is not None:
+            value, prepared, done = got
+            if math.isfinite(value) and (best is None or value > best[0]):
+                best = (value, r.name, prepared, done)
+    used = race(recipes, runs_of, len(splits), build, scorers, margin, limit, show_progress)
+    trials = [runs_of[r.name].trial(r.name, used) for r in recipes]
+    kept, reason = choose(recipes, runs_of, used, margin)
+    # only the first split's best-scoring model was kept: another recipe is made again
     kept_model, reports = (
         (best[2], best[3]) if best is not None and best[1] == kept.name else build(kept)
     )
@@ -398,50 +447,12 @@ def search(
         score_name=score_name,
         budget=float(limit),
         calibration_seconds=seconds[0],
-        held_out=len(held),
+        held_out=sum(len(f.held) for f in splits[:used]),
         model=kept_model,
-        float_model=base(kept.equalize)[0],
+        float_model=base(0, kept.equalize)[0],
         reports=reports,
-    )
-
-
-def _choose(
-    trials: list[Trial],
-    recipes: list[Recipe],
-    tie: float,
-    per_sample: dict[str, torch.Tensor],
-    significance: float,
-) -> tuple[Recipe, str]:
-    """The best-scoring recipe, or the simplest one not measurably worse (module docstring);
-    and why."""
-    by_name = {r.name: r for r in recipes}
-    scored = [t for t in trials if t.score is not None and math.isfinite(t.score)]
-    if not scored:
-        first = recipes[0]
-        return first, f"no candidate could be scored; kept the first, {first.name}"
-    top = max(scored, key=lambda t: t.score or 0.0)
-    assert top.score is not None
-
-    def gap(t: Trial) -> tuple[bool, str]:
-        """Whether ``t`` is not measurably worse than ``top``, and the test's words."""
-        mine, best = per_sample.get(t.recipe), per_sample.get(top.recipe)
-        if mine is not None and best is not None and mine.shape == best.shape:
-            gain = best - mine
-            se = float(gain.std() / math.sqrt(gain.numel()))
-            mean = float(gain.mean())
-            return mean <= significance * se, (
-                f"{mean:.2e} ± {se:.1e} (standard error, {gain.numel()} held-out samples)"
-            )
-        return (top.score or 0.0) - (t.score or 0.0) <= tie, f"within {tie:g}"
-
-    close = [t for t in scored if gap(t)[0]]
-    simplest = min(close, key=lambda t: (len(by_name[t.recipe].steps), trials.index(t)))
-    if simplest.recipe == top.recipe:
-        return by_name[top.recipe], f"the best held-out score ({top.score:.6f})"
-    words = gap(simplest)[1]
-    return by_name[simplest.recipe], (
-        f"fewer steps and not measurably worse than the best held-out score ({top.recipe}: "
-        f"{top.score:.6f}; its gain {words})"
+        folds=used,
+        margin=describe(margin),
     )
 
 
