@@ -140,7 +140,8 @@ def test_held_out_folds_are_disjoint_shares_and_each_fits_on_the_rest() -> None:
     cal = torch.arange(10.0).reshape(10, 1)
     folds = held_out_folds(cal, SearchOptions())  # 10 samples, a quarter: 2 per fold, 4 folds
     first = held_out_split(cal, SearchOptions())
-    assert len(folds) == 4 and all(torch.equal(a, b) for a, b in zip(folds[0], first[:2]))  # type: ignore[arg-type]
+    assert len(folds) == 4
+    assert torch.equal(folds[0][0], first[0]) and torch.equal(folds[0][1], first[1])  # type: ignore[arg-type]
     helds = [set(h.flatten().tolist()) for _, h in folds]  # type: ignore[union-attr]
     assert all(len(h) == 2 for h in helds) and len(set().union(*helds)) == 8
     for (fit, held), h in zip(folds, helds, strict=True):

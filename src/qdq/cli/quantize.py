@@ -94,9 +94,11 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         type=float,
         metavar="SECONDS",
         help="time for the recipe search, which by default (no --recipe and none of the four PTQ "
-        "switches below) holds out a quarter of the calibration samples (a seeded draw) and keeps the "
-        "PTQ recipe that scores best on them (default budget: 10x the capture + calibration "
-        "time, at least 30 s; the candidate running when it is spent finishes)",
+        "switches below) holds out a quarter of the calibration samples (a seeded draw), scores "
+        "every candidate PTQ recipe on it, races the close ones over the other quarters, and keeps "
+        "the best (default budget: 10x the capture + calibration time, at least 30 s, for the "
+        "first quarter and again for each quarter of the race; the candidate running when it is "
+        "spent finishes)",
     )
     p.add_argument(
         "--equalize",

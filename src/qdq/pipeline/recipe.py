@@ -71,7 +71,7 @@ class SearchOptions:
         folds: how many disjoint held-out shares the search may score on (cross-fitting,
             :func:`held_out_folds`; at most ``1 / held_out``): the candidates still in contention
             after the first are calibrated without, and scored on, each further share in turn,
-            while the budget lasts. 1: the first share only.
+            each share with ``budget`` seconds again. 1: the first share only.
         refit: run the kept recipe once more on every calibration sample, the held-out ones
             included, and export that model (``False``: export the searched model, calibrated
             without the held-out samples; saves one calibration and the recipe's steps).

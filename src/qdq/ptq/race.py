@@ -165,11 +165,12 @@ def race(
     limit: float,
     show_progress: bool,
 ) -> int:
-    """Run the candidates still in contention on folds 1 … ``folds`` − 1 in turn, while the
-    ``limit`` (seconds) lasts; return how many folds the choice is made on (those every
-    remaining candidate completed)."""
-    used, spent = 1, 0.0
+    """Run the candidates still in contention on folds 1 … ``folds`` − 1 in turn, each fold with
+    ``limit`` seconds (as the first pass had; the candidate running when it is spent finishes);
+    return how many folds the choice is made on (those every remaining candidate completed)."""
+    used = 1
     for fold in range(1, folds):
+        spent = 0.0
         alive = [r for r in recipes if runs_of[r.name].folds == fold and runs_of[r.name].scored()]
         alive = _contenders(alive, runs_of, margin)
         if len(alive) < 2:
@@ -198,8 +199,6 @@ def race(
                 )
             break
         used = fold + 1
-        if spent > limit:
-            break
     return used
 
 

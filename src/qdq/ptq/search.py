@@ -324,7 +324,7 @@ def search(
         candidates: recipe names (:func:`recipe`), tried in this order.
         budget: seconds for the candidates (default: :func:`default_budget` of one prepare +
             calibrate). The first candidate always runs; the rest are skipped once the budget is
-            spent. The race over ``folds`` has the same budget once more.
+            spent. Each fold of the race over ``folds`` has the same budget once more.
         tie: for a score of one number: a recipe with fewer steps within ``tie`` of the best is
             kept instead.
         significance: for per-sample scores: a recipe with fewer steps is kept instead of the
