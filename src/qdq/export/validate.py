@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from qdq.graph.plan import QuantPlan
@@ -27,14 +28,18 @@ PASS_OPS = frozenset(
 )
 
 
-def validate_export(model: Any, plan: QuantPlan) -> tuple[int, int]:
-    """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ)."""
+def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tuple[int, int]:
+    """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ).
+
+    ``path``: ``model`` as written with external data (:mod:`qdq.export.external`); the checker
+    reads it from there (protobuf cannot serialize the model in memory past 2 GB).
+    """
     import onnx
 
     from qdq.export.onnx_export import ExportError
 
     try:  # full_check runs strict, type-checked shape inference (a second pass found nothing more)
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(model if path is None else str(path), full_check=True)
     except onnx.shape_inference.InferenceError as err:
         raise ExportError(f"ONNX shape inference failed on the exported model: {err}") from err
     except onnx.checker.ValidationError as err:
