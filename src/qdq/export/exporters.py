@@ -77,6 +77,7 @@ def run_exporter(
             with (
                 tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp,
                 _tracer_warnings(allow_specialization, recorded),
+                _given_inputs_only(model),
             ):
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
@@ -87,6 +88,37 @@ def run_exporter(
         finally:
             for h in hooks:
                 h.remove()
+
+
+@contextlib.contextmanager
+def _given_inputs_only(model: nn.Module) -> Iterator[None]:
+    """Trace only the inputs the caller gives, leaving ``forward``'s other parameters at their
+    Python defaults, as in eager.
+
+    torch's TorchScript exporter appends the default of every ``forward`` parameter the example
+    does not pass to the traced inputs (``_decide_input_format``), and the tracer turns a Python
+    ``bool``/``int``/``float`` input into a tensor: timm's ``forward(x, attn_mask=None,
+    is_causal=False)`` then hands ``F.scaled_dot_product_attention`` a tensor ``is_causal`` and
+    the export fails (plain ``torch.onnx.export(..., dynamo=False)`` does the same, without
+    qdq). While it traces, the model's ``forward`` is seen through a ``(*args)`` signature (an
+    instance attribute, removed afterwards), so no default is appended; the module, its scopes
+    and its initializer names are unchanged.
+    """
+    had = "forward" in model.__dict__
+    previous = model.__dict__.get("forward")
+    bound = model.forward
+
+    def forward(*args: Any) -> Any:  # no functools.wraps: the signature must be (*args)
+        return bound(*args)
+
+    model.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = previous  # type: ignore[method-assign]
+        else:
+            del model.forward
 
 
 @contextlib.contextmanager
