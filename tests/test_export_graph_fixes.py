@@ -48,3 +48,65 @@ def test_torchscript_export_keeps_python_defaults_of_forward(tmp_path) -> None:
     assert "forward" not in prepared.__dict__  # the export's view of forward is gone
     assert out.num_quantize >= 4
 
+
+class _Fold(nn.Module):
+    """``F.fold`` (timm's VOLO outlook attention): ONNX ``Col2Im``, opset 18 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(self.conv(x), 2, stride=2)
+        return F.fold(cols, (8, 8), 2, stride=2)
+
+
+def test_downgrade_names_an_op_the_target_opset_lacks() -> None:
+    from onnx import TensorProto, helper
+
+    from qdq.export.opset import NewerOpError, downgrade
+
+    node = helper.make_node("Col2Im", ["x", "size", "block"], ["y"], name="blocks.0/Col2Im")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x",)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            helper.make_tensor("size", TensorProto.INT64, [2], [8, 8]),
+            helper.make_tensor("block", TensorProto.INT64, [2], [2, 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(
+        NewerOpError, match=r"Col2Im \(opset 18\+\) at blocks\.0/Col2Im.*opset=18"
+    ) as err:
+        downgrade(model, 17)
+    assert err.value.ops == {"Col2Im": 18}
+
+
+@pytest.fixture(scope="module")
+def fold() -> nn.Module:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(_Fold().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    return prepared
+
+
+def test_op_newer_than_the_opset_is_refused_with_the_opset_to_use(fold, tmp_path) -> None:
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(ValueError, match=r"Col2Im \(opset 18\+\) at .*export with opset=18"):
+        qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="dynamo", opset=17)
+    with (
+        pytest.warns(UserWarning, match="dynamo export failed"),
+        pytest.raises(
+            qdq.export.ExportError, match=r"(?s)dynamo: NewerOpError: .*opset=18.*torchscript:"
+        ),
+    ):
+        qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="auto", opset=17)
+    assert list(tmp_path.iterdir()) == []
+    out = qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="auto", opset=18, verify=True)
+    assert out.exporter == "dynamo" and out.opset == 18
+    assert any(n.op_type == "Col2Im" for n in onnx.load(str(out.path)).graph.node)
