@@ -110,3 +110,32 @@ def test_op_newer_than_the_opset_is_refused_with_the_opset_to_use(fold, tmp_path
     out = qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="auto", opset=18, verify=True)
     assert out.exporter == "dynamo" and out.opset == 18
     assert any(n.op_type == "Col2Im" for n in onnx.load(str(out.path)).graph.node)
+
+
+class _Clamps(nn.Module):
+    """One tensor clamped three times with different bounds (timm's Gemma 4 ViT q/k/v inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        for i in range(3):
+            self.register_buffer(f"lo{i}", torch.tensor(-1.0 - i))
+            self.register_buffer(f"hi{i}", torch.tensor(1.0 + i))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 2
+        bounds = [(getattr(self, f"lo{i}"), getattr(self, f"hi{i}")) for i in range(3)]
+        return sum(p(torch.clamp(x, lo, hi)) for p, (lo, hi) in zip(self.proj, bounds, strict=True))
+
+
+def test_dynamo_clip_bounds_lost_by_onnxscript_are_registered(tmp_path) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(4, 8) * 3
+    prepared = qdq.prepare(_Clamps().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter="dynamo", verify=True)
+    graph = onnx.load(str(out.path)).graph
+    clips = [n for n in graph.node if n.op_type == "Clip"]
+    defined = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+    assert len(clips) == 3 and all(i in defined for n in clips for i in n.input[1:])

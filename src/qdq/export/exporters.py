@@ -19,7 +19,7 @@ from qdq.api import quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.quant.onnx_qdq import export_mode
 
-__all__ = ["run_exporter"]
+__all__ = ["register_lost_constants", "run_exporter"]
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _CAPTURE_DIR = str(Path(__file__).parent.parent / "graph")
@@ -59,6 +59,7 @@ def run_exporter(
             )  # fmt: skip
             if program is None:
                 raise ExportError("torch.onnx.export(dynamo=True) returned no program")
+            register_lost_constants(program.model)
             proto = program.model_proto
             if opset < 18:
                 from qdq.export.opset import downgrade
@@ -88,6 +89,36 @@ def run_exporter(
         finally:
             for h in hooks:
                 h.remove()
+
+
+def register_lost_constants(model: Any) -> list[str]:
+    """Register as initializers the constants that nodes of ``model`` (an ``onnx_ir.Model``) read
+    but the graph does not hold; return their names.
+
+    onnxscript's optimizer (run by ``torch.onnx.export(dynamo=True)``) fuses ``Min(Max(x, lo),
+    hi)`` into ``Clip(x, lo, hi)`` with new initializers named ``{x}_min``/``{x}_max``
+    (``FuseMaxMinToClip``, onnxscript 0.7). When several clamps read one tensor (timm's Gemma 4
+    ViT clamps the input of its q, k and v projections, each with its own bounds) the second and
+    third get unique names (``x_min_1``) but are never registered: the serialized graph reads
+    inputs that nothing defines, which ``onnx.checker`` reports as "not topologically sorted".
+    The values still carry their constants, so they are registered under those names.
+    """
+    graph = model.graph
+    lost: list[str] = []
+    for node in graph:
+        for value in node.inputs:
+            if (
+                value is None
+                or value.producer() is not None
+                or value.is_graph_input()
+                or value.is_initializer()
+                or value.const_value is None
+                or value.name is None
+            ):
+                continue
+            graph.register_initializer(value)
+            lost.append(value.name)
+    return lost
 
 
 @contextlib.contextmanager
