@@ -135,21 +135,22 @@ def _given_inputs_only(model: nn.Module) -> Iterator[None]:
     instance attribute, removed afterwards), so no default is appended; the module, its scopes
     and its initializer names are unchanged.
     """
-    had = "forward" in model.__dict__
-    previous = model.__dict__.get("forward")
+    attrs = vars(model)
+    had = "forward" in attrs
+    previous = attrs.get("forward")
     bound = model.forward
 
     def forward(*args: Any) -> Any:  # no functools.wraps: the signature must be (*args)
         return bound(*args)
 
-    model.forward = forward  # type: ignore[method-assign]
+    attrs["forward"] = forward
     try:
         yield
     finally:
         if had:
-            model.forward = previous  # type: ignore[method-assign]
+            attrs["forward"] = previous
         else:
-            del model.forward
+            attrs.pop("forward", None)
 
 
 @contextlib.contextmanager
