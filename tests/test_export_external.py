@@ -179,3 +179,13 @@ def test_session_on_a_large_proto_and_on_one_without_its_data(prepared, tmp_path
     np.testing.assert_array_equal(run(session(skeleton, base_dir=tmp_path), [X])[0], want)
     with pytest.raises(ValueError, match=r"external-data file; pass the ONNX file's path"):
         session(skeleton)
+
+
+def test_a_proto_protobuf_cannot_size_counts_as_too_large() -> None:
+    from google.protobuf.message import EncodeError
+
+    class Huge:  # upb's ByteSize serializes, and fails past 2 GiB (regnet_y_128gf's 2.6 GB)
+        def ByteSize(self) -> int:
+            raise EncodeError("Failed to serialize proto")
+
+    assert external.too_large(Huge())

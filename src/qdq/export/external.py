@@ -58,7 +58,12 @@ def sidecar_for(onnx_path: str | Path) -> Path:
 
 def too_large(model: Any) -> bool:
     """Whether ``model`` (an ``onnx.ModelProto``) must be written with external data."""
-    return bool(model.ByteSize() > EXTERNAL_DATA_THRESHOLD)
+    from google.protobuf.message import EncodeError
+
+    try:
+        return bool(model.ByteSize() > EXTERNAL_DATA_THRESHOLD)
+    except EncodeError:  # upb sizes a message by serializing it, which fails past 2 GiB
+        return True
 
 
 def has_external_data(model: Any) -> bool:

@@ -53,7 +53,7 @@ def load_model(model: str | Path | Any) -> tuple[Any, str]:
         path = Path(model)
         proto = _read(path)
         label, where = path.name, str(path)
-        if proto.ByteSize() >= PROTOBUF_LIMIT:
+        if _too_large(proto):
             _infer_without_data(proto, path)
     elif isinstance(model, onnx.ModelProto):
         proto = model
@@ -100,6 +100,15 @@ def _read(path: Path) -> Any:
         if "external" in text.lower():
             raise LintInputError(f"{path}: external data cannot be read ({text})") from err
         raise LintInputError(f"{path}: cannot be loaded as ONNX ({text})") from err
+
+
+def _too_large(proto: Any) -> bool:
+    from google.protobuf.message import EncodeError
+
+    try:
+        return bool(proto.ByteSize() >= PROTOBUF_LIMIT)
+    except EncodeError:  # upb sizes a message by serializing it, which fails past 2 GiB
+        return True
 
 
 def _infer_without_data(proto: Any, path: Path) -> None:
