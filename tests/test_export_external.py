@@ -43,10 +43,16 @@ def prepared() -> nn.Module:
     return _calibrated()
 
 
-@pytest.fixture
-def large(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every model counts as past the protobuf limit."""
+def _make_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model counts as past the protobuf limit, and every initializer goes to the data
+    file (per-channel scales of wide layers do: regnet_y_128gf's 528-channel scales at 1 KiB)."""
     monkeypatch.setattr(external, "EXTERNAL_DATA_THRESHOLD", 0)
+    monkeypatch.setattr(external, "SIDECAR_MIN_BYTES", 0)
+
+
+@pytest.fixture(name="large")
+def _large(monkeypatch: pytest.MonkeyPatch) -> None:
+    _make_large(monkeypatch)
 
 
 def _files(d: Path) -> list[str]:
@@ -89,7 +95,7 @@ def test_lint_and_parity_read_the_external_data(prepared, tmp_path, large, monke
 
     out = qdq.export_onnx(prepared, (X,), tmp_path / "m.onnx", exporter="torchscript")
     report = lint(out.path)
-    monkeypatch.setattr(external, "EXTERNAL_DATA_THRESHOLD", 2_000_000_000)
+    monkeypatch.undo()  # the same model as one file
     one = qdq.export_onnx(prepared, (X,), tmp_path / "one" / "m.onnx", exporter="torchscript")
     assert one.external_data is None
     same = lint(one.path)  # the same model in one file: the same prediction
@@ -135,7 +141,7 @@ def test_failure_midway_leaves_nothing_behind(
     with pytest.raises(ExportError, match="simulated"):
         qdq.export_onnx(_calibrated(2.0), (X,), target, exporter="torchscript", overwrite=True)
     monkeypatch.undo()
-    monkeypatch.setattr(external, "EXTERNAL_DATA_THRESHOLD", 0)
+    _make_large(monkeypatch)
     real_replace = os.replace
 
     def failing_replace(src: Any, dst: Any) -> None:
@@ -158,7 +164,7 @@ def test_overwrite_covers_the_data_file(prepared, tmp_path, monkeypatch) -> None
     with pytest.raises(FileExistsError, match=r"m\.onnx\.data exists.*overwrite=True"):
         qdq.export_onnx(prepared, (X,), target, exporter="torchscript")
     assert _files(tmp_path) == ["m.onnx.data"]
-    monkeypatch.setattr(external, "EXTERNAL_DATA_THRESHOLD", 0)
+    _make_large(monkeypatch)
     qdq.export_onnx(prepared, (X,), target, exporter="torchscript", overwrite=True)
     assert _files(tmp_path) == ["m.onnx", "m.onnx.data", "m.onnx.manifest.json"]
     monkeypatch.undo()  # a small model again: one file, the old data file goes with the old ONNX

@@ -38,9 +38,10 @@ __all__ = [
 #: data. Protobuf's limit is 2 GiB; the margin (about 147 MB) leaves room for the graph edits of
 #: later stages (parity's per-layer outputs) on a model just below it.
 EXTERNAL_DATA_THRESHOLD = 2_000_000_000
-#: Initializers of at least this many bytes go to the external-data file; smaller ones (scales,
-#: zero points, shapes) stay in the ``.onnx``, so the graph is readable without the data file.
-SIDECAR_MIN_BYTES = 1024
+#: Initializers of at least this many bytes go to the external-data file; smaller ones stay in
+#: the ``.onnx``: shapes, zero points and the Q/DQ scales (per-channel up to 16,384 channels), so
+#: the graph and its quantization are readable without the data file.
+SIDECAR_MIN_BYTES = 65536
 #: Appended to the full ONNX file name: ``m.onnx`` → ``m.onnx.data``.
 SIDECAR_SUFFIX = ".data"
 
