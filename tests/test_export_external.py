@@ -66,6 +66,7 @@ def test_large_model_is_written_with_external_data(prepared, tmp_path, large, ex
     out = qdq.export_onnx(prepared, (X,), tmp_path / "m.onnx", exporter=exporter, verify=True)
     assert _files(tmp_path) == ["m.onnx", "m.onnx.data", "m.onnx.manifest.json"]  # no staging
     assert out.external_data == tmp_path / "m.onnx.data"
+    assert out.external_data.stat().st_mode == out.path.stat().st_mode  # not onnx's 0600
     skeleton = onnx.load(str(out.path), load_external_data=False)
     locations = {
         e.value for t in skeleton.graph.initializer for e in t.external_data if e.key == "location"

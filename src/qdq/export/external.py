@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qdq._io import _file_mode
+
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "SIDECAR_MIN_BYTES",
@@ -93,6 +95,9 @@ def save_external(model: Any, path: Path) -> Path | None:
         location=sidecar.name,
         size_threshold=SIDECAR_MIN_BYTES,
     )
+    for written in (path, sidecar):  # onnx creates the data file 0600: give both open()'s mode
+        if written.exists():
+            written.chmod(_file_mode())
     return sidecar if sidecar.exists() else None
 
 
