@@ -196,3 +196,27 @@ def test_a_proto_protobuf_cannot_size_counts_as_too_large() -> None:
             raise EncodeError("Failed to serialize proto")
 
     assert external.too_large(Huge())
+
+
+def test_quantize_writes_and_measures_a_model_with_external_data(tmp_path, monkeypatch) -> None:
+    from qdq.pipeline import PtqOptions, quantize
+
+    _make_large(monkeypatch)
+    (tmp_path / "net.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef build():\n    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3),\n"
+        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()\n"
+    )
+    x = torch.randn(16, 3, 12, 12, generator=torch.Generator().manual_seed(0)).numpy()
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    res = quantize(
+        f"{tmp_path / 'net.py'}:build", str(tmp_path / "x.npy"), out=out, exporter="torchscript",
+        show_progress=False, ptq=PtqOptions(),
+    )  # fmt: skip
+    files = _files(out)
+    assert {"model.qdq.onnx", "model.qdq.onnx.data", "manifest.json", "report.json"} <= set(files)
+    assert not [f for f in files if f.startswith(".")]  # no staging left
+    report = json.loads((out / "report.json").read_text())
+    assert report["lint"] is not None
+    assert res.report["int8_metric"] is not None
