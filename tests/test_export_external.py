@@ -220,3 +220,38 @@ def test_quantize_writes_and_measures_a_model_with_external_data(tmp_path, monke
     report = json.loads((out / "report.json").read_text())
     assert report["lint"] is not None
     assert res.report["int8_metric"] is not None
+
+
+def test_verification_frees_the_ort_session_before_the_float64_copy(
+    prepared, tmp_path, monkeypatch
+) -> None:
+    """regnet_y_128gf (2.6 GB) was killed for memory: ORT's weights and the float64 copy of the
+    model that arbitrates a rounding cascade were held at once."""
+    import contextlib
+    import gc
+    import weakref
+
+    import qdq.backends.onnxruntime as ortb
+    import qdq.export.verify as verify
+
+    sessions: list[Any] = []
+    real_session, real_against = ortb.session, verify._against_float64
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        sess = real_session(*args, **kwargs)
+        sessions.append(weakref.ref(sess))
+        return sess
+
+    freed: list[bool] = []
+
+    def against(*args: Any) -> Any:
+        gc.collect()
+        freed.append(sessions[-1]() is None)
+        return real_against(*args)
+
+    monkeypatch.setattr(ortb, "session", tracked)
+    monkeypatch.setattr(verify, "_against_float64", against)
+    monkeypatch.setattr(verify, "FLOOR_FP32", -1.0)  # every output goes to the float64 arbiter
+    with contextlib.suppress(ExportError):
+        qdq.export_onnx(prepared, (X,), tmp_path / "m.onnx", exporter="torchscript", verify=True)
+    assert freed == [True]

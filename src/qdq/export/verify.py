@@ -151,6 +151,7 @@ def verify_numerics(
         for i, (d, n, r) in sorted(sums.items())
     ]
     failed = [i for i, c in enumerate(checks) if c.ort_vs_torch > c.tolerance(floor)]
+    del sess  # ORT's copy of the weights goes before the float64 copy of the model is made
     exact = _against_float64(model, seen, failed) if failed and not fp16 else {}
     for i in failed:
         c = checks[i]
