@@ -255,3 +255,18 @@ def test_verification_frees_the_ort_session_before_the_float64_copy(
     with contextlib.suppress(ExportError):
         qdq.export_onnx(prepared, (X,), tmp_path / "m.onnx", exporter="torchscript", verify=True)
     assert freed == [True]
+
+
+def test_torchscript_exporter_gets_a_str_path(prepared, tmp_path, monkeypatch) -> None:
+    """torch's TorchScript exporter writes external data past 2 GB only when the file is a
+    ``str`` (a ``Path`` made regnet_y_128gf fail: 'the output file must be a file path')."""
+    real = torch.onnx.export
+    seen: list[type] = []
+
+    def export(model: Any, args: Any, f: Any = None, **kwargs: Any) -> Any:
+        seen.append(type(f))
+        return real(model, args, f, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", export)
+    qdq.export_onnx(prepared, (X,), tmp_path / "m.onnx", exporter="torchscript", verify=False)
+    assert seen == [str]

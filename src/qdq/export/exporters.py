@@ -80,9 +80,10 @@ def run_exporter(
                 _tracer_warnings(allow_specialization, recorded),
                 _given_inputs_only(model),
             ):
+                # a str: torch writes external data past 2 GB only beside a path given as str
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
-                    model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
+                    model, args, str(out), dynamo=False, opset_version=opset, input_names=input_names,
                     output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
                 )  # fmt: skip
                 return onnx.load(str(out)), order
