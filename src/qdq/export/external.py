@@ -17,6 +17,7 @@ manifest as one unit (:func:`qdq._io.atomic_move_files`).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -98,6 +99,8 @@ def save_external(model: Any, path: Path) -> Path | None:
     for written in (path, sidecar):  # onnx creates the data file 0600: give both open()'s mode
         if written.exists():
             written.chmod(_file_mode())
+            with open(written, "rb") as fh:  # on disk before it is moved into place
+                os.fsync(fh.fileno())
     return sidecar if sidecar.exists() else None
 
 
