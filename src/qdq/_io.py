@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_files", "atomic_write_text"]
+__all__ = ["atomic_move_files", "atomic_write_bytes", "atomic_write_files", "atomic_write_text"]
 
 
 def atomic_write_text(path: str | Path, text: str, *, overwrite: bool = True) -> Path:
@@ -65,56 +65,99 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write_files(files: Mapping[str | Path, bytes], *, overwrite: bool = True) -> list[Path]:
+def atomic_write_files(
+    files: Mapping[str | Path, bytes], *, overwrite: bool = True, remove: Sequence[str | Path] = ()
+) -> list[Path]:
     """Write several files as one unit: afterwards all are new, or (on any error) all are as before.
 
-    Every file is first written to a temporary beside it; only when all are on disk are they moved
-    into place. Existing files are first moved aside (to a temporary name) and restored if a later
-    move fails. Interrupted by a crash between two moves, the directory may hold a mixed set; files
-    that must match should carry a hash of each other (as the ONNX manifest does).
+        Every file is first written to a temporary beside it; only when all are on disk are they moved
+        into place. Existing files are first moved aside (to a temporary name) and restored if a later
+        move fails. Interrupted by a crash between two moves, the directory may hold a mixed set; files
+        that must match should carry a hash of each other (as the ONNX manifest does). The files in
+    ``remove`` are deleted with the unit (restored on error): an ONNX file's old external data.
 
-    Raises:
-        FileExistsError: ``overwrite`` is false and any of the files exists (nothing is written).
+        Raises:
+            FileExistsError: ``overwrite`` is false and any of the files exists (nothing is written).
 
-    Example:
-        >>> import tempfile, os
-        >>> d = tempfile.mkdtemp()
-        >>> [p.name for p in atomic_write_files({os.path.join(d, "a"): b"1", os.path.join(d, "b"): b"2"})]
-        ['a', 'b']
+        Example:
+            >>> import tempfile, os
+            >>> d = tempfile.mkdtemp()
+            >>> [p.name for p in atomic_write_files({os.path.join(d, "a"): b"1", os.path.join(d, "b"): b"2"})]
+            ['a', 'b']
     """
     targets = {Path(p): data for p, data in files.items()}
-    if not overwrite:
-        existing = [str(t) for t in targets if t.exists()]
-        if existing:
-            raise FileExistsError(
-                f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
-                "pass overwrite=True to replace"
-            )
-    temporaries: dict[Path, Path] = {}
-    backups: dict[Path, Path] = {}
-    placed: list[Path] = []
+    _refuse_existing(targets, overwrite)
+    temporaries: dict[str | Path, str | Path] = {}
     try:
         for target, data in targets.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             temporaries[target] = _write_temporary(target, data)
-        for target in targets:
+        return atomic_move_files(temporaries, overwrite=overwrite, remove=remove)
+    finally:
+        for tmp in temporaries.values():
+            Path(tmp).unlink(missing_ok=True)  # moved into place, or left over after an error
+
+
+def atomic_move_files(
+    moves: Mapping[str | Path, str | Path],
+    *,
+    overwrite: bool = True,
+    remove: Sequence[str | Path] = (),
+) -> list[Path]:
+    """Move already written files into place as one unit (``{target: source}``, each source on the
+    target's file system, e.g. a temporary beside it), and delete the files in ``remove`` with
+    them: afterwards all targets are new and ``remove`` is gone, or (on any error) all are as
+    before. The sources are not removed on error.
+
+    Used for outputs too large to hold as bytes (an ONNX file and its external-data file, written
+    by ``onnx`` into a temporary directory beside the target).
+
+    Raises:
+        FileExistsError: ``overwrite`` is false and any target exists (nothing is moved).
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> open(os.path.join(d, "a.tmp"), "w").close()
+        >>> [p.name for p in atomic_move_files({os.path.join(d, "a"): os.path.join(d, "a.tmp")})]
+        ['a']
+    """
+    targets = {Path(t): Path(s) for t, s in moves.items()}
+    _refuse_existing(targets, overwrite)
+    doomed = [Path(r) for r in remove if Path(r).exists() and Path(r) not in targets]
+    backups: dict[Path, Path] = {}
+    placed: list[Path] = []
+    try:
+        for target in [*targets, *doomed]:
             if target.exists():
-                backup = Path(f"{temporaries[target]}.old")
-                os.replace(target, backup)
-                backups[target] = backup
-            os.replace(temporaries[target], target)
-            del temporaries[target]
+                fd, name = tempfile.mkstemp(
+                    prefix=f".{target.name}.", suffix=".old", dir=target.parent
+                )
+                os.close(fd)
+                os.replace(target, name)
+                backups[target] = Path(name)
+        for target, source in targets.items():
+            os.replace(source, target)
             placed.append(target)
     except BaseException:
         for target in placed:
             with contextlib.suppress(OSError):
-                target.unlink()
+                os.replace(target, targets[target])  # the source back where it was
         for target, backup in backups.items():
             with contextlib.suppress(OSError):
                 os.replace(backup, target)
-        for tmp in temporaries.values():
-            tmp.unlink(missing_ok=True)
         raise
     for backup in backups.values():
         backup.unlink(missing_ok=True)
     return list(targets)
+
+
+def _refuse_existing(targets: Mapping[Path, object], overwrite: bool) -> None:
+    if overwrite:
+        return
+    existing = [str(t) for t in targets if t.exists()]
+    if existing:
+        raise FileExistsError(
+            f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+            "pass overwrite=True to replace"
+        )

@@ -38,30 +38,79 @@ def _ort() -> Any:
     return onnxruntime
 
 
-def session(model: str | Path | bytes | Any, *, threads: int | None = None) -> Any:
+def session(
+    model: str | Path | bytes | Any,
+    *,
+    threads: int | None = None,
+    base_dir: str | Path | None = None,
+) -> Any:
     """An ``InferenceSession`` on the CPU at ``ORT_ENABLE_BASIC`` (exact Q/DQ).
 
     Args:
-        model: a path, serialized bytes, or an ``onnx.ModelProto``.
+        model: a path (a model with external data finds its data file beside it), serialized
+            bytes, or an ``onnx.ModelProto``. A ``ModelProto`` past protobuf's 2 GB limit is
+            written with external data to a temporary directory and loaded from there.
         threads: intra-op threads (default: ORT's choice).
+        base_dir: where the external-data files of a ``ModelProto`` or bytes loaded with
+            ``onnx.load(..., load_external_data=False)`` lie (the ONNX file's directory).
+
+    Raises:
+        FileNotFoundError: no file at the path.
+        ValueError: a ``ModelProto`` refers to external data and ``base_dir`` is not given.
     """
     ort = _ort()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads is not None:
         opts.intra_op_num_threads = threads
-    if hasattr(model, "SerializeToString"):
+    if base_dir is not None:
+        opts.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(base_dir)
+        )
+    if not isinstance(model, (str, Path, bytes)):  # an onnx.ModelProto
+        from qdq.export.external import has_external_data, too_large
+
+        if has_external_data(model):  # read without its data: small, the data stays on disk
+            if base_dir is None:
+                raise ValueError(
+                    f"the ONNX model {model.graph.name!r} keeps its weights in an external-data "
+                    "file; pass the ONNX file's path, or base_dir= (the directory of that file)"
+                )
+        elif too_large(model):
+            return _large_session(model, opts)
         model = model.SerializeToString()
     elif isinstance(model, (str, Path)):
         if not Path(model).is_file():
             raise FileNotFoundError(f"no ONNX file at {model}")
         model = str(model)
+    return _create(ort, model, opts)
+
+
+def _create(ort: Any, model: str | bytes, opts: Any) -> Any:
     return ort.InferenceSession(
         model,
         opts,
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
     )
+
+
+def _large_session(model: Any, opts: Any) -> Any:
+    """A session on a ``ModelProto`` past 2 GB: a copy written with external data to a temporary
+    directory (ONNX Runtime holds the data once the session exists)."""
+    import tempfile
+
+    import onnx
+
+    from qdq.export.external import save_external
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # save_external moves the data out of the proto it writes
+    with tempfile.TemporaryDirectory(prefix="qdq-ort-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_external(copy, path)
+        del copy
+        return _create(_ort(), str(path), opts)
 
 
 def run(sess: Any, inputs: Sequence[torch.Tensor | np.ndarray]) -> list[np.ndarray]:

@@ -236,12 +236,17 @@ def parity(
 
     from qdq.backends.onnxruntime import run, session
 
-    model = onnx_model if hasattr(onnx_model, "graph") else onnx.load(str(onnx_model))
+    base_dir = None  # a file's external data (models past 2 GB) stays on disk, read by ORT
+    if hasattr(onnx_model, "graph"):
+        model = onnx_model
+    else:
+        model = onnx.load(str(onnx_model), load_external_data=False)
+        base_dir = Path(onnx_model).parent
     taps: dict[str, list[tuple[str, str]]] = {}
     n_out = len(model.graph.output)  # a tapped tensor may already be a model output
     if per_layer:
         model = _with_quantizer_outputs(model, taps)
-    sess = session(model)
+    sess = session(model, base_dir=base_dir)
     quantizers = {
         p: m for p, m in prepared.named_modules() if p in taps and isinstance(m, Quantizer)
     }

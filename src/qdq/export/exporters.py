@@ -19,7 +19,7 @@ from qdq.api import quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.quant.onnx_qdq import export_mode
 
-__all__ = ["run_exporter"]
+__all__ = ["register_lost_constants", "run_exporter"]
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _CAPTURE_DIR = str(Path(__file__).parent.parent / "graph")
@@ -59,6 +59,7 @@ def run_exporter(
             )  # fmt: skip
             if program is None:
                 raise ExportError("torch.onnx.export(dynamo=True) returned no program")
+            register_lost_constants(program.model)
             proto = program.model_proto
             if opset < 18:
                 from qdq.export.opset import downgrade
@@ -77,16 +78,80 @@ def run_exporter(
             with (
                 tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp,
                 _tracer_warnings(allow_specialization, recorded),
+                _given_inputs_only(model),
             ):
+                # a str: torch writes external data past 2 GB only beside a path given as str
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
-                    model, args, out, dynamo=False, opset_version=opset, input_names=input_names,
+                    model, args, str(out), dynamo=False, opset_version=opset, input_names=input_names,
                     output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
                 )  # fmt: skip
                 return onnx.load(str(out)), order
         finally:
             for h in hooks:
                 h.remove()
+
+
+def register_lost_constants(model: Any) -> list[str]:
+    """Register as initializers the constants that nodes of ``model`` (an ``onnx_ir.Model``) read
+    but the graph does not hold; return their names.
+
+    onnxscript's optimizer (run by ``torch.onnx.export(dynamo=True)``) fuses ``Min(Max(x, lo),
+    hi)`` into ``Clip(x, lo, hi)`` with new initializers named ``{x}_min``/``{x}_max``
+    (``FuseMaxMinToClip``, onnxscript 0.7). When several clamps read one tensor (timm's Gemma 4
+    ViT clamps the input of its q, k and v projections, each with its own bounds) the second and
+    third get unique names (``x_min_1``) but are never registered: the serialized graph reads
+    inputs that nothing defines, which ``onnx.checker`` reports as "not topologically sorted".
+    The values still carry their constants, so they are registered under those names.
+    """
+    graph = model.graph
+    lost: list[str] = []
+    for node in graph:
+        for value in node.inputs:
+            if (
+                value is None
+                or value.producer() is not None
+                or value.is_graph_input()
+                or value.is_initializer()
+                or value.const_value is None
+                or value.name is None
+            ):
+                continue
+            graph.register_initializer(value)
+            lost.append(value.name)
+    return lost
+
+
+@contextlib.contextmanager
+def _given_inputs_only(model: nn.Module) -> Iterator[None]:
+    """Trace only the inputs the caller gives, leaving ``forward``'s other parameters at their
+    Python defaults, as in eager.
+
+    torch's TorchScript exporter appends the default of every ``forward`` parameter the example
+    does not pass to the traced inputs (``_decide_input_format``), and the tracer turns a Python
+    ``bool``/``int``/``float`` input into a tensor: timm's ``forward(x, attn_mask=None,
+    is_causal=False)`` then hands ``F.scaled_dot_product_attention`` a tensor ``is_causal`` and
+    the export fails (plain ``torch.onnx.export(..., dynamo=False)`` does the same, without
+    qdq). While it traces, the model's ``forward`` is seen through a ``(*args)`` signature (an
+    instance attribute, removed afterwards), so no default is appended; the module, its scopes
+    and its initializer names are unchanged.
+    """
+    attrs = vars(model)
+    had = "forward" in attrs
+    previous = attrs.get("forward")
+    bound = model.forward
+
+    def forward(*args: Any) -> Any:  # no functools.wraps: the signature must be (*args)
+        return bound(*args)
+
+    attrs["forward"] = forward
+    try:
+        yield
+    finally:
+        if had:
+            attrs["forward"] = previous
+        else:
+            attrs.pop("forward", None)
 
 
 @contextlib.contextmanager

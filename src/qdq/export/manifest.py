@@ -11,7 +11,11 @@ learned state as the manifest records, and refuses otherwise.
 A manifest belongs to exactly one ONNX file: it is named after the full file name
 (``m.onnx`` → ``m.onnx.manifest.json``, so ``m.onnx`` and ``m.bin`` never share one), it records that
 file's name and the SHA-256 of its bytes (``"onnx": {"file": ..., "sha256": ...}``), and
-:func:`qdq.export_onnx` writes both files as one unit (both or neither).
+:func:`qdq.export_onnx` writes both files as one unit (both or neither). A model past 2 GB keeps its
+weights in an external-data file beside the ONNX (:mod:`qdq.export.external`); the ``.onnx`` hash
+then covers the graph, the Q/DQ scales and the data file's name and offsets, and
+``"onnx": {"external_data": {"file": ..., "sha256": ...}}`` records the data file's own hash
+(checked by ``load_calibration`` too).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ def build_manifest(
     opset: int,
     onnx_file: str | None = None,
     onnx_sha256: str | None = None,
+    onnx_external: tuple[str, str] | None = None,
     qat: dict[str, Any] | None = None,
     ptq: dict[str, Any] | None = None,
 ) -> str:
@@ -126,7 +131,10 @@ def build_manifest(
     it on new calibration data (``qdq quantize --recipe NAME``).
 
     ``onnx_file`` (the ONNX file's name) and ``onnx_sha256`` (the hash of its bytes) tie the
-    manifest to that one file; :func:`load_calibration` checks them.
+    manifest to that one file; :func:`load_calibration` checks them. ``onnx_external`` (name,
+    SHA-256) is the ONNX file's external-data file (models past 2 GB): the ONNX file's hash
+    covers the graph, the scales and the data file's name and offsets, the second hash the
+    weights in the data file.
     """
     nodes: dict[str, list[str]] = {}
     for n in model.graph.node:
@@ -167,6 +175,8 @@ def build_manifest(
     }
     if onnx_file is not None:
         doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}
+        if onnx_external is not None:
+            doc["onnx"]["external_data"] = {"file": onnx_external[0], "sha256": onnx_external[1]}
     if ptq is not None:
         doc["ptq"] = ptq
     if qat is not None:
@@ -316,6 +326,33 @@ def _check_onnx_hash(p: Path, doc: dict[str, Any], onnx_path: str | Path | None)
             f"{p} does not describe {target}: the file's SHA-256 is {digest[:12]}…, the manifest "
             f"records {info['sha256'][:12]}… (the pair was not written together, or one was "
             "replaced); re-export, or pass the matching manifest"
+        )
+    _check_external_hash(p, info.get("external_data"), target)
+
+
+def _check_external_hash(p: Path, info: Any, onnx_path: Path) -> None:
+    """The external-data file the manifest records (models past 2 GB) has its recorded hash."""
+    from qdq.export.external import sha256_of_file
+
+    if info is None:
+        return
+    if not (
+        isinstance(info, dict) and all(isinstance(info.get(k), str) for k in ("file", "sha256"))
+    ):
+        raise ValueError(
+            f"{p}: malformed 'onnx.external_data' entry {info!r}; expected {{'file', 'sha256'}}"
+        )
+    data = onnx_path.parent / info["file"]
+    if not data.is_file():
+        raise FileNotFoundError(
+            f"{onnx_path} keeps its weights in {data}, which is missing: copy the .onnx file "
+            "and its external-data file together"
+        )
+    digest = sha256_of_file(data)
+    if digest != info["sha256"]:
+        raise ValueError(
+            f"{p} does not describe {data}: the data file's SHA-256 is {digest[:12]}…, the "
+            f"manifest records {info['sha256'][:12]}… (replaced since the export); re-export"
         )
 
 

@@ -6,7 +6,9 @@ TorchScript exporter with quantizers emitting ``QuantizeLinear``/``DequantizeLin
 (drop Identity on constants, one DequantizeLinear per consumer, module-path node names) → validate
 (``onnx.checker``, strict shape inference, every planned weighted op really reads DQ'd inputs) →
 check the numbers in ONNX Runtime against torch (:mod:`qdq.export.verify`) → write the ONNX and its
-manifest (with the ONNX's SHA-256) as one unit: both or neither.
+manifest (with the ONNX's SHA-256) as one unit: both or neither. A model past protobuf's 2 GB
+limit is written with its weights in an external-data file beside the ONNX
+(:mod:`qdq.export.external`), part of the same unit.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from qdq._io import atomic_write_files
+from qdq._io import atomic_move_files, atomic_write_files
 from qdq.api import plan_of, quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.exporters import run_exporter
+from qdq.export.external import Staging, save_external, sha256_of_file, sidecar_for, too_large
+from qdq.graph.plan import QuantPlan
 from qdq.ptq.search import recipe_of
 from qdq.qat.distill import has_distill_hooks
 from qdq.qat.prepare import qat_state
@@ -55,6 +59,7 @@ class ExportResult:
     num_quantize: int
     num_dequantize: int
     floored: dict[str, list[int]] = field(default_factory=dict)
+    external_data: Path | None = None  # the weights file beside ``path`` (models past 2 GB)
 
 
 def export_onnx(
@@ -77,7 +82,10 @@ def export_onnx(
     The ONNX file and its manifest (``path`` + ``.manifest.json``, e.g. ``m.onnx.manifest.json``;
     it records the SHA-256 of the ONNX bytes) are one unit: both are written to temporaries, checked,
     then moved into place together; on any error neither is written and an existing pair is left
-    as it was.
+    as it was. A model past protobuf's 2 GB limit (:data:`qdq.export.external.EXTERNAL_DATA_THRESHOLD`)
+    keeps its weights in ``path`` + ``.data`` (e.g. ``m.onnx.data``, named in the ONNX by that
+    relative location; move the two together), written in the same unit; the manifest then also
+    records that file's SHA-256 (``"onnx": {..., "external_data": {"file", "sha256"}}``).
 
     Args:
         prepared: a prepared and calibrated model.
@@ -91,7 +99,9 @@ def export_onnx(
             precision from the ONNX). Inputs and outputs stay float32 behind Casts. Below opset 19
             QuantizeLinear needs float32, so Q/DQ keep float32 scales with Casts around them; from
             opset 19 the scales themselves are float16 (rounded from the float32 scale).
-        overwrite: replace an existing ONNX file or manifest (without it, either existing refuses).
+        overwrite: replace an existing ONNX file, manifest or external-data file ``path.data``
+            (without it, any of them existing refuses). An old ``path.data`` is removed when the
+            new export needs none.
         verify: run the exported graph in ONNX Runtime (``ORT_ENABLE_BASIC``) on
             ``example_inputs`` and ``check_inputs`` and compare every output with the torch
             fake-quant model before writing (see :mod:`qdq.export.verify` for the tolerance: the
@@ -130,8 +140,6 @@ def export_onnx(
         (2, 2, 'm.onnx.manifest.json')
     """
     from qdq.export.manifest import build_manifest, manifest_path_for, sha256_of
-    from qdq.export.postprocess import postprocess
-    from qdq.export.validate import validate_export
 
     plan = plan_of(prepared)
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
@@ -160,7 +168,7 @@ def export_onnx(
     if manifest_file.resolve() == target.resolve():
         raise ValueError(f"manifest_path and path are the same file: {target}")
     if not overwrite:
-        for existing in (target, manifest_file):
+        for existing in (target, manifest_file, sidecar_for(target)):
             if existing.exists():
                 raise FileExistsError(f"{existing} exists; pass overwrite=True to replace it")
     hooked = has_distill_hooks(prepared)
@@ -177,12 +185,83 @@ def export_onnx(
     export_model, export_args = _on_cpu(prepared, tuple(example_inputs))
     if fp16:
         export_model, export_args = _half_copy(export_model, export_args)
-    export_quantizers = quantizers_of(export_model)
     start = time.perf_counter()
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
-    model_proto = None
-    counts = (0, 0)
-    used = order[0]
+    staging = contextlib.ExitStack()
+    with staging:
+        model_proto, used, counts, staged = _run_exporters(
+            export_model, export_args, order, exporter, opset, dynamic_batch, fp16,
+            allow_specialization, plan, branchy, staging, target,
+        )  # fmt: skip
+        if branchy:
+            warnings.warn(
+                f"qdq.prepare saw tensor values decide Python control flow in "
+                f"{_where(plan.control_flow)}, but the {used} export turned no tensor into a "
+                "Python value: that code takes another path when exported (as torchvision's "
+                "detection heads do), so the ONNX is not specialized on the example's values. "
+                "Verify it on inputs that take other paths (check_inputs)",
+                stacklevel=2,
+            )
+        # a model past 2 GB is verified and hashed from its staged files (external data)
+        data = model_proto.SerializeToString() if staged is None else staged.read_bytes()
+        if do_verify:
+            from qdq.export.verify import verify_numerics
+
+            verify_numerics(
+                data if staged is None else staged, export_model, checks,
+                to_model=_caster(fp16), fp16=fp16, error=ExportError,
+            )  # fmt: skip
+        seconds = time.perf_counter() - start
+        state = qat_state(prepared)
+        sidecar = sidecar_for(staged) if staged is not None else None
+        sidecar = sidecar if sidecar is not None and sidecar.exists() else None
+        external = (sidecar.name, sha256_of_file(sidecar)) if sidecar is not None else None
+        manifest = build_manifest(
+            plan, quantizers, model_proto, exporter=used, opset=opset,
+            onnx_file=target.name, onnx_sha256=sha256_of(data), onnx_external=external,
+            qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
+        ).encode("utf-8")  # fmt: skip
+        if staged is None or sidecar is None:
+            atomic_write_files(
+                {target: data, manifest_file: manifest},
+                overwrite=overwrite,
+                remove=[sidecar_for(target)],  # an old export's external data
+            )
+        else:
+            staged_manifest = staged.with_name(manifest_file.name)
+            staged_manifest.write_bytes(manifest)
+            atomic_move_files(
+                {target: staged, sidecar_for(target): sidecar, manifest_file: staged_manifest},
+                overwrite=overwrite,
+            )
+    _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
+    return ExportResult(
+        target, manifest_file, used, opset, seconds, counts[0], counts[1], floored,
+        sidecar_for(target) if sidecar is not None else None,
+    )  # fmt: skip
+
+
+def _run_exporters(
+    export_model: nn.Module,
+    export_args: tuple[Any, ...],
+    order: Sequence[str],
+    exporter: str,
+    opset: int,
+    dynamic_batch: bool,
+    fp16: bool,
+    allow_specialization: bool,
+    plan: QuantPlan,
+    branchy: bool,
+    staging: contextlib.ExitStack,
+    target: Path,
+) -> tuple[Any, str, tuple[int, int], Path | None]:
+    """Try the exporters in ``order``; return the first valid ONNX, the exporter, its Q/DQ
+    counts and, for a model past 2 GB, its staged path (written with external data in a
+    :class:`~qdq.export.external.Staging` directory that ``staging`` removes)."""
+    from qdq.export.postprocess import postprocess
+    from qdq.export.validate import validate_export
+
+    plan_capture_recorded = plan.capture == "recorded" and not branchy
     errors: list[str] = []
     for candidate in order:
         try:
@@ -190,22 +269,35 @@ def export_onnx(
             scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
             with (
                 _clean_failure(export_model),
-                _export_state(export_model, export_quantizers, symbolic_opset, scale_dtype),
+                _export_state(
+                    export_model, quantizers_of(export_model), symbolic_opset, scale_dtype
+                ),
             ):
                 proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
-                    allow_specialization, recorded=plan.capture == "recorded" and not branchy,
+                    allow_specialization, recorded=plan_capture_recorded,
                 )  # fmt: skip
             proto = postprocess(proto, call_order)
             if fp16:
                 from qdq.export.postprocess import float32_io
 
                 float32_io(proto)
+            staged = None
+            if too_large(proto):  # protobuf cannot serialize it: weights to a file beside it
+                stage = Staging(target)
+                staged = stage.path(target.name)
+                try:
+                    save_external(proto, staged)
+                    counts = validate_export(proto, plan, staged)
+                except BaseException:
+                    stage.close()  # no 2 GB left behind while the next exporter runs
+                    raise
+                staging.callback(stage.close)
+                return proto, candidate, counts, staged
             # inside the loop: a graph that lost planned Q/DQ (dynamo merges two identical
             # Q/DQ + Conv chains, as in YOLOv10's freshly copied one2one head) falls back too
             counts = validate_export(proto, plan)
-            model_proto, used = proto, candidate
-            break
+            return proto, candidate, counts, None
         except (ExportRefusedError, ScaleShapeError):
             raise  # our own refusals: another exporter would not make them right
         except Exception as err:  # the exporters raise many types; report them all
@@ -218,36 +310,9 @@ def export_onnx(
                 raise
             errors.append(f"{candidate}: {type(err).__name__}: {err}")
             warnings.warn(
-                f"{candidate} export failed ({err}); trying the next exporter", stacklevel=2
+                f"{candidate} export failed ({err}); trying the next exporter", stacklevel=3
             )
-    if model_proto is None:
-        raise ExportError("every exporter failed:\n" + "\n".join(errors))
-    if branchy:
-        warnings.warn(
-            f"qdq.prepare saw tensor values decide Python control flow in "
-            f"{_where(plan.control_flow)}, but the {used} export turned no tensor into a Python "
-            "value: that code takes another path when exported (as torchvision's detection "
-            "heads do), so the ONNX is not specialized on the example's values. Verify it on "
-            "inputs that take other paths (check_inputs)",
-            stacklevel=2,
-        )
-    data = model_proto.SerializeToString()
-    if do_verify:
-        from qdq.export.verify import verify_numerics
-
-        verify_numerics(
-            data, export_model, checks, to_model=_caster(fp16), fp16=fp16, error=ExportError
-        )
-    seconds = time.perf_counter() - start
-    state = qat_state(prepared)
-    manifest = build_manifest(
-        plan, quantizers, model_proto, exporter=used, opset=opset,
-        onnx_file=target.name, onnx_sha256=sha256_of(data),
-        qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
-    )  # fmt: skip
-    atomic_write_files({target: data, manifest_file: manifest.encode("utf-8")}, overwrite=overwrite)
-    _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
-    return ExportResult(target, manifest_file, used, opset, seconds, counts[0], counts[1], floored)
+    raise ExportError("every exporter failed:\n" + "\n".join(errors))
 
 
 def _resolve_verify(verify: bool | None) -> bool:

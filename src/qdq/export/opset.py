@@ -14,14 +14,29 @@ need these rewrites, which this pass does explicitly:
 * ``HardSwish`` (opset 14) → ``x * HardSigmoid(x, alpha=1/6, beta=0.5)`` below 14;
 * ``Shape`` with ``start``/``end`` (opset 15) → ``Shape`` + ``Slice`` below 15.
 
-Anything else newer than the target is reported by ``onnx.checker`` with the node name.
+An op that ONNX defines only from a later opset than the target (``Col2Im``, opset 18, from
+``F.fold`` as in timm's VOLO) cannot be expressed: :func:`downgrade` refuses with a
+:class:`NewerOpError` naming the op, its module and the opset that has it, and tells the user to
+export with that opset (the opset the user chose is never raised silently).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["downgrade"]
+__all__ = ["NewerOpError", "downgrade", "ops_newer_than"]
+
+
+class NewerOpError(ValueError):
+    """The exported graph uses ops that the requested opset does not have.
+
+    ``ops`` maps each such op type to the first opset that defines it.
+    """
+
+    def __init__(self, message: str, ops: dict[str, int]) -> None:
+        super().__init__(message)
+        self.ops = ops
+
 
 _REDUCE_ATTR_AXES = {
     "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
@@ -40,6 +55,7 @@ def downgrade(model: Any, target: int) -> Any:
         if n.op_type == "Constant" and n.attribute
     }
     _rewrite_new_ops(model, target)
+    _refuse_newer_ops(model, target)
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}
         if node.op_type in _REDUCE_ATTR_AXES:
@@ -78,6 +94,49 @@ def downgrade(model: Any, target: int) -> Any:
         if op.domain in ("", "ai.onnx"):
             op.version = target
     return model
+
+
+def ops_newer_than(model: Any, target: int) -> dict[str, list[Any]]:
+    """The default-domain ops of ``model`` that ONNX defines only after opset ``target``: op type
+    → its nodes (other domains and unknown ops are left to ``onnx.checker``)."""
+    from onnx import defs
+
+    newer: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or not defs.has(node.op_type):
+            continue
+        try:
+            defs.get_schema(node.op_type, target)
+        except defs.SchemaError:
+            newer.setdefault(node.op_type, []).append(node)
+    return newer
+
+
+def _refuse_newer_ops(model: Any, target: int) -> None:
+    """Raise :class:`NewerOpError` when ops newer than ``target`` remain (see the module doc)."""
+    from onnx import defs
+
+    from qdq.export.postprocess import node_scope
+
+    newer = ops_newer_than(model, target)
+    if not newer:
+        return
+    history = defs.get_all_schemas_with_history()
+    since = {  # the first opset that has the op
+        op: min(int(h.since_version) for h in history if h.name == op and h.domain == "")
+        for op in newer
+    }
+    need = max(since.values())
+    listing = "; ".join(
+        f"{op} (opset {since[op]}+) at {', '.join(sorted({node_scope(n) or n.name for n in nodes})[:3])}"
+        for op, nodes in newer.items()
+    )
+    raise NewerOpError(
+        f"the model needs ONNX ops that opset {target} does not have: {listing}. torch's exporter "
+        f"writes them and they have no opset-{target} form; export with opset={need} or higher "
+        "(check that your TensorRT version parses that opset)",
+        since,
+    )
 
 
 def _drop_attr(node: Any, attrs: dict[str, Any], name: str, default: object) -> None:

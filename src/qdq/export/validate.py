@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from qdq.graph.plan import QuantPlan
@@ -27,14 +28,18 @@ PASS_OPS = frozenset(
 )
 
 
-def validate_export(model: Any, plan: QuantPlan) -> tuple[int, int]:
-    """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ)."""
+def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tuple[int, int]:
+    """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ).
+
+    ``path``: ``model`` as written with external data (:mod:`qdq.export.external`); the checker
+    reads it from there (protobuf cannot serialize the model in memory past 2 GB).
+    """
     import onnx
 
     from qdq.export.onnx_export import ExportError
 
     try:  # full_check runs strict, type-checked shape inference (a second pass found nothing more)
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(model if path is None else str(path), full_check=True)
     except onnx.shape_inference.InferenceError as err:
         raise ExportError(f"ONNX shape inference failed on the exported model: {err}") from err
     except onnx.checker.ValidationError as err:
@@ -45,7 +50,7 @@ def validate_export(model: Any, plan: QuantPlan) -> tuple[int, int]:
     for n in graph.node:
         for i in n.input:
             consumers[i].append(n)
-    _check_zero_points(graph)
+    _check_zero_points(graph, "" if path is None else str(path.parent))
     problems = []
     for group in plan.groups:
         leader = plan.point(group.leader)
@@ -95,7 +100,8 @@ def _source(producers: dict[str, Any], tensor: str) -> Any:
     return node
 
 
-def _check_zero_points(graph: Any) -> None:
+def _check_zero_points(graph: Any, base_dir: str) -> None:
+    """``base_dir``: where a model written with external data keeps its data file."""
     from onnx import TensorProto, numpy_helper
 
     from qdq.export.onnx_export import ExportError
@@ -109,8 +115,8 @@ def _check_zero_points(graph: Any) -> None:
                 f"{n.name}: zero point is not an initializer (TensorRT needs a constant 0)"
             )
         zp = inits[n.input[2]]
-        if zp.data_type != TensorProto.INT8 or numpy_helper.to_array(zp).any():
+        if zp.data_type != TensorProto.INT8 or numpy_helper.to_array(zp, base_dir).any():
             raise ExportError(f"{n.name}: zero point must be int8 zeros")
-        scale = numpy_helper.to_array(inits[n.input[1]]) if n.input[1] in inits else None
+        scale = numpy_helper.to_array(inits[n.input[1]], base_dir) if n.input[1] in inits else None
         if scale is None or not (scale > 0).all():
             raise ExportError(f"{n.name}: scale must be a positive constant initializer")

@@ -33,6 +33,7 @@ import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ class OutputCheck:
 
 
 def verify_numerics(
-    onnx_bytes: bytes,
+    onnx_model: bytes | Path,
     model: nn.Module,
     batches: Sequence[tuple[Any, ...]],
     *,
@@ -75,10 +76,11 @@ def verify_numerics(
     fp16: bool,
     error: type[Exception],
 ) -> list[OutputCheck]:
-    """Run ``onnx_bytes`` in ONNX Runtime and ``model`` in torch on ``batches``; compare outputs.
+    """Run ``onnx_model`` in ONNX Runtime and ``model`` in torch on ``batches``; compare outputs.
 
     Args:
-        onnx_bytes: the serialized ONNX model.
+        onnx_model: the serialized ONNX model, or its path (a model with external data, whose
+            data file ONNX Runtime finds beside it).
         model: the model that was exported (quantizers in their export state: calibrated).
         batches: tuples of positional inputs, as given to the exporter.
         to_model: maps a batch to the model's inputs (e.g. a cast to float16).
@@ -95,7 +97,7 @@ def verify_numerics(
     from qdq.backends.onnxruntime import session
 
     try:
-        sess = session(onnx_bytes)
+        sess = session(onnx_model)
     except Exception as err:  # ORT raises its own exception types
         raise error(f"ONNX Runtime cannot load the exported model: {err}") from None
     names = [i.name for i in sess.get_inputs()]
@@ -149,6 +151,7 @@ def verify_numerics(
         for i, (d, n, r) in sorted(sums.items())
     ]
     failed = [i for i, c in enumerate(checks) if c.ort_vs_torch > c.tolerance(floor)]
+    del sess  # ORT's copy of the weights goes before the float64 copy of the model is made
     exact = _against_float64(model, seen, failed) if failed and not fp16 else {}
     for i in failed:
         c = checks[i]

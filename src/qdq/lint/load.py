@@ -15,6 +15,10 @@ __all__ = ["LintInputError", "load_model"]
 
 logger = logging.getLogger(__name__)
 
+#: Protobuf cannot serialize a model of this many bytes or more, so ``onnx.shape_inference`` (which
+#: serializes) fails on it; :func:`load_model` then infers shapes on the graph without its weights.
+PROTOBUF_LIMIT = 2**31
+
 
 class LintInputError(ValueError):
     """The model given to :func:`qdq.lint.lint` cannot be read or is not a usable ONNX graph.
@@ -49,6 +53,8 @@ def load_model(model: str | Path | Any) -> tuple[Any, str]:
         path = Path(model)
         proto = _read(path)
         label, where = path.name, str(path)
+        if _too_large(proto):
+            _infer_without_data(proto, path)
     elif isinstance(model, onnx.ModelProto):
         proto = model
         label = where = model.graph.name or "model"
@@ -94,6 +100,31 @@ def _read(path: Path) -> Any:
         if "external" in text.lower():
             raise LintInputError(f"{path}: external data cannot be read ({text})") from err
         raise LintInputError(f"{path}: cannot be loaded as ONNX ({text})") from err
+
+
+def _too_large(proto: Any) -> bool:
+    from google.protobuf.message import EncodeError
+
+    try:
+        return bool(proto.ByteSize() >= PROTOBUF_LIMIT)
+    except EncodeError:  # upb sizes a message by serializing it, which fails past 2 GiB
+        return True
+
+
+def _infer_without_data(proto: Any, path: Path) -> None:
+    """Add the value_info of shape inference on ``path``'s graph read without its external data
+    (past 2 GB, with the weights loaded, the linter's own shape inference cannot run; it then
+    takes the shapes the file declares)."""
+    import onnx
+
+    try:
+        skeleton = onnx.load(str(path), load_external_data=False)
+        inferred = onnx.shape_inference.infer_shapes(skeleton).graph.value_info
+    except Exception as err:  # best effort, as in the linter
+        logger.info("%s: no shape inference without the weights (%s)", path, err)
+        return
+    known = {v.name for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+    proto.graph.value_info.extend(v for v in inferred if v.name not in known)
 
 
 def _structure_problem(proto: Any) -> str:

@@ -1,0 +1,141 @@
+"""Export failures seen in the zoo sweep (benchmarks/zoo_sweep.py) that qdq fixes itself:
+timm's ``forward(x, attn_mask=None, is_causal=False)`` under the TorchScript exporter, graphs
+whose nodes are not in topological order, and ops newer than the chosen opset."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qdq
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+
+class _Attention(nn.Module):
+    """timm's attention signature: defaults the example input does not pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return self.proj(y)
+
+
+def test_torchscript_export_keeps_python_defaults_of_forward(tmp_path) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    prepared = qdq.prepare(_Attention().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    # torch alone fails: the default is_causal=False is appended to the traced inputs as a tensor
+    with pytest.raises(Exception, match="is_causal"):
+        torch.onnx.export(
+            _Attention().eval(), (x,), tmp_path / "plain.onnx", dynamo=False, opset_version=17
+        )
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter="torchscript", verify=True)
+    graph = onnx.load(str(out.path)).graph
+    assert [i.name for i in graph.input] == ["input"]  # is_causal is no graph input
+    assert "forward" not in prepared.__dict__  # the export's view of forward is gone
+    assert out.num_quantize >= 4
+
+
+class _Fold(nn.Module):
+    """``F.fold`` (timm's VOLO outlook attention): ONNX ``Col2Im``, opset 18 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(self.conv(x), 2, stride=2)
+        return F.fold(cols, (8, 8), 2, stride=2)
+
+
+def test_downgrade_names_an_op_the_target_opset_lacks() -> None:
+    from onnx import TensorProto, helper
+
+    from qdq.export.opset import NewerOpError, downgrade
+
+    node = helper.make_node("Col2Im", ["x", "size", "block"], ["y"], name="blocks.0/Col2Im")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x",)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            helper.make_tensor("size", TensorProto.INT64, [2], [8, 8]),
+            helper.make_tensor("block", TensorProto.INT64, [2], [2, 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(
+        NewerOpError, match=r"Col2Im \(opset 18\+\) at blocks\.0/Col2Im.*opset=18"
+    ) as err:
+        downgrade(model, 17)
+    assert err.value.ops == {"Col2Im": 18}
+
+
+@pytest.fixture(scope="module")
+def fold() -> nn.Module:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(_Fold().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    return prepared
+
+
+def test_op_newer_than_the_opset_is_refused_with_the_opset_to_use(fold, tmp_path) -> None:
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(ValueError, match=r"Col2Im \(opset 18\+\) at .*export with opset=18"):
+        qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="dynamo", opset=17)
+    with (
+        pytest.warns(UserWarning, match="dynamo export failed"),
+        pytest.raises(
+            qdq.export.ExportError, match=r"(?s)dynamo: NewerOpError: .*opset=18.*torchscript:"
+        ),
+    ):
+        qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="auto", opset=17)
+    assert list(tmp_path.iterdir()) == []
+    out = qdq.export_onnx(fold, (x,), tmp_path / "m.onnx", exporter="auto", opset=18, verify=True)
+    assert out.exporter == "dynamo" and out.opset == 18
+    assert any(n.op_type == "Col2Im" for n in onnx.load(str(out.path)).graph.node)
+
+
+class _Clamps(nn.Module):
+    """One tensor clamped three times with different bounds (timm's Gemma 4 ViT q/k/v inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        for i in range(3):
+            self.register_buffer(f"lo{i}", torch.tensor(-1.0 - i))
+            self.register_buffer(f"hi{i}", torch.tensor(1.0 + i))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 2
+        bounds = [(getattr(self, f"lo{i}"), getattr(self, f"hi{i}")) for i in range(3)]
+        return sum(p(torch.clamp(x, lo, hi)) for p, (lo, hi) in zip(self.proj, bounds, strict=True))
+
+
+def test_dynamo_clip_bounds_lost_by_onnxscript_are_registered(tmp_path) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(4, 8) * 3
+    prepared = qdq.prepare(_Clamps().eval(), (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    out = qdq.export_onnx(prepared, (x,), tmp_path / "m.onnx", exporter="dynamo", verify=True)
+    graph = onnx.load(str(out.path)).graph
+    clips = [n for n in graph.node if n.op_type == "Clip"]
+    defined = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+    assert len(clips) == 3 and all(i in defined for n in clips for i in n.input[1:])
