@@ -118,3 +118,21 @@ def test_linter_agrees_gated_attention_is_float_without_standalone_qdq(tmp_path:
     assert not [ly for ly in report.layers if ly.kind == "attention"]
     assert len([f for f in report.findings if f.rule == "P14"]) == 2  # both products, FP16
     assert not [ly for ly in report.layers if ly.kind == "qdq" and "matmul" in ly.name]
+
+
+class RelLogits(nn.Module):
+    """HaloNet's relative-position logits: q @ a transposed parameter table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rel = nn.Parameter(torch.randn(27, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.rel.transpose(-1, -2)
+
+
+def test_matmul_on_a_transposed_parameter_is_a_computed_weight_not_an_activation() -> None:
+    products = {pt.name: (pt.decision, pt.rule, pt.reason) for pt in _plan(RelLogits()).points}
+    assert {(d, r) for d, r, _ in products.values()} == {("skip", "P01")}
+    assert set(products) == {"matmul:weight", "matmul:input"}
+    assert all("weight computed in forward" in why for _, _, why in products.values())

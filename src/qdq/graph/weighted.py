@@ -113,12 +113,13 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     acts = tensor_inputs(node)
     wa = weight_arg(node)
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
-    computed = computed_weight_arg(node) if wa is None and kind != "matmul" else None
+    computed = computed_weight_arg(node) if wa is None else None
     if computed is not None:
         wkey, wnode = computed
         reason = (
-            "weight computed in forward from parameters (weight standardization, e.g. timm "
-            "StdConv2d): only parameter weights are quantized; kept float"
+            "weight computed in forward from parameters (timm StdConv2d's weight "
+            "standardization; a transposed table, HaloNet's rel_k.transpose(-1, -2)): only "
+            "parameter weights are quantized; kept float"
         )
         ctx.add(
             make_point(
