@@ -123,16 +123,38 @@ def test_linter_agrees_gated_attention_is_float_without_standalone_qdq(tmp_path:
 class RelLogits(nn.Module):
     """HaloNet's relative-position logits: q @ a transposed parameter table."""
 
-    def __init__(self) -> None:
+    def __init__(self, k: int = 32) -> None:
         super().__init__()
-        self.rel = nn.Parameter(torch.randn(27, 32))
+        torch.manual_seed(0)
+        self.rel = nn.Parameter(torch.randn(27, k))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.rel.transpose(-1, -2)
 
 
-def test_matmul_on_a_transposed_parameter_is_a_computed_weight_not_an_activation() -> None:
-    products = {pt.name: (pt.decision, pt.rule, pt.reason) for pt in _plan(RelLogits()).points}
-    assert {(d, r) for d, r, _ in products.values()} == {("skip", "P01")}
-    assert set(products) == {"matmul:weight", "matmul:input"}
-    assert all("weight computed in forward" in why for _, _, why in products.values())
+def test_matmul_on_a_transposed_parameter_quantizes_the_parameter(tmp_path: Path) -> None:
+    """HaloNet's ``q @ rel_k.transpose(-1, -2)``: a weighted MatMul (P01), the weight quantized
+    per output column on the parameter itself (its axis 0) before the transpose, which TensorRT
+    folds into the GEMM's weights: the linter predicts it INT8; a K=8 table stays float (P14)."""
+    p = _plan(RelLogits())
+    weight = p.point("matmul:weight")
+    assert (weight.decision, weight.rule) == ("quantize", "P01")
+    assert weight.spec is not None and weight.spec.axis == 0 and weight.producer == "rel"
+    assert p.point("matmul:input").decision == "quantize"
+    small = qdq.plan_of(qdq.prepare(RelLogits(k=8).eval(), (torch.randn(1, 16, 8),)))
+    assert {pt.rule for pt in small.points} == {"P14"}
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, 32)
+    prepared = qdq.prepare(RelLogits().eval(), (x[:1],))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", exporter="dynamo")
+    report = lint(out.path)
+    (gemm,) = [ly for ly in report.layers if ly.kind == "weighted"]
+    assert gemm.input_precision == "int8"
+    with torch.no_grad():  # the same table (seeded): INT8 follows float
+        cos = torch.nn.functional.cosine_similarity(
+            prepared(x).flatten(), RelLogits().eval()(x).flatten(), dim=0
+        )
+    assert cos > 0.999
