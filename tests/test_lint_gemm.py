@@ -128,3 +128,22 @@ def test_value_info_free_shape_graph_is_still_folded() -> None:
     g = LintGraph(helper.make_model(graph))
     assert "f" in g.folded and all(g.folded_node(n) for n in g.nodes)
     assert "x" not in g.folded
+
+
+def test_quantize_of_a_further_view_of_an_int8_gemm_output_is_not_standalone() -> None:
+    """HaloNet's q: a GEMM whose layer absorbed a Reshape + Transpose writes INT8 after them; a
+    further view of that tensor, quantized with the same scale for another GEMM, reads INT8 too
+    (the walk back through copy ops stops at the layer's INT8 output, not past it)."""
+    g = G()
+    y = g.op("MatMul", [g.qdq("x"), _weight(g, 32, 32, True)])
+    t = g.op(
+        "Transpose", [g.op("Reshape", [y, g.const(np.array([1, 4, 4, 32]))])], perm=[0, 2, 1, 3]
+    )
+    a = g.op("MatMul", [g.qdq(t, 0.05), _weight(g, 32, 32, True)])
+    view = g.op("Reshape", [t, g.const(np.array([1, 16, 32]))])
+    b = g.op("MatMul", [g.qdq(view, 0.05), _weight(g, 32, 32, True)])
+    report = lint(g.model([a, b], shape=(1, 16, 32)))
+    first = next(ly for ly in report.layers if ly.kind == "weighted")
+    assert first.output_precision == "int8" and any("transpose" in n for n in first.nodes)
+    standalone = [ly for ly in report.layers if ly.kind == "qdq"]
+    assert [ly.reason for ly in standalone] == ["quantizes the network input"]

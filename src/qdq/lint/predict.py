@@ -417,10 +417,13 @@ class _Predictor:
         return ""
 
     def _int8_tensor_written(self, tensor: str) -> bool:
-        """Written INT8 by a layer (possibly through copy ops)."""
+        """Written INT8 by a layer (possibly through copy ops). The copies may pass through the
+        layer itself: a GEMM that absorbed a Reshape/Transpose writes INT8 after them, and a
+        further view of that tensor (HaloNet's q, blocked again for its relative-position GEMMs)
+        walks back past the layer's end to the GEMM."""
         g = self.g
         node = g.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS:
+        while node is not None and node.op_type in COPY_OPS and tensor not in self.int8_out:
             tensor = node.input[0]
             node = g.producer.get(tensor)
         return tensor in self.int8_out
