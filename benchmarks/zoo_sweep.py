@@ -308,13 +308,17 @@ def lint_extra(path: Path) -> Row:
     report = qdq.lint.lint(path)
     g = LintGraph(onnx.load(str(path)))
     int8 = set(report.int8_layers)
-    gemms = [n for n in g.nodes if n.op_type in ("MatMul", "Gemm") and g.weighted(n)]
+    weighted = [n for n in g.nodes if n.op_type in ("MatMul", "Gemm") and g.weighted(n)]
+    gemms = [n for n in weighted if not g.folded_node(n)]  # folded at build time: no GEMM
+    small = [n for n in gemms if g.name(n) not in int8 and min(g.gemm_kn(n) or (16,)) < 16]
     attention = [n for n in g.nodes if n.op_type == "MatMul" and not g.weighted(n)]
     convs = sum(n.op_type in ("Conv", "ConvTranspose") for n in g.nodes)
     return {
         "int8_flops_percent": report.summary["int8_flops_percent"],
         "gemms": len(gemms),
         "gemms_int8": sum(g.name(n) in int8 for n in gemms),
+        "gemms_folded": len(weighted) - len(gemms),
+        "gemms_small": len(small),
         "attention_matmuls": len(attention),
         "attention_int8": sum(g.name(n) in int8 for n in attention),
         "kind": "transformer" if attention else "conv" if convs > len(gemms) else "mlp",
@@ -429,7 +433,8 @@ def render_table(rows: list[Row]) -> str:
     head = (
         f"{'row':<{width}} {'kind':<11} {'capture':<11} {'prep s':>6} {'export':<9} "
         f"{'parity':<9} {'lint':<11} {'place':>5} {'unfused':<7} {'islands':<7} "
-        f"{'INT8 FLOP%':<10} {'GEMM int8':<11} {'attn int8':<9} {'total s':>7}  outcome"
+        f"{'INT8 FLOP%':<10} {'GEMM int8':<11} {'fold:P14':<9} {'attn int8':<9} {'total s':>7}"
+        "  outcome"
     )
     out = [head, "-" * len(head)]
     for r in rows:
@@ -442,13 +447,17 @@ def render_table(rows: list[Row]) -> str:
             f"{_pair(r, _lint('unfused_qdq')):<7} {_pair(r, _lint('float_islands')):<7} "
             f"{_pair(r, _lint('int8_flops_percent')):<10} "
             f"{_pair(r, _lint('gemms_int8', 'gemms')):<11} "
+            f"{_pair(r, _lint('gemms_folded', 'gemms_small')):<9} "
             f"{_pair(r, _lint('attention_int8', 'attention_matmuls')):<9} "
             f"{real_models._num(r.get('total_seconds'), '.1f'):>7}  {outcome(r)}"
         )
     return "\n".join(out) + (
         "\n\na/b: dynamo/torchscript. place: WARN findings P03a/P03d/P04/S02b/S03 (the most of the"
         "\ntwo exports). GEMM / attn int8: weighted MatMul/Gemm / MatMuls of two activations"
-        f"\npredicted INT8 : all. parity ok: cosine >= {PARITY_MIN_COSINE}; n/c: NMS-ranked outputs."
+        "\npredicted INT8 : all; a MatMul/Gemm whose input is computed from constants and shapes"
+        "\nonly is folded at build time and no GEMM. fold:P14: those folded : the float GEMMs with"
+        "\nK or N < 16 (kept float by rule P14: no INT8 tensor-core kernel)."
+        f"\nparity ok: cosine >= {PARITY_MIN_COSINE}; n/c: NMS-ranked outputs."
     )
 
 
@@ -485,6 +494,9 @@ def render_summary(rows: list[Row]) -> str:
             f"transformer rows with every {what} INT8: {len(tf) - len(short)}/{len(tf)} "
             f"(aim: all); not: {', '.join(short) or '-'}"
         )
+        if key == "gemms_int8":  # the rows short only of GEMMs too small for INT8 kernels
+            small = [n for n in short if _all_int8(_row(rows, n), key, whole, "gemms_small")]
+            out.append(f"  of those, float only where K or N < 16 (P14): {', '.join(small) or '-'}")
     out += ["", "## worst 10 rows (failures, then placement warnings, then unfused Q/DQ)", ""]
     for r in sorted(ran, key=_badness, reverse=True)[:10]:
         rules = ", ".join(f"{k}x{v}" for k, v in sorted(warns(r).items())) or "-"
@@ -499,9 +511,16 @@ def _names(rows: list[Row], pred: Callable[[Row], Any]) -> str:
     return ", ".join(r["name"] for r in rows if any(pred(c) for c in _exports(r).values())) or "-"
 
 
-def _all_int8(row: Row, key: str, whole: str) -> bool:
+def _all_int8(row: Row, key: str, whole: str, excused: str | None = None) -> bool:
+    """Every ``whole`` of each linted export is ``key`` (INT8), but for ``excused`` ones."""
     cells = [c["lint"] for c in _exports(row).values() if whole in c.get("lint", {})]
-    return bool(cells) and all(c.get(key) == c[whole] for c in cells)
+    return bool(cells) and all(
+        c.get(key, 0) + (c.get(excused, 0) if excused else 0) == c[whole] for c in cells
+    )
+
+
+def _row(rows: list[Row], name: str) -> Row:
+    return next(r for r in rows if r["name"] == name)
 
 
 def _share(part: int, whole: int) -> str:

@@ -101,7 +101,9 @@ def test_attention_exports_as_int8_mha(calibrated, tmp_path: Path, exporter: str
     (attention,) = [ly for ly in result.layers if ly.kind == "attention"]
     assert attention.input_precision == "int8" and attention.output_precision == "int8"
     assert any("Softmax" in n for n in attention.nodes)
-    assert "P14" not in {f.rule for f in result.findings}
+    # P14 only on the 10-class head (a GEMM too small for INT8, left float), not on attention
+    p14 = [n for f in result.findings if f.rule == "P14" for n in f.nodes]
+    assert len(p14) == 1 and "head" in p14[0] and "K=32, N=10" in str(result.findings)
     standalone = [ly.name for ly in result.layers if ly.kind == "qdq"]
     assert not any("matmul_1_input0" in n for n in standalone)  # internal to the MHA kernel
 

@@ -4,7 +4,8 @@ One row per block shape the sweep taught the planner: HRNet's multi-resolution f
 through ReLU, chains of Adds), EfficientFormer's and PoolFormer's pooling mixers (P17 through
 Sub/scale; P15 through the functional GroupNorm), ReXNet's ``relu6(x * se(x))`` (P04 through the
 activation), YOLO26's value-first PSA attention (P16 as the linter reads it), SKNet's split-input
-selective kernel (P04 through a Split), TResNet's SE gate before its residual Add (P17), and families clean
+selective kernel (P04 through a Split), TResNet's SE gate before its residual Add (P17), MViTv2's
+relative-position bias written back into the scores (``attn[...] = ...``, P16), and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
 
@@ -69,6 +70,7 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "hgnetv2_b0": _timm("hgnetv2_b0", 64),
     "skresnet18": _timm("skresnet18", 64),
     "tresnet_m": _timm("tresnet_m", 64),
+    "mvitv2_tiny": _timm("mvitv2_tiny", 64),  # relative positions written into the scores: P16
 }
 
 

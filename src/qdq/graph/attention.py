@@ -41,7 +41,11 @@ __all__ = [
 MAX_INT8_SEQUENCE = 512
 
 #: calls that may sit between BMM1 and the softmax besides scale, mask-add and layout ops
-_MASKING = frozenset({"masked_fill", "masked_fill_", "div", "truediv", "to", "float", "type_as"})
+_MASKING = frozenset(
+    {"masked_fill", "masked_fill_", "div", "truediv", "to", "float", "type_as", "setitem"}
+)
+#: casts that may sit between the softmax and BMM2
+_CASTS = frozenset({"to", "float", "type_as", "contiguous"})
 
 
 def is_sdpa(func: Any) -> bool:
@@ -207,26 +211,75 @@ def _additive_mask(
 
 
 def attention_role(node: fx.Node, kinds: dict[fx.Node, str]) -> str | None:
-    """``"scores"`` for BMM1 (its product reaches a softmax), ``"context"`` for BMM2 (an operand
-    comes from a softmax), else ``None``; only scale, mask and layout ops may sit in between."""
+    """``"scores"`` for BMM1, ``"context"`` for BMM2 of one attention core as TensorRT fuses it
+    (and as :mod:`qdq.lint.attention` predicts it), else ``None``: BMM1's product reaches a softmax
+    through scale, mask, bias and layout ops only (a relative-position bias written back with
+    ``attn[...] = ...``, as MViTv2 does, included), and the softmax output reaches an operand of
+    BMM2 through layout ops only. A product with only half of that -- ConViT's gated positional
+    attention, the probabilities mixed before BMM2; CoaT's and EfficientViM's softmax over keys
+    or states, no BMM1 in front of it -- is no fused MHA: both its MatMuls stay FP16 (P14)."""
     if kinds.get(node) != "matmul":
         return None
+    softmax = _softmax_after(node, kinds)
+    if softmax is not None and _context_after(softmax, kinds) is not None:
+        return "scores"
+    for arg in node.args[:2]:
+        src = _probs_source(arg, kinds)
+        if src is not None and _scores_before(src, kinds) is not None:
+            return "context"
+    return None
+
+
+def _softmax_after(node: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | None:
+    """The softmax that ``node``'s product reaches through :func:`_between` ops, or ``None``."""
     stack, seen = [node], {node}
     while stack:
         n = stack.pop()
         for user in n.users:
             if kinds.get(user) == "softmax":
-                return "scores"
+                return user
             if _between(user, kinds) and user not in seen:
                 seen.add(user)
                 stack.append(user)
-    for arg in node.args[:2]:
-        src: Any = arg
-        while isinstance(src, fx.Node) and _between(src, kinds) and src.args:
-            src = src.args[0]
-        if isinstance(src, fx.Node) and kinds.get(src) == "softmax":
-            return "context"
     return None
+
+
+def _scores_before(softmax: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | None:
+    """The MatMul whose product reaches ``softmax`` through :func:`_between` ops, or ``None``."""
+    stack: list[Any] = list(softmax.args[:1])
+    seen: set[Any] = set()
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, fx.Node) or n in seen:
+            continue
+        seen.add(n)
+        if kinds.get(n) == "matmul":
+            return n
+        if _between(n, kinds):
+            stack.extend(a for a in n.args if isinstance(a, fx.Node))
+    return None
+
+
+def _context_after(softmax: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | None:
+    """The MatMul reading ``softmax``'s output through layout ops only, or ``None``."""
+    stack, seen = [softmax], {softmax}
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if kinds.get(user) == "matmul":
+                return user
+            if _layout(user, kinds) and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return None
+
+
+def _probs_source(arg: Any, kinds: dict[fx.Node, str]) -> fx.Node | None:
+    """The softmax ``arg`` is a layout view of, or ``None``."""
+    src = arg
+    while isinstance(src, fx.Node) and _layout(src, kinds) and src.args:
+        src = src.args[0]
+    return src if isinstance(src, fx.Node) and kinds.get(src) == "softmax" else None
 
 
 def key_length(node: fx.Node, role: str) -> int | None:
@@ -244,5 +297,15 @@ def _between(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
     kind = kinds.get(node)
     if kind in ("copy", "identity", "mul", "bias", "add"):
         return True
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    return kind == "other" and name in _MASKING
+    return kind == "other" and _name(node) in _MASKING
+
+
+def _layout(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
+    """A layout op, dropout (identity in eval) or a cast: what may sit between the softmax and
+    BMM2 inside TensorRT's MHA fusion (the probabilities' Q/DQ goes right on the softmax)."""
+    kind = kinds.get(node)
+    return kind in ("copy", "identity") or (kind == "other" and _name(node) in _CASTS)
+
+
+def _name(node: fx.Node) -> str:
+    return str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))

@@ -300,6 +300,41 @@ def weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     return found if found is not None and found[1].op == "get_attr" else None
 
 
+#: calls that only reorder a tensor's axes (a weight ``W.transpose(-1, -2)`` is still ``W``)
+_AXIS_SWAPS = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t"})
+
+
+def transposed_weight_arg(node: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
+    """``(transpose call, get_attr node, axis)`` when a MatMul's second operand is a parameter
+    with its axes reordered by one call (HaloNet's ``q @ rel_k.transpose(-1, -2)``); ``axis`` is
+    the parameter's axis that becomes the product's output column (the operand's last axis)."""
+    found = _weight_operand(node)
+    if found is None or found[1].op not in ("call_method", "call_function"):
+        return None
+    call = found[1]
+    name = call.target if call.op == "call_method" else getattr(call.target, "__name__", "")
+    param = call.args[0] if call.args else None
+    if name not in _AXIS_SWAPS or not isinstance(param, fx.Node) or param.op != "get_attr":
+        return None
+    ndim = len(getattr(param.meta.get("tensor_meta"), "shape", ()))
+    dims = [a for a in call.args[1:] if isinstance(a, int)]
+    if name == "permute" and len(call.args) == 2 and isinstance(call.args[1], (list, tuple)):
+        dims = [a for a in call.args[1] if isinstance(a, int)]
+    if ndim < 2 or call.kwargs:
+        return None
+    perm = list(range(ndim))
+    if name == "t" and ndim == 2 and not dims:
+        perm = [1, 0]
+    elif name == "permute" and len(dims) == ndim:
+        perm = [d % ndim for d in dims]
+    elif name in ("transpose", "swapaxes", "swapdims") and len(dims) == 2:
+        a, b = (d % ndim for d in dims)
+        perm[a], perm[b] = perm[b], perm[a]
+    else:
+        return None
+    return call, param, perm[-1]
+
+
 def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     """``(position or keyword, node)`` of a Conv/Linear call's weight when forward computes it
     from parameters alone (weight standardization: timm's ``StdConv2d``, ``ScaledStdConv2d``)."""

@@ -15,9 +15,10 @@ from qdq.graph.patterns import (
     computed_weight_arg,
     conv_groups,
     tensor_inputs,
+    transposed_weight_arg,
     weight_arg,
 )
-from qdq.graph.plan import QUANTIZE, SKIP
+from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
 __all__ = ["performance_skip", "plan_weighted"]
 
@@ -113,12 +114,14 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     acts = tensor_inputs(node)
     wa = weight_arg(node)
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
-    computed = computed_weight_arg(node) if wa is None and kind != "matmul" else None
+    swapped = transposed_weight_arg(node) if wa is None and kind == "matmul" else None
+    computed = computed_weight_arg(node) if wa is None and swapped is None else None
     if computed is not None:
         wkey, wnode = computed
         reason = (
-            "weight computed in forward from parameters (weight standardization, e.g. timm "
-            "StdConv2d): only parameter weights are quantized; kept float"
+            "weight computed in forward from parameters (timm StdConv2d's weight "
+            "standardization; a MatMul operand computed from parameters by more than a "
+            "transpose): only parameter weights are quantized; kept float"
         )
         ctx.add(
             make_point(
@@ -128,7 +131,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
         for pos, producer in acts:
             skip_input(ctx, node, pos, producer, "P01", reason, label=input_label(node, pos))
         return
-    if wa is None:  # activation x activation MatMul (attention)
+    if wa is None and swapped is None:  # activation x activation MatMul (attention)
         rule, reason, quantize = _activation_product(ctx, node, excluded)
         for pos, producer in acts:
             if quantize:
@@ -136,8 +139,17 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
             else:
                 skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
         return
-    wkey, wnode = wa
+    # the weight's Q/DQ sits on the parameter; a transpose of it (HaloNet) stays after the DQ,
+    # where TensorRT folds it into the GEMM's weights (rule spec, copy ops)
+    if wa is not None:
+        wsite, wkey, wnode = node, wa[0], wa[1]
+    elif swapped is not None:
+        wsite, wkey, wnode = swapped[0], 0, swapped[1]
+    else:  # an activation product: planned above
+        return
     wshape = _weight_shape(ctx, wnode)
+    if swapped is not None:  # the operand as the MatMul reads it
+        wshape = tuple(swapped[0].meta["tensor_meta"].shape)
     skip: tuple[str, str] | None = ("USER", "excluded by the QuantConfig") if excluded else None
     if skip is None and ctx.config.family_enabled("performance"):
         skip = _performance_skip(ctx, node, wshape)
@@ -151,9 +163,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     if skip is not None:
         rule, reason = skip
         ctx.add(
-            make_point(
-                ctx, node, wkey, wnode, "weight", "weight", decision=SKIP, rule=rule, reason=reason
-            )
+            _weight_point(ctx, node, wsite, wkey, wnode, decision=SKIP, rule=rule, reason=reason)
         )
         if x is not None:
             ctx.add(
@@ -164,14 +174,16 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
         return
     ctx.quantized_weighted.add(node)
     wspec, wrule, wreason = _weight_spec(ctx, node, kind, wshape, bits_o)
+    if swapped is not None:
+        wspec = replace(wspec, axis=swapped[2])
+        wreason = f"MatMul weight per output column (axis {swapped[2]} of the transposed parameter)"
     ctx.add(
-        make_point(
+        _weight_point(
             ctx,
             node,
+            wsite,
             wkey,
             wnode,
-            "weight",
-            "weight",
             decision=QUANTIZE,
             rule=wrule,
             reason=wreason,
@@ -181,6 +193,23 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     )
     if x is not None:
         quantize_input(ctx, node, x_pos, x, "P01", f"activation input of {kind}", calib_o, bits_o)
+
+
+def _weight_point(
+    ctx: PlanContext,
+    node: fx.Node,
+    site: fx.Node,
+    key: int | str,
+    param: fx.Node,
+    **kw: object,
+) -> QuantPoint:
+    """The weight point of ``node``, quantizing ``param`` where ``site`` reads it (``node``
+    itself, or the transpose between the parameter and a MatMul), named after ``node``."""
+    point = make_point(ctx, site, key, param, "weight", "weight", **kw)
+    if site is node:
+        return point
+    owner = ctx.owners[node]
+    return replace(point, name=f"{owner}:weight", owner=owner, op=ctx.kinds[node])
 
 
 def _weight_spec(

@@ -167,6 +167,45 @@ class LintGraph:
             if vi.type.tensor_type.HasField("shape")
         } | {name: value.ndim for name, value in self.const.items()}
 
+    @cached_property
+    def folded(self) -> frozenset[str]:
+        """Tensors TensorRT knows at build time: constants, ``Shape`` outputs (the linter assumes
+        static input shapes, as it does for shape computations) and every output of a node all of
+        whose inputs are such tensors. A layer computing one is evaluated once by the builder's
+        constant folding (or by ``polygraphy surgeon sanitize --fold-constants`` before parsing):
+        no engine layer runs it, e.g. Swin-V2's position-bias MLP on its fixed coordinate table."""
+        known = set(self.const)
+        for n in self.nodes:  # graph order is topological
+            ins = [i for i in n.input if i]
+            if n.op_type == "Shape" or (ins and all(i in known for i in ins)):
+                known.update(o for o in n.output if o)
+        return frozenset(known)
+
+    def folded_node(self, node: Any) -> bool:
+        """Whether ``node`` computes only build-time tensors (:attr:`folded`) from a tensor input:
+        a Shape, or an op reading nothing but constants and shapes. Constants themselves and
+        ``Constant`` nodes are not counted."""
+        ins = [i for i in node.input if i]
+        return bool(ins) and (node.op_type == "Shape" or all(i in self.folded for i in ins))
+
+    def gemm_kn(self, node: Any) -> tuple[int, int] | None:
+        """``(K, N)`` of a weighted MatMul/Gemm from its constant weight, or ``None``."""
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            return None
+        tensor = node.input[1]
+        w = self.qinput(tensor)
+        weight = self.const.get(w.source if w is not None else tensor)
+        src = self.producer.get(tensor)
+        while weight is None and src is not None and src.op_type in COPY_OPS:
+            tensor = src.input[0]
+            weight = self.const.get(tensor)
+            src = self.producer.get(tensor)
+        if weight is None or weight.ndim < 2:
+            return None
+        k, n = int(weight.shape[-2]), int(weight.shape[-1])
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        return (n, k) if node.op_type == "Gemm" and trans_b else (k, n)
+
     def weighted(self, node: Any) -> bool:
         """Conv/ConvTranspose/Gemm, or MatMul with a constant second operand."""
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:

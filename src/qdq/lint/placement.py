@@ -93,6 +93,8 @@ def _weighted(g: LintGraph, node: Any) -> list[Finding]:
     name = g.name(node)
     act = g.qinput(node.input[0]) is not None
     wgt = g.dq_weight(node.input[1])
+    if not (act or wgt):
+        return _float_weighted(g, node, name)
     if act != wgt:
         which = "activation" if act else "weights"
         out.append(
@@ -127,6 +129,38 @@ def _weighted(g: LintGraph, node: Any) -> list[Finding]:
     if node.op_type in ("Conv", "ConvTranspose"):
         out.extend(_channels(g, node, name))
     return out
+
+
+def _float_weighted(g: LintGraph, node: Any, name: str) -> list[Finding]:
+    """INFO on a weighted op left float on purpose: one the builder folds (its input is computed
+    from constants and shapes only: no runtime layer, P01) or a GEMM too small for INT8 tensor
+    cores (K or N < 16, P14) -- what qdq's planner decides for them, under the same rules."""
+    if g.folded_node(node):
+        return [
+            Finding(
+                "P01",
+                INFO,
+                (name,),
+                f"{name}: its input is computed from constants and shapes only (a fixed table)",
+                "folded at build time: no engine layer",
+                "",
+                _SRC,
+            )
+        ]
+    kn = g.gemm_kn(node)
+    if kn is not None and min(kn) < 16:
+        return [
+            Finding(
+                "P14",
+                INFO,
+                (name,),
+                f"{name}: GEMM with K={kn[0]}, N={kn[1]} (< 16) left float",
+                "runs FP16: no INT8 tensor-core kernel",
+                "",
+                _SRC,
+            )
+        ]
+    return []
 
 
 def _channels(g: LintGraph, node: Any, name: str) -> list[Finding]:

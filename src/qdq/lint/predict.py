@@ -128,7 +128,8 @@ class _Predictor:
             self.attention[id(core.scores)] = core
             self.absorbed.update(id(m) for m in core.members[1:])
             self.internal.update(id(m) for m in core.members if m.op_type in _QDQ)
-        weighted = [n for n in g.nodes if g.weighted(n)]
+        # a weighted op on build-time tensors only is folded by the builder: no engine layer
+        weighted = [n for n in g.nodes if g.weighted(n) and id(n) not in self.shape_nodes]
         chains = {id(n): self._safe("epilogue", [n], ([], ""), self._chain_of, n) for n in weighted}
         # the tensor ending each weighted op's epilogue before any residual Add
         self.tails = {chains[id(n)][1]: n for n in weighted if chains[id(n)][1]}
@@ -416,10 +417,13 @@ class _Predictor:
         return ""
 
     def _int8_tensor_written(self, tensor: str) -> bool:
-        """Written INT8 by a layer (possibly through copy ops)."""
+        """Written INT8 by a layer (possibly through copy ops). The copies may pass through the
+        layer itself: a GEMM that absorbed a Reshape/Transpose writes INT8 after them, and a
+        further view of that tensor (HaloNet's q, blocked again for its relative-position GEMMs)
+        walks back past the layer's end to the GEMM."""
         g = self.g
         node = g.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS:
+        while node is not None and node.op_type in COPY_OPS and tensor not in self.int8_out:
             tensor = node.input[0]
             node = g.producer.get(tensor)
         return tensor in self.int8_out
@@ -442,15 +446,9 @@ def int8_capable(g: LintGraph, node: Any) -> bool:
 
 
 def _shape_nodes(g: LintGraph) -> set[int]:
-    """Nodes that only compute shapes (fed by Shape outputs and constants): not engine layers."""
-    shape_tensors: set[str] = set()
-    nodes: set[int] = set()
-    for n in g.nodes:
-        data = [i for i in n.input if i and not g.is_const(i)]
-        if n.op_type == "Shape" or (data and all(i in shape_tensors for i in data)):
-            shape_tensors.update(n.output)
-            nodes.add(id(n))
-    return nodes
+    """Nodes that compute only build-time tensors (shapes, and anything computed from constants
+    and shapes alone, :meth:`LintGraph.folded_node`): folded by the builder, not engine layers."""
+    return {id(n) for n in g.nodes if g.folded_node(n)}
 
 
 def _scale(g: LintGraph, q: Any) -> tuple[float, ...]:

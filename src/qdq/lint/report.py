@@ -34,6 +34,7 @@ SUMMARY_KEYS = (
     "float_islands",
     "scale_mismatches",
     "alignment_reformats",
+    "folded_weighted_layers",
 )
 
 _SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
@@ -97,7 +98,12 @@ class LintReport:
             f"({s['int8_flops_percent']}% of FLOPs), "
             f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}, "
             f"scale mismatches {s['scale_mismatches']}, "
-            f"alignment reformats {s['alignment_reformats']}",
+            f"alignment reformats {s['alignment_reformats']}"
+            + (
+                f", weighted ops folded at build time {s['folded_weighted_layers']}"
+                if s["folded_weighted_layers"]
+                else ""
+            ),
         ]
         if show_layers:
             lines.append(f"predicted engine layers ({len(self.layers)})")
@@ -192,18 +198,20 @@ def lint(
 def _summary(
     proto: Any, g: LintGraph, layers: list[PredictedLayer], floats: list[Any], findings: list[Any]
 ) -> dict[str, int]:
-    flops = _weighted_flops(proto, g)
+    folded = {id(n) for n in g.nodes if g.weighted(n) and g.folded_node(n)}
+    flops = {n: f for n, f in _weighted_flops(proto, g).items() if n not in folded}
     total_flops = sum(flops.values())
     int8_ids = {id(n) for n in g.nodes if g.int8_weighted(n)}
     int8_flops = sum(f for n, f in flops.items() if n in int8_ids)
-    return {
-        "weighted_layers": sum(1 for n in g.nodes if g.weighted(n)),
+    return {  # a weighted op the builder folds (constant inputs only) is no engine layer
+        "weighted_layers": sum(1 for n in g.nodes if g.weighted(n) and id(n) not in folded),
         "int8_weighted_layers": sum(1 for n in g.nodes if g.int8_weighted(n)),
         "int8_flops_percent": round(100 * int8_flops / total_flops) if total_flops else 0,
         "unfused_qdq": sum(1 for ly in layers if ly.kind == "qdq"),
         "float_islands": _islands(g, floats),
         "scale_mismatches": sum(1 for f in findings if f.rule in ("S01", "S02", "S03", "S04")),
         "alignment_reformats": sum(1 for f in findings if f.rule == "H01" and f.severity == WARN),
+        "folded_weighted_layers": len(folded),
     }
 
 
