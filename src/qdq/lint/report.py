@@ -221,8 +221,8 @@ def _weighted_flops(proto: Any, g: LintGraph) -> dict[int, int]:
 
     try:
         inferred = onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # shape inference is best effort here
-        return {}
+    except Exception:  # best effort: the shapes the model declares (a model past 2 GB cannot be
+        inferred = proto  # serialized for inference; lint.load added its graph's inferred shapes)
     dims: dict[str, list[int]] = {}
     for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
         shape = [d.dim_value if d.dim_value > 0 else 1 for d in vi.type.tensor_type.shape.dim]
