@@ -5,13 +5,16 @@ through ReLU, chains of Adds), EfficientFormer's and PoolFormer's pooling mixers
 Sub/scale; P15 through the functional GroupNorm), ReXNet's ``relu6(x * se(x))`` (P04 through the
 activation), YOLO26's value-first PSA attention (P16 as the linter reads it), SKNet's split-input
 selective kernel (P04 through a Split), TResNet's SE gate before its residual Add (P17), MViTv2's
-relative-position bias written back into the scores (``attn[...] = ...``, P16), and families clean
+relative-position bias written back into the scores (``attn[...] = ...``, P16), the legacy SE-ResNet's
+gate (P17), a relative-position MLP on a constant table (folded by the builder, not a float GEMM),
+and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
 
 Each row: random weights, batch 1, the smallest input the sweep found; ``qdq.prepare`` takes the
 graph path; calibrate, export with the default exporter, compare with ONNX Runtime per quantizer
-and lint: no placement warning (P03a, P03d, P04, S02b, S03), every attention MatMul predicted INT8.
+and lint: no placement warning (P03a, P03d, P04, S02b, S03), every attention MatMul predicted INT8,
+and on the transformer rows of ``GEMM_ROWS`` every weighted GEMM the builder runs predicted INT8.
 """
 
 from __future__ import annotations
@@ -71,7 +74,12 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "skresnet18": _timm("skresnet18", 64),
     "tresnet_m": _timm("tresnet_m", 64),
     "mvitv2_tiny": _timm("mvitv2_tiny", 64),  # relative positions written into the scores: P16
+    "legacy_seresnet18": _timm("legacy_seresnet18", 64),  # SE gate joins the residual Add: P17
+    # a relative-position MLP on a constant table: folded by the builder, not a float GEMM
+    "test_vit_relpos": _timm("test_vit_relpos", 64, img_size=64),
 }
+#: rows whose every weighted GEMM the builder runs (folded ones aside) must be predicted INT8
+GEMM_ROWS = {"mvitv2_tiny", "test_vit_relpos"}
 
 
 @pytest.mark.parametrize("name", list(ROWS))
@@ -100,3 +108,6 @@ def test_family_takes_the_graph_path_exports_and_lints_clean(name: str, tmp_path
     attention = [ly for ly in lint.layers if ly.kind == "attention"]
     assert all(ly.input_precision == "int8" for ly in attention)
     assert not [f for f in lint.findings if f.rule == "P14" and "attention" in f.message]
+    if name in GEMM_ROWS:
+        summary = lint.summary
+        assert summary["int8_weighted_layers"] == summary["weighted_layers"], summary
