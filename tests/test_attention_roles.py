@@ -158,3 +158,38 @@ def test_matmul_on_a_transposed_parameter_quantizes_the_parameter(tmp_path: Path
             prepared(x).flatten(), RelLogits().eval()(x).flatten(), dim=0
         )
     assert cos > 0.999
+
+
+class RopeAttention(nn.Module):
+    """timm's EVA / DINOv3 rotary attention: the prefix token sliced off unrotated, the rest
+    rotated, ``cat(...).type_as(v)`` into the products."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.register_buffer("sin", torch.randn(15, dim))
+        self.register_buffer("cos", torch.randn(15, dim))
+
+    def _rope(self, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rest = t[:, 1:]
+        a, b = rest.chunk(2, dim=-1)
+        rotated = (rest * self.cos + torch.cat([-b, a], dim=-1) * self.sin).to(torch.float32)
+        return torch.cat([t[:, :1], rotated], dim=1).type_as(v)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k = self._rope(q, v), self._rope(k, v)
+        return ((q * 0.2) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+
+
+def test_rope_concat_shares_the_key_quantizer(tmp_path: Path) -> None:
+    """The key's Concat reaches BMM1's quantized input through ``type_as`` (a cast that keeps
+    the dtype: the identity) and a transpose: its inputs share that scale (S02) so the Concat
+    runs INT8, and the linter finds no float Concat before a Quantize (S02b) nor a scale split."""
+    p = _plan(RopeAttention())
+    cats = [pt for pt in p.points if pt.op == "cat" and pt.decision != "skip"]
+    assert len(cats) == 2 and {pt.rule for pt in cats} == {"S02"}
+    key = p.point("matmul:input1")
+    assert {pt.group for pt in cats} == {key.group}
+    report = _lint_of(RopeAttention(), tmp_path)
+    assert not [f for f in report.findings if f.rule in ("S02", "S02b")]

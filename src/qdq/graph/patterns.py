@@ -224,11 +224,29 @@ def op_kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
             return "avg_pool" if _is_spatial_mean(node) else "other"
         return _refine_binary(node, kind)
     if node.op == "call_method":
+        if str(node.target) in _CAST_METHODS and _keeps_dtype(node):
+            return "identity"
         method_kind = _METHOD_KINDS.get(str(node.target), "other")
         if method_kind == "mean":
             return "avg_pool" if _is_spatial_mean(node) else "other"
         return _refine_binary(node, method_kind)
     return "other"
+
+
+#: tensor methods that only convert (dtype, device): the identity when the dtype is kept
+_CAST_METHODS = frozenset({"to", "type_as", "float", "type"})
+
+
+def _keeps_dtype(node: fx.Node) -> bool:
+    """Whether a cast's recorded output has its input's dtype (timm's ``.type_as(v)`` after
+    the RoPE Concat, ``.to(x.dtype)``): a no-op the exporter drops, which Q/DQ placement must
+    look through (the Concat before it feeds the attention's quantized MatMul)."""
+    src = node.args[0] if node.args else None
+    if not isinstance(src, fx.Node):
+        return False
+    dtype_in = getattr(src.meta.get("tensor_meta"), "dtype", None)
+    dtype_out = getattr(node.meta.get("tensor_meta"), "dtype", None)
+    return dtype_in is not None and dtype_in == dtype_out
 
 
 def _refine_binary(node: fx.Node, kind: str) -> str:
@@ -260,11 +278,14 @@ def tensor_inputs(node: fx.Node) -> list[tuple[int, fx.Node]]:
     """``(position, producer)`` of the activation inputs of ``node``.
 
     Positions index ``node.args`` (for ``cat``, the position inside the list). ``get_attr``
-    producers (parameters/buffers) and shape computations are not activations.
+    producers (parameters/buffers), shape computations and a cast's dtype template are not
+    activations.
     """
     if node.op == "call_function" and node.target in (torch.cat, torch.concat, torch.concatenate):
         seq = node.args[0] if node.args else node.kwargs.get("tensors", ())
         items = list(seq) if isinstance(seq, (list, tuple)) else []
+    elif node.op == "call_method" and node.target in _CAST_METHODS:
+        items = list(node.args[:1])  # x.type_as(y), x.to(y): y gives only a dtype (and device)
     else:
         items = list(node.args)
     return [(i, a) for i, a in enumerate(items) if isinstance(a, fx.Node) and _is_activation(a)]
