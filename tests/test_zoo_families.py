@@ -7,6 +7,7 @@ activation), YOLO26's value-first PSA attention (P16 as the linter reads it), SK
 selective kernel (P04 through a Split), TResNet's SE gate before its residual Add (P17), MViTv2's
 relative-position bias written back into the scores (``attn[...] = ...``, P16), the legacy SE-ResNet's
 gate (P17), a relative-position MLP on a constant table (folded by the builder, not a float GEMM),
+DINOv3's RoPE Concat before the quantized key (S02),
 and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
@@ -77,9 +78,12 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "legacy_seresnet18": _timm("legacy_seresnet18", 64),  # SE gate joins the residual Add: P17
     # a relative-position MLP on a constant table: folded by the builder, not a float GEMM
     "test_vit_relpos": _timm("test_vit_relpos", 64, img_size=64),
+    # RoPE: cat([prefix, rope(rest)]).type_as(v) shares the key's quantizer (S02); its
+    # forward(x, attn_mask=None, is_causal=False) traces x only (TorchScript)
+    "vit_tiny_patch16_dinov3_qkvb": _timm("vit_tiny_patch16_dinov3_qkvb", 64, img_size=64),
 }
 #: rows whose every weighted GEMM the builder runs (folded ones aside) must be predicted INT8
-GEMM_ROWS = {"mvitv2_tiny", "test_vit_relpos"}
+GEMM_ROWS = {"mvitv2_tiny", "test_vit_relpos", "vit_tiny_patch16_dinov3_qkvb"}
 
 
 @pytest.mark.parametrize("name", list(ROWS))
