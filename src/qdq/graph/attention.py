@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -232,13 +233,23 @@ def attention_role(node: fx.Node, kinds: dict[fx.Node, str]) -> str | None:
 
 def _softmax_after(node: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | None:
     """The softmax that ``node``'s product reaches through :func:`_between` ops, or ``None``."""
+    return _first_user(node, kinds, "softmax", _between)
+
+
+def _first_user(
+    node: fx.Node,
+    kinds: dict[fx.Node, str],
+    kind: str,
+    through: Callable[[fx.Node, dict[fx.Node, str]], bool],
+) -> fx.Node | None:
+    """The first node of ``kind`` that reads ``node``'s output through ``through`` ops only."""
     stack, seen = [node], {node}
     while stack:
         n = stack.pop()
         for user in n.users:
-            if kinds.get(user) == "softmax":
+            if kinds.get(user) == kind:
                 return user
-            if _between(user, kinds) and user not in seen:
+            if through(user, kinds) and user not in seen:
                 seen.add(user)
                 stack.append(user)
     return None
@@ -262,16 +273,7 @@ def _scores_before(softmax: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | Non
 
 def _context_after(softmax: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | None:
     """The MatMul reading ``softmax``'s output through layout ops only, or ``None``."""
-    stack, seen = [softmax], {softmax}
-    while stack:
-        n = stack.pop()
-        for user in n.users:
-            if kinds.get(user) == "matmul":
-                return user
-            if _layout(user, kinds) and user not in seen:
-                seen.add(user)
-                stack.append(user)
-    return None
+    return _first_user(softmax, kinds, "matmul", _layout)
 
 
 def _probs_source(arg: Any, kinds: dict[fx.Node, str]) -> fx.Node | None:
