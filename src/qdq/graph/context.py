@@ -15,6 +15,7 @@ from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
 __all__ = [
     "PlanContext",
+    "alias_root",
     "input_label",
     "make_point",
     "owner_names",
@@ -220,16 +221,35 @@ def skip_input(
     )
 
 
+def alias_root(ctx: PlanContext, node: fx.Node) -> fx.Node:
+    """``node`` itself, or the tensor it is an identity alias of: ``nn.Identity`` / eval-mode
+    dropout calls are the same tensor in the export (RepGhost's ``bn(fusion_conv(x1))`` with an
+    identity ``fusion_conv`` reads the ``x1`` its cheap conv quantizes)."""
+    while ctx.kinds.get(node) == "identity":
+        ins = tensor_inputs(node)
+        if len(ins) != 1:
+            break
+        node = ins[0][1]
+    return node
+
+
 def quantized_for_others(ctx: PlanContext, node: fx.Node) -> set[str]:
-    """Names of the tensors a planned point quantizes for some reader other than ``node``."""
-    return {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    """Names of the tensors a planned point quantizes for some reader other than ``node``, each
+    also by its :func:`alias_root` (check a producer with ``alias_root(ctx, producer).name``)."""
+    names = {p.producer for p in ctx.points.values() if p.quantized and p.consumer != node.name}
+    return names | {alias_root(ctx, ctx.by_name[n]).name for n in names if n in ctx.by_name}
 
 
 def reaches_quantized(
-    ctx: PlanContext, node: fx.Node, through: frozenset[str] = PASS_THROUGH_KINDS
+    ctx: PlanContext,
+    node: fx.Node,
+    through: frozenset[str] = PASS_THROUGH_KINDS,
+    *,
+    scales: bool = False,
 ) -> bool:
     """Whether ``node``'s output (through ops of the ``through`` kinds, by default the
-    pass-through ones) is read by a quantized point."""
+    pass-through ones; with ``scales`` also through Muls by a constant, which join a PointWise
+    layer) is read by a quantized point."""
     read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
     stack, seen = [node], {node}
     while stack:
@@ -237,7 +257,8 @@ def reaches_quantized(
         for u in n.users:
             if (n.name, u.name) in read:
                 return True
-            if ctx.kinds[u] in through and u not in seen:
+            scale = scales and ctx.kinds[u] == "mul" and len(tensor_inputs(u)) == 1
+            if (ctx.kinds[u] in through or scale) and u not in seen:
                 seen.add(u)
                 stack.append(u)
     return False

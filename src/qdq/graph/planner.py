@@ -29,6 +29,7 @@ from torch import nn
 from qdq.config import QuantConfig
 from qdq.graph.context import (
     PlanContext,
+    alias_root,
     input_label,
     owner_names,
     owner_type,
@@ -38,7 +39,14 @@ from qdq.graph.context import (
     skip_input,
 )
 from qdq.graph.grouping import coverage, group_points
-from qdq.graph.patterns import THROUGH_ACT_KINDS, WEIGHTED_KINDS, op_kind, tensor_inputs
+from qdq.graph.patterns import (
+    COPY_KINDS,
+    PASS_THROUGH_KINDS,
+    THROUGH_ACT_KINDS,
+    WEIGHTED_KINDS,
+    op_kind,
+    tensor_inputs,
+)
 from qdq.graph.plan import QuantPlan
 from qdq.graph.pointwise import plan_pointwise_adds
 from qdq.graph.residual import plan_residual_add, release_float_output_skips, silu_operand
@@ -93,6 +101,7 @@ def build_plan(
     while _plan_pools_and_concats(ctx, nodes, again=True):
         _plan_pointwise(ctx, nodes)
     release_float_output_skips(ctx)
+    _release_float_output_bns(ctx)
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
@@ -145,6 +154,41 @@ def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
     for n in nodes:
         if ctx.kinds[n] in _FANOUT_READERS:
             _plan_fanout_reader(ctx, n)
+        elif ctx.kinds[n] == "cat" and _fanout_concat(ctx, n):
+            _plan_concat(ctx, n, fanout=True)
+            for _, producer in tensor_inputs(n):  # a gate that now reaches a quantized op
+                gate = producer
+                while ctx.kinds[gate] == "mul" and len(tensor_inputs(gate)) == 1:
+                    gate = tensor_inputs(gate)[0][1]
+                if ctx.kinds[gate] == "mul":
+                    _plan_gating_mul(ctx, gate)
+
+
+def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
+    """P04: a Concat left float for want of a quantized reader, whose inputs are quantized for
+    other readers or written by an INT8 layer (the last Concat of a dense stage, read by a
+    LayerNorm, over the features the stage's inner Concats quantize and the last block's
+    output). Quantized, the Concat runs INT8 and one Dequantize serves its float reader; float,
+    every input quantized elsewhere is written twice (INT8 and float). A float reader that is a
+    pool (RDNet's head) then reads INT8 and writes float (lint P05): that Dequantize is the one
+    reformat left. Not for a Concat a graph output reads (the output stays exact), nor one with
+    no input quantized elsewhere."""
+    if not _left_float(ctx, node) or not ctx.config.family_enabled("fanout"):
+        return False
+    ins = tensor_inputs(node)
+    quantized = quantized_for_others(ctx, node)
+    shared = [p for _, p in ins if alias_root(ctx, p).name in quantized]
+    if not shared or any(p not in shared and not _writes_int8(ctx, p) for _, p in ins):
+        return False
+    stack, seen = [node], {node}
+    while stack:
+        for u in stack.pop().users:
+            if u.op == "output":
+                return False
+            if ctx.kinds[u] in PASS_THROUGH_KINDS and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return True
 
 
 def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
@@ -196,11 +240,38 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
         )
 
 
-def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
+def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
+    """Whether ``node`` (through activations, sigmoids and Muls by a constant: its epilogue) is a layer
+    that runs INT8 or can: a quantized conv/linear, an op every input of which is quantized, or
+    an elementwise Mul/Add every operand of which is quantized for another reader or written by
+    such a layer (RDNet's gate ``x * hardsigmoid(fc(mean(x)))``, whose pool quantizes ``x``)."""
+    while ctx.kinds[node] in THROUGH_ACT_KINDS | {"sigmoid"} or (
+        ctx.kinds[node] == "mul" and len(tensor_inputs(node)) == 1
+    ):
+        ins = tensor_inputs(node)
+        if len(ins) != 1:
+            return False
+        node = ins[0][1]
+    if node in ctx.quantized_weighted:
+        return True
+    owner, ins = ctx.owners[node], tensor_inputs(node)
+    points = [ctx.points.get(f"{owner}:{input_label(node, pos)}") for pos, _ in ins]
+    if points and all(p is not None and p.quantized for p in points):
+        return True
+    if ctx.kinds[node] not in ("mul", "add") or len(ins) != 2 or depth == 0:
+        return False
+    quantized = quantized_for_others(ctx, node)
+    return all(
+        alias_root(ctx, p).name in quantized or _writes_int8(ctx, p, depth - 1) for _, p in ins
+    )
+
+
+def _plan_concat(ctx: PlanContext, node: fx.Node, *, fanout: bool = False) -> None:
     ins = tensor_inputs(node)
     owner = ctx.owners[node]
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "cat")
-    quantize = not excluded and ctx.config.family_enabled("concat") and reaches_quantized(ctx, node)
+    quantize = not excluded and ctx.config.family_enabled("concat")
+    quantize = quantize and (fanout or reaches_quantized(ctx, node))
     for pos, producer in ins:
         if quantize:
             quantize_input(
@@ -208,8 +279,14 @@ def _plan_concat(ctx: PlanContext, node: fx.Node) -> None:
                 node,
                 pos,
                 producer,
-                "S02",
-                "Concat input: inputs and output share one scale",
+                "P04" if fanout else "S02",
+                "Concat input: inputs and output share one scale"
+                + (
+                    "; every input is INT8 for other readers, so the Concat runs INT8 and one "
+                    "Dequantize serves its float reader (no input written twice)"
+                    if fanout
+                    else ""
+                ),
                 calib_o,
                 bits_o,
             )
@@ -230,14 +307,15 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     if len(ins) != 2 or silu_operand(ctx, node) is not None:
         return
     quantized = quantized_for_others(ctx, node)
-    if not any(producer.name in quantized for _, producer in ins):
+    if not any(alias_root(ctx, producer).name in quantized for _, producer in ins):
         return
     owner = ctx.owners[node]
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "mul")
     if excluded or not ctx.config.family_enabled("fanout"):
         return
-    # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer
-    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS):
+    # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer, as
+    # does RDNet's layer scale ``(x * gate) * gamma``
+    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS, scales=True):
         return
     for pos, producer in ins:
         quantize_input(
@@ -263,7 +341,7 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
         return
     pos, producer = ins[0]
     quantized = quantized_for_others(ctx, node)
-    if producer.name not in quantized:
+    if alias_root(ctx, producer).name not in quantized:
         return
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "bn")
     if excluded or not ctx.config.family_enabled("fanout"):
@@ -309,6 +387,48 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
                 )
 
 
+def _release_float_output_bns(ctx: PlanContext) -> None:
+    """P04, after step 5: a fan-out BatchNorm whose output no quantized op reads (its residual
+    skip released by P03: the fused Add writes float for a small float conv, H02) reads its input
+    in float again. INT8 in and float out would cost a standalone Dequantize (P05) in place of the
+    producer's second, float output (P04): no gain, and the float read is exact."""
+    for name, point in list(ctx.points.items()):
+        if point.rule != "P04" or not point.quantized or point.kind != "input":
+            continue
+        bn = ctx.by_name[point.consumer]
+        if ctx.kinds[bn] != "bn" or reaches_quantized(ctx, bn, THROUGH_ACT_KINDS | {"add"}):
+            continue
+        adds = {u.name for u in _users_through(ctx, bn, COPY_KINDS) if ctx.kinds[u] == "add"}
+        if any(  # RepVGG's identity BN: it joins the INT8 PointWise of its Add (P04 above)
+            p.quantized and p.rule == "P04" and p.consumer in adds for p in ctx.points.values()
+        ):
+            continue
+        skip_input(
+            ctx,
+            bn,
+            point.arg,
+            ctx.by_name[point.producer],
+            "P04",
+            "BatchNorm beside quantized readers of its input, but its output stays float (no "
+            "quantized op reads it): it reads the float version (INT8 in, float out would cost a "
+            "standalone Dequantize, P05)",
+            label=name.split(":", 1)[1],
+        )
+
+
+def _users_through(ctx: PlanContext, node: fx.Node, kinds: frozenset[str]) -> set[fx.Node]:
+    """The readers of ``node``, looking through readers of the given ``kinds``."""
+    out: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        for u in stack.pop().users:
+            if u not in out:
+                out.add(u)
+                if ctx.kinds.get(u) in kinds:
+                    stack.append(u)
+    return out
+
+
 #: float readers that take the INT8 version of a tensor quantized for its other readers (P04):
 #: ReLU/clamp runs INT8 when its output is quantized too; RoIAlign has no INT8 kernel and reads
 #: it through a Dequantize. (Max pools need no rule: TensorRT moves a Quantize across them, S03.)
@@ -332,7 +452,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     if key in ctx.points and ctx.points[key].quantized:
         return
     quantized = quantized_for_others(ctx, node)
-    if producer.name not in quantized:
+    if alias_root(ctx, producer).name not in quantized:
         return
     kind = ctx.kinds[node]
     if kind != "roi_align" and not reaches_quantized(ctx, node):

@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from qdq.graph.context import (
     PlanContext,
+    alias_root,
     input_label,
     quantize_input,
     quantized_for_others,
@@ -135,7 +136,7 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
         return "scale"
     if kind == "mul" and len(ins) == 2:
         int8 = quantized_for_others(ctx, operand)
-        if not any(producer.name in int8 for _, producer in ins):
+        if not any(alias_root(ctx, producer).name in int8 for _, producer in ins):
             return None
         excluded = ctx.config.resolve(ctx.owners[operand], ctx.owner_types[operand], "mul")[0]
         return None if excluded else "gating Mul"

@@ -1,0 +1,119 @@
+"""Fan-out placement (rule P04) through identity aliases, layer scales and dense Concats: the
+planner's decision on small graphs, and the linter agreeing on their export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qdq
+import qdq.lint
+from test_placement_rules import decisions, plan
+
+
+class RepGhost(nn.Module):
+    """RepGhostNet's module in training form: ``cheap(x1) + bn(fusion(x1))`` with an identity
+    ``fusion``, then a conv reading the block's output."""
+
+    def __init__(self, c: int, out: int) -> None:
+        super().__init__()
+        self.primary = nn.Sequential(nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.fusion = nn.Identity()
+        self.fusion_bn = nn.BatchNorm2d(c)
+        self.cheap = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c)
+        )
+        self.after = nn.Conv2d(c, out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        return self.after(F.relu(self.cheap(x1) + self.fusion_bn(self.fusion(x1))))
+
+
+def _lint(model: nn.Module, x: torch.Tensor, path: Path) -> qdq.lint.LintReport:
+    prepared = qdq.prepare(model.eval(), (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    return qdq.lint.lint(qdq.export_onnx(prepared, (x[:1],), path, exporter="torchscript").path)
+
+
+def test_p04_bn_behind_an_identity_reads_the_int8_version(tmp_path: Path) -> None:
+    """The BatchNorm reads ``fusion(x1)``, an identity alias of the ``x1`` the cheap conv
+    quantizes: it reads the same INT8 version (one quantizer), and the export lints clean."""
+    p = plan(RepGhost(32, 32), 1, 16, 8, 8)
+    bn, cheap = p.point("fusion_bn:input"), p.point("cheap.0:input")
+    assert (bn.decision, bn.rule) == ("quantize", "P04") or (bn.decision, bn.rule) == (
+        "share",
+        "P04",
+    )
+    assert bn.group == cheap.group  # one scale on the one exported tensor (S01)
+    torch.manual_seed(0)
+    report = _lint(RepGhost(32, 32), torch.randn(4, 16, 8, 8), tmp_path / "ghost.onnx")
+    assert not {"P04", "P05", "S01"} & set(report.rules()), report.format()
+
+
+def test_p04_bn_whose_output_stays_float_reads_float() -> None:
+    """With a small conv after the block (20 -> 12 channels: float, H02) the fused Add writes
+    float, its skip is released (P03) and the BatchNorm reads float too: INT8 in and float out
+    would be a standalone Dequantize (P05) in place of the producer's float copy."""
+    p = plan(RepGhost(20, 12), 1, 16, 8, 8)
+    assert decisions(p, "after")["input"] == ("skip", "H02")
+    bn = p.point("fusion_bn:input")
+    assert (bn.decision, bn.rule) == ("skip", "P04") and "stays float" in bn.reason
+    assert p.point("cheap.0:input").quantized  # the depthwise conv still runs INT8
+
+
+class DenseBlock(nn.Module):
+    """RDNet's block on the stage's features: conv, an effective-SE gate, a layer scale."""
+
+    def __init__(self, cin: int, growth: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, growth, 1)
+        self.fc = nn.Conv2d(growth, growth, 1)
+        self.gamma = nn.Parameter(torch.full((1, growth, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        y = y * F.hardsigmoid(self.fc(y.mean((2, 3), keepdim=True)))
+        return y * self.gamma
+
+
+class DenseStage(nn.Module):
+    """``features += [block(cat(features))]`` three times; the stage's output ``cat(features)``
+    goes through a channel LayerNorm (float) to the next conv."""
+
+    def __init__(self, c: int = 32, growth: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(16, c, 3, 1, 1)
+        self.blocks = nn.ModuleList(DenseBlock(c + i * growth, growth) for i in range(3))
+        self.norm = nn.LayerNorm(c + 3 * growth)
+        self.head = nn.Conv2d(c + 3 * growth, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [self.stem(x)]
+        for block in self.blocks:
+            features.append(block(torch.cat(features, 1)))
+        out = torch.cat(features, 1)
+        return self.head(self.norm(out.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+
+
+def test_p04_dense_stage_concat_runs_int8_and_its_gates_too(tmp_path: Path) -> None:
+    """Every feature is INT8 for the inner Concats, so the stage's last Concat (read by a float
+    LayerNorm) is quantized as well (P04, one scale with them) rather than every feature written
+    twice; the last block's gate, whose output only that Concat reads, then runs INT8 (P04)
+    through its layer scale."""
+    p = plan(DenseStage(), 1, 16, 8, 8)
+    last = decisions(p, "cat_3")
+    assert len(last) == 4 and {d for d, _ in last.values()} <= {"quantize", "share"}, last
+    assert {r for _, r in last.values()} == {"P04"}
+    assert p.point("cat_3:input0").group == p.point("cat:input").group  # S02 across the stage
+    for i in range(3):
+        gate = decisions(p, f"blocks.{i}.mul")
+        assert gate and {r for _, r in gate.values()} == {"P04"}, gate
+        assert {d for d, _ in gate.values()} <= {"quantize", "share"}
+    torch.manual_seed(0)
+    report = _lint(DenseStage(), torch.randn(4, 16, 8, 8), tmp_path / "dense.onnx")
+    assert not {"P04", "P05", "S02b"} & set(report.rules()), report.format()
+    assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]
