@@ -388,8 +388,8 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
 
 
 def _release_float_output_bns(ctx: PlanContext) -> None:
-    """P04, after step 5: a fan-out BatchNorm whose output no quantized op reads (its residual
-    skip released by P03: the fused Add writes float for a small float conv, H02) reads its input
+    """P04, after step 5: a fan-out BatchNorm whose only readers are residual Adds that released
+    it as a float skip (P03: the fused Add writes float for a small float conv, H02) reads its input
     in float again. INT8 in and float out would cost a standalone Dequantize (P05) in place of the
     producer's second, float output (P04): no gain, and the float read is exact."""
     for name, point in list(ctx.points.items()):
@@ -398,10 +398,16 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
         bn = ctx.by_name[point.consumer]
         if ctx.kinds[bn] != "bn" or reaches_quantized(ctx, bn, THROUGH_ACT_KINDS | {"add"}):
             continue
-        adds = {u.name for u in _users_through(ctx, bn, COPY_KINDS) if ctx.kinds[u] == "add"}
-        if any(  # RepVGG's identity BN: it joins the INT8 PointWise of its Add (P04 above)
-            p.quantized and p.rule == "P04" and p.consumer in adds for p in ctx.points.values()
-        ):
+        # only a BN every reader of which is an Add that released it as a float skip (P03);
+        # RepVGG's identity BN joins its Add's INT8 PointWise, FastViT's feeds a Sub (P17)
+        out = {bn.name} | {u.name for u in _users_through(ctx, bn, COPY_KINDS)}
+        readers = [u for u in _users_through(ctx, bn, COPY_KINDS) if ctx.kinds[u] not in COPY_KINDS]
+        skips = {
+            p.consumer
+            for p in ctx.points.values()
+            if p.rule == "P03" and not p.quantized and p.kind == "input" and p.producer in out
+        }
+        if not readers or any(u.name not in skips for u in readers):
             continue
         skip_input(
             ctx,
