@@ -117,3 +117,40 @@ def test_p04_dense_stage_concat_runs_int8_and_its_gates_too(tmp_path: Path) -> N
     report = _lint(DenseStage(), torch.randn(4, 16, 8, 8), tmp_path / "dense.onnx")
     assert not {"P04", "P05", "S02b"} & set(report.rules()), report.format()
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]
+
+
+class InceptionMixer(nn.Module):
+    """InceptionNeXt's block: split the channels into an identity slice and three depthwise
+    branches, concatenate, BatchNorm, a 1x1 conv, a residual Add."""
+
+    def __init__(self, c: int = 64, gc: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(16, c, 3, 1, 1)
+        self.splits = (c - 3 * gc, gc, gc, gc)
+        self.hw = nn.Conv2d(gc, gc, 3, 1, 1, groups=gc)
+        self.w = nn.Conv2d(gc, gc, (1, 5), 1, (0, 2), groups=gc)
+        self.h = nn.Conv2d(gc, gc, (5, 1), 1, (2, 0), groups=gc)
+        self.norm = nn.BatchNorm2d(c)
+        self.fc = nn.Conv2d(c, c, 1)
+        self.head = nn.Conv2d(c, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x_id, x_hw, x_w, x_h = torch.split(x, self.splits, dim=1)
+        y = torch.cat((x_id, self.hw(x_hw), self.w(x_w), self.h(x_h)), dim=1)
+        return self.head(self.fc(self.norm(y)) + x)
+
+
+def test_p04_split_slices_concatenated_before_a_bn_run_int8(tmp_path: Path) -> None:
+    """The depthwise branches read their slices INT8; the identity slice goes into the Concat,
+    which a standalone BatchNorm reads before the 1x1 conv. The BN reads INT8 (P04), so the
+    Concat runs INT8 (S02) and every slice of the Split is INT8: the producer writes INT8 once
+    (no P04) and the fused residual Add's output is INT8 (no P03d)."""
+    p = plan(InceptionMixer(), 1, 16, 8, 8)
+    bn = p.point("norm:input")
+    assert bn.quantized and bn.rule == "P04" and "Split" in bn.reason
+    cat = decisions(p, "cat")
+    assert len(cat) == 4 and {d for d, _ in cat.values()} <= {"quantize", "share"}, cat
+    torch.manual_seed(0)
+    report = _lint(InceptionMixer(), torch.randn(4, 16, 8, 8), tmp_path / "mixer.onnx")
+    assert not {"P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()

@@ -23,6 +23,8 @@ Steps, each citing its rule id (``qdq.rules``):
 
 from __future__ import annotations
 
+import operator
+
 import torch.fx as fx
 from torch import nn
 
@@ -331,6 +333,23 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
         )
 
 
+def _split_concat(ctx: PlanContext, node: fx.Node) -> bool:
+    """Whether ``node`` is a Concat one input of which is a slice of a Split (``getitem``) whose
+    other slices are read through a quantized point."""
+    if ctx.kinds[node] != "cat":
+        return False
+    read = {p.producer for p in ctx.points.values() if p.quantized}
+    for _, piece in tensor_inputs(node):
+        if piece.op != "call_function" or piece.target is not operator.getitem:
+            continue
+        split = piece.args[0]
+        if isinstance(split, fx.Node) and any(
+            u is not piece and u.name in read for u in split.users
+        ):
+            return True
+    return False
+
+
 def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
     """P04: a standalone BatchNorm reading a tensor that is quantized for its other readers
     (RepVGG's identity branch ``bn(x)`` beside ``conv(x)``) reads the same INT8 version, so the
@@ -341,22 +360,23 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
         return
     pos, producer = ins[0]
     quantized = quantized_for_others(ctx, node)
+    reason = (
+        "BatchNorm beside quantized readers of its input: it reads the same INT8 version (the "
+        "producer writes INT8 once; no standalone Quantize)"
+    )
     if alias_root(ctx, producer).name not in quantized:
-        return
+        if not _split_concat(ctx, producer) or not reaches_quantized(ctx, node, THROUGH_ACT_KINDS):
+            return
+        reason = (
+            "BatchNorm after a Concat of slices of a Split whose other slices are read INT8 "
+            "(InceptionNeXt's identity slice beside its depthwise convs): it reads INT8 and the "
+            "Concat runs INT8 (S02), so every slice is INT8 and the Split's producer writes INT8 "
+            "once (no float copy, and its fused residual Add writes INT8: no P03d)"
+        )
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "bn")
     if excluded or not ctx.config.family_enabled("fanout"):
         return
-    quantize_input(
-        ctx,
-        node,
-        pos,
-        producer,
-        "P04",
-        "BatchNorm beside quantized readers of its input: it reads the same INT8 version (the "
-        "producer writes INT8 once; no standalone Quantize)",
-        calib_o,
-        bits_o,
-    )
+    quantize_input(ctx, node, pos, producer, "P04", reason, calib_o, bits_o)
     out = node
     while len(out.users) == 1 and ctx.kinds[next(iter(out.users))] in ("identity", "copy"):
         out = next(iter(out.users))  # BatchNormAct2d's drop/act identities
