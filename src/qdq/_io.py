@@ -14,7 +14,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_move_files", "atomic_write_bytes", "atomic_write_files", "atomic_write_text"]
+__all__ = [
+    "atomic_move_files",
+    "atomic_write_bytes",
+    "atomic_write_files",
+    "atomic_write_text",
+    "proto_byte_size",
+]
 
 
 def atomic_write_text(path: str | Path, text: str, *, overwrite: bool = True) -> Path:
@@ -161,3 +167,15 @@ def _refuse_existing(targets: Mapping[Path, object], overwrite: bool) -> None:
             f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
             "pass overwrite=True to replace"
         )
+
+
+def proto_byte_size(message: object) -> float:
+    """A protobuf message's serialized size in bytes (an ``onnx.ModelProto``), or infinity when
+    protobuf cannot size it: the upb backend sizes a message by serializing it, which fails past
+    2 GiB (``EncodeError``) — too large either way."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return float(message.ByteSize())  # type: ignore[attr-defined]
+    except EncodeError:
+        return float("inf")

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from qdq._io import _file_mode
+from qdq._io import _file_mode, proto_byte_size
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
@@ -62,12 +62,7 @@ def sidecar_for(onnx_path: str | Path) -> Path:
 
 def too_large(model: Any) -> bool:
     """Whether ``model`` (an ``onnx.ModelProto``) must be written with external data."""
-    from google.protobuf.message import EncodeError
-
-    try:
-        return bool(model.ByteSize() > EXTERNAL_DATA_THRESHOLD)
-    except EncodeError:  # upb sizes a message by serializing it, which fails past 2 GiB
-        return True
+    return proto_byte_size(model) > EXTERNAL_DATA_THRESHOLD
 
 
 def has_external_data(model: Any) -> bool:

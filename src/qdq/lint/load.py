@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from qdq._io import proto_byte_size
+
 __all__ = ["LintInputError", "load_model"]
 
 logger = logging.getLogger(__name__)
@@ -103,12 +105,7 @@ def _read(path: Path) -> Any:
 
 
 def _too_large(proto: Any) -> bool:
-    from google.protobuf.message import EncodeError
-
-    try:
-        return bool(proto.ByteSize() >= PROTOBUF_LIMIT)
-    except EncodeError:  # upb sizes a message by serializing it, which fails past 2 GiB
-        return True
+    return proto_byte_size(proto) >= PROTOBUF_LIMIT
 
 
 def _infer_without_data(proto: Any, path: Path) -> None:
