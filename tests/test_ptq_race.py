@@ -120,3 +120,48 @@ def test_folds_are_checked(data: list[torch.Tensor]) -> None:
     with pytest.raises(ValueError, match="every fold needs its own score"):
         search(_net(), (data[0][:1],), data[:2], data[2:3], score=lambda m: 1.0,
                folds=[Fold(data[:2], data[3:4])])  # fmt: skip
+
+
+def _tagged_race(costs: dict[str, float], limit: float) -> tuple[dict[str, Runs], int]:
+    """:func:`race` over three close candidates whose first-fold runs took ``costs`` seconds."""
+    from torch import nn
+
+    from qdq.ptq.race import race
+    from qdq.ptq.search import Recipe
+
+    errors = {"none": 1.01e-4, "bias": 1.0e-4, "kernel-sum": 1.02e-4}  # bias a hair ahead
+
+    def build(r: Recipe, fold: int) -> tuple[nn.Module, tuple]:
+        m = nn.Identity()
+        m.tag = r.name
+        return m, ()
+
+    def scorer(fold: int):  # independent noise per recipe and fold, far above their gaps
+        return lambda m: _cos(
+            errors[m.tag], n=16, jitter=1e-4, seed=10 * fold + list(errors).index(m.tag)
+        )
+
+    recipes = [Recipe(name, ()) for name in errors]
+    runs_of = {}
+    for name in errors:
+        runs_of[name] = _runs(_cos(errors[name], n=16, jitter=1e-4, seed=list(errors).index(name)))
+        runs_of[name].seconds = costs[name]
+    used = race(recipes, runs_of, 3, build, [scorer(k) for k in range(3)], Margin(), limit, False)
+    return runs_of, used
+
+
+def test_a_contender_too_costly_for_a_folds_budget_leaves_the_race() -> None:
+    """Measured on the first fold, kernel-sum would take 100 s of a 10 s fold budget: it leaves
+    the race instead of starting, and the others race on; when the best so far is the costly
+    one, the race stops and the choice is made on the first fold."""
+    runs_of, used = _tagged_race({"none": 0.0, "bias": 0.0, "kernel-sum": 100.0}, limit=10.0)
+    assert used == 3 and runs_of["kernel-sum"].folds == 1 and runs_of["kernel-sum"].left == "budget"
+    assert runs_of["none"].folds == runs_of["bias"].folds == 3
+    assert runs_of["kernel-sum"].trial("kernel-sum", used).status == (
+        "scored on 1 of 3 folds (budget)"
+    )
+    runs_of, used = _tagged_race({"none": 0.0, "bias": 100.0, "kernel-sum": 0.0}, limit=10.0)
+    assert used == 1 and all(r.folds == 1 for r in runs_of.values())
+    # within the budget every contender races
+    runs_of, used = _tagged_race({"none": 0.0, "bias": 1.0, "kernel-sum": 1.0}, limit=10.0)
+    assert used == 3 and all(r.folds == 3 for r in runs_of.values())

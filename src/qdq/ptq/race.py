@@ -167,7 +167,12 @@ def race(
 ) -> int:
     """Run the candidates still in contention on folds 1 … ``folds`` − 1 in turn, each fold with
     ``limit`` seconds (as the first pass had; the candidate running when it is spent finishes);
-    return how many folds the choice is made on (those every remaining candidate completed)."""
+    return how many folds the choice is made on (those every remaining candidate completed).
+
+    A contender whose measured cost per fold would overrun what is left of the fold's budget
+    leaves the race (``budget``) instead of starting; when that is the best so far, the race
+    stops and the choice is made on the folds done (an AdaRound that took 109 s of a 30 s budget
+    on the first fold is not run three times more)."""
     used = 1
     for fold in range(1, folds):
         spent = 0.0
@@ -178,15 +183,23 @@ def race(
         for r in recipes:
             if runs_of[r.name].folds == fold and r not in alive and not runs_of[r.name].left:
                 runs_of[r.name].left = "left the race"
+        top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+        if _cost(runs_of[top.name]) > limit:
+            break  # the best so far cannot run once more within a fold's budget: choose now
         cut = False
         for r in progress(alive, total=len(alive), desc=f"recipe search, fold {fold + 1}",
                           enabled=show_progress):  # fmt: skip
             if spent > limit:
                 cut = True
                 continue
+            if r is not top and spent + _cost(runs_of[r.name]) > limit:
+                # its measured cost would overrun this fold's budget: it leaves the race
+                runs_of[r.name].left = "budget"
+                continue
             before = runs_of[r.name].seconds
             run_one(runs_of[r.name], partial(build, r, fold), scorers[fold])
             spent += runs_of[r.name].seconds - before
+        alive = [r for r in alive if runs_of[r.name].folds > fold or runs_of[r.name].status]
         finished = [r for r in alive if runs_of[r.name].scored()]
         if cut or len(finished) < 2:
             # the budget ran out within the fold (or too few were left to choose between): the
@@ -200,6 +213,11 @@ def race(
             break
         used = fold + 1
     return used
+
+
+def _cost(runs: Runs) -> float:
+    """A candidate's measured seconds per fold run."""
+    return runs.seconds / max(runs.folds, 1)
 
 
 def _contenders(alive: list[Recipe], runs_of: dict[str, Runs], margin: Margin) -> list[Recipe]:
