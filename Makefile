@@ -17,7 +17,7 @@ DEB     := dataset-fashion-mnist graphviz chromium
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo,report]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[onnx,vision,dev,models,zoo,report,transformers]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(ZOO_NODEPS)
 	touch $(STAMP)
 
