@@ -243,8 +243,8 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
 
 
 def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
-    """Whether ``node`` (through activations, sigmoids and Muls by a constant: its epilogue) is a layer
-    that runs INT8 or can: a quantized conv/linear, an op every input of which is quantized, or
+    """Whether ``node`` (through activations, sigmoids and Muls by a constant: its epilogue) is
+    a layer that runs INT8 or can: a quantized conv/linear, an op every input of which is quantized, or
     an elementwise Mul/Add every operand of which is quantized for another reader or written by
     such a layer (RDNet's gate ``x * hardsigmoid(fc(mean(x)))``, whose pool quantizes ``x``)."""
     while ctx.kinds[node] in THROUGH_ACT_KINDS | {"sigmoid"} or (
@@ -284,8 +284,9 @@ def _plan_concat(ctx: PlanContext, node: fx.Node, *, fanout: bool = False) -> No
                 "P04" if fanout else "S02",
                 "Concat input: inputs and output share one scale"
                 + (
-                    "; every input is INT8 for other readers, so the Concat runs INT8 and one "
-                    "Dequantize serves its float reader (no input written twice)"
+                    "; its inputs are INT8 already (for other readers, or written by INT8 "
+                    "layers), so the Concat runs INT8 and one Dequantize serves its float reader "
+                    "(no input written twice)"
                     if fanout
                     else ""
                 ),
