@@ -23,6 +23,7 @@ __all__ = [
     "quantize_input",
     "quantized_for_others",
     "reaches_quantized",
+    "release",
     "skip_input",
 ]
 
@@ -218,6 +219,20 @@ def skip_input(
         make_point(
             ctx, node, pos, producer, "input", label, decision=SKIP, rule=rule, reason=reason
         )
+    )
+
+
+def release(ctx: PlanContext, point: QuantPoint, rule: str, reason: str) -> None:
+    """Turn a quantized input point back to float (a later pass found the INT8 read costs a
+    reformat), keeping its name and producer."""
+    skip_input(
+        ctx,
+        ctx.by_name[point.consumer],
+        point.arg,
+        ctx.by_name[point.producer],
+        rule,
+        reason,
+        label=point.name.split(":", 1)[1],
     )
 
 

@@ -38,6 +38,7 @@ from qdq.graph.context import (
     quantize_input,
     quantized_for_others,
     reaches_quantized,
+    release,
     skip_input,
 )
 from qdq.graph.grouping import coverage, group_points
@@ -413,7 +414,7 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
     it as a float skip (P03: the fused Add writes float for a small float conv, H02) reads its input
     in float again. INT8 in and float out would cost a standalone Dequantize (P05) in place of the
     producer's second, float output (P04): no gain, and the float read is exact."""
-    for name, point in list(ctx.points.items()):
+    for point in list(ctx.points.values()):
         if point.rule != "P04" or not point.quantized or point.kind != "input":
             continue
         bn = ctx.by_name[point.consumer]
@@ -430,16 +431,13 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
         }
         if not readers or any(u.name not in skips for u in readers):
             continue
-        skip_input(
+        release(
             ctx,
-            bn,
-            point.arg,
-            ctx.by_name[point.producer],
+            point,
             "P04",
             "BatchNorm beside quantized readers of its input, but its output stays float (no "
             "quantized op reads it): it reads the float version (INT8 in, float out would cost a "
             "standalone Dequantize, P05)",
-            label=name.split(":", 1)[1],
         )
 
 

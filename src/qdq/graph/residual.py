@@ -6,7 +6,7 @@ from collections import deque
 
 import torch.fx as fx
 
-from qdq.graph.context import PlanContext, quantize_input, reaches_quantized, skip_input
+from qdq.graph.context import PlanContext, quantize_input, reaches_quantized, release, skip_input
 from qdq.graph.patterns import (
     COPY_KINDS,
     EPILOGUE_KINDS,
@@ -225,14 +225,11 @@ def release_float_output_skips(ctx: PlanContext) -> None:
             p.quantized and p.producer in aliases and p.name != name for p in ctx.points.values()
         ):
             continue
-        skip_input(
+        release(
             ctx,
-            add,
-            point.arg,
-            ctx.by_name[point.producer],
+            point,
             "P03",
             "residual skip read only by this Add, whose fused conv+Add output stays float (it "
             "feeds no quantized op): TensorRT reads the skip in that precision, so it stays float "
             "(an INT8 skip would cost a standalone DequantizeLinear, lint P03d)",
-            label=name.split(":", 1)[1],
         )
