@@ -170,9 +170,10 @@ def race(
     return how many folds the choice is made on (those every remaining candidate completed).
 
     A contender whose measured cost per fold would overrun what is left of the fold's budget
-    leaves the race (``budget``) instead of starting; when that is the best so far, the race
-    stops and the choice is made on the folds done (an AdaRound that took 109 s of a 30 s budget
-    on the first fold is not run three times more)."""
+    leaves the race (``budget``) instead of starting (an AdaRound that took 109 s of a 30 s
+    budget on the first fold is not run three times more). When the best so far costs more than
+    a whole fold's budget, the race ends there if it is measurably better than every other
+    contender; else it leaves the race and the others race on."""
     used = 1
     for fold in range(1, folds):
         spent = 0.0
@@ -184,8 +185,18 @@ def race(
             if runs_of[r.name].folds == fold and r not in alive and not runs_of[r.name].left:
                 runs_of[r.name].left = "left the race"
         top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
-        if _cost(runs_of[top.name]) > limit:
-            break  # the best so far cannot run once more within a fold's budget: choose now
+        while _cost(runs_of[top.name]) > limit and len(alive) > 1:
+            # the best so far cannot run once more within a fold's budget: when it is measurably
+            # better than every other contender the choice needs no race; else it leaves the
+            # race and the others race on (its one fold cannot be weighed against their folds)
+            rest = [r for r in alive if r is not top]
+            if all(margin.better(runs_of[top.name], runs_of[r.name])[0] for r in rest):
+                return used
+            runs_of[top.name].left = "budget"
+            alive = rest
+            top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+        if len(alive) < 2:
+            break
         cut = False
         for r in progress(alive, total=len(alive), desc=f"recipe search, fold {fold + 1}",
                           enabled=show_progress):  # fmt: skip
