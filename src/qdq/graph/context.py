@@ -17,6 +17,7 @@ __all__ = [
     "PlanContext",
     "alias_root",
     "input_label",
+    "is_scale",
     "make_point",
     "owner_names",
     "owner_type",
@@ -236,11 +237,19 @@ def release(ctx: PlanContext, point: QuantPoint, rule: str, reason: str) -> None
     )
 
 
-def alias_root(ctx: PlanContext, node: fx.Node) -> fx.Node:
-    """``node`` itself, or the tensor it is an identity alias of: ``nn.Identity`` / eval-mode
-    dropout calls are the same tensor in the export (RepGhost's ``bn(fusion_conv(x1))`` with an
-    identity ``fusion_conv`` reads the ``x1`` its cheap conv quantizes)."""
-    while ctx.kinds.get(node) == "identity":
+def is_scale(ctx: PlanContext, node: fx.Node) -> bool:
+    """A Mul by a constant (a layer scale ``x * gamma``): one activation input."""
+    return ctx.kinds.get(node) == "mul" and len(tensor_inputs(node)) == 1
+
+
+def alias_root(
+    ctx: PlanContext, node: fx.Node, kinds: frozenset[str] = frozenset({"identity"})
+) -> fx.Node:
+    """``node`` itself, or the tensor it is an alias of through single-input ops of ``kinds``:
+    by default ``nn.Identity`` / eval-mode dropout calls, the same tensor in the export
+    (RepGhost's ``bn(fusion_conv(x1))`` with an identity ``fusion_conv`` reads the ``x1`` its
+    cheap conv quantizes)."""
+    while ctx.kinds.get(node) in kinds:
         ins = tensor_inputs(node)
         if len(ins) != 1:
             break
@@ -272,8 +281,7 @@ def reaches_quantized(
         for u in n.users:
             if (n.name, u.name) in read:
                 return True
-            scale = scales and ctx.kinds[u] == "mul" and len(tensor_inputs(u)) == 1
-            if (ctx.kinds[u] in through or scale) and u not in seen:
+            if (ctx.kinds[u] in through or (scales and is_scale(ctx, u))) and u not in seen:
                 seen.add(u)
                 stack.append(u)
     return False

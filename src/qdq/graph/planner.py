@@ -33,6 +33,7 @@ from qdq.graph.context import (
     PlanContext,
     alias_root,
     input_label,
+    is_scale,
     owner_names,
     owner_type,
     quantize_input,
@@ -161,7 +162,7 @@ def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
             _plan_concat(ctx, n, fanout=True)
             for _, producer in tensor_inputs(n):  # a gate that now reaches a quantized op
                 gate = producer
-                while ctx.kinds[gate] == "mul" and len(tensor_inputs(gate)) == 1:
+                while is_scale(ctx, gate):
                     gate = tensor_inputs(gate)[0][1]
                 if ctx.kinds[gate] == "mul":
                     _plan_gating_mul(ctx, gate)
@@ -248,9 +249,7 @@ def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
     a layer that runs INT8 or can: a quantized conv/linear, an op every input of which is quantized, or
     an elementwise Mul/Add every operand of which is quantized for another reader or written by
     such a layer (RDNet's gate ``x * hardsigmoid(fc(mean(x)))``, whose pool quantizes ``x``)."""
-    while ctx.kinds[node] in THROUGH_ACT_KINDS | {"sigmoid"} or (
-        ctx.kinds[node] == "mul" and len(tensor_inputs(node)) == 1
-    ):
+    while ctx.kinds[node] in THROUGH_ACT_KINDS | {"sigmoid"} or is_scale(ctx, node):
         ins = tensor_inputs(node)
         if len(ins) != 1:
             return False
@@ -422,8 +421,9 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
             continue
         # only a BN every reader of which is an Add that released it as a float skip (P03);
         # RepVGG's identity BN joins its Add's INT8 PointWise, FastViT's feeds a Sub (P17)
-        out = {bn.name} | {u.name for u in _users_through(ctx, bn, COPY_KINDS)}
-        readers = [u for u in _users_through(ctx, bn, COPY_KINDS) if ctx.kinds[u] not in COPY_KINDS]
+        users = _users_through(ctx, bn, COPY_KINDS)
+        out = {bn.name} | {u.name for u in users}
+        readers = [u for u in users if ctx.kinds[u] not in COPY_KINDS]
         skips = {
             p.consumer
             for p in ctx.points.values()

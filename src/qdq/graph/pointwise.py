@@ -34,6 +34,7 @@ from qdq.graph.context import (
     PlanContext,
     alias_root,
     input_label,
+    is_scale,
     quantize_input,
     quantized_for_others,
     reaches_quantized,
@@ -132,7 +133,7 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
         return None
     ins = tensor_inputs(operand)
     kind = ctx.kinds[operand]
-    if kind == "mul" and len(ins) == 1:
+    if is_scale(ctx, operand):
         return "scale"
     if kind == "mul" and len(ins) == 2:
         int8 = quantized_for_others(ctx, operand)

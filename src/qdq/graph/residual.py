@@ -6,7 +6,14 @@ from collections import deque
 
 import torch.fx as fx
 
-from qdq.graph.context import PlanContext, quantize_input, reaches_quantized, release, skip_input
+from qdq.graph.context import (
+    PlanContext,
+    alias_root,
+    quantize_input,
+    reaches_quantized,
+    release,
+    skip_input,
+)
 from qdq.graph.patterns import (
     COPY_KINDS,
     EPILOGUE_KINDS,
@@ -190,12 +197,7 @@ def plan_residual_add(ctx: PlanContext, node: fx.Node) -> None:
 def _copies_of(ctx: PlanContext, node: fx.Node) -> set[str]:
     """Names of the nodes holding the same tensor as ``node``: its source through copy ops
     (timm's ``shortcut = nn.Identity()``) and every copy of that source."""
-    root = node
-    while ctx.kinds[root] in COPY_KINDS:
-        ins = tensor_inputs(root)
-        if len(ins) != 1:
-            break
-        root = ins[0][1]
+    root = alias_root(ctx, node, COPY_KINDS)
     names, stack = {root.name}, [root]
     while stack:
         for u in stack.pop().users:

@@ -184,7 +184,7 @@ def race(
         for r in recipes:
             if runs_of[r.name].folds == fold and r not in alive and not runs_of[r.name].left:
                 runs_of[r.name].left = "left the race"
-        top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+        top = _best(alive, runs_of)
         while _cost(runs_of[top.name]) > limit and len(alive) > 1:
             # the best so far cannot run once more within a fold's budget: when it is measurably
             # better than every other contender the choice needs no race; else it leaves the
@@ -194,7 +194,7 @@ def race(
                 return used
             runs_of[top.name].left = "budget"
             alive = rest
-            top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+            top = _best(alive, runs_of)
         if len(alive) < 2:
             break
         cut = False
@@ -231,12 +231,17 @@ def _cost(runs: Runs) -> float:
     return runs.seconds / max(runs.folds, 1)
 
 
+def _best(alive: list[Recipe], runs_of: dict[str, Runs]) -> Recipe:
+    """The candidate with the best score so far."""
+    return max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+
+
 def _contenders(alive: list[Recipe], runs_of: dict[str, Runs], margin: Margin) -> list[Recipe]:
     """The candidates the best so far is not measurably better than at :data:`RACE` standard
     errors (with the margin's effect size), the best included."""
     if not alive:
         return []
-    top = max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
+    top = _best(alive, runs_of)
     return [
         r
         for r in alive
@@ -253,7 +258,7 @@ def choose(
     if not final:
         first = recipes[0]
         return first, f"no candidate could be scored; kept the first, {first.name}"
-    top = max(final, key=lambda r: runs_of[r.name].value() or 0.0)
+    top = _best(final, runs_of)
     best = runs_of[top.name]
     close = [r for r in final if r is top or not margin.better(best, runs_of[r.name])[0]]
     simplest = min(close, key=lambda r: (len(r.steps), list(recipes).index(r)))
