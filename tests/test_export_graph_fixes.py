@@ -139,3 +139,50 @@ def test_dynamo_clip_bounds_lost_by_onnxscript_are_registered(tmp_path) -> None:
     clips = [n for n in graph.node if n.op_type == "Clip"]
     defined = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
     assert len(clips) == 3 and all(i in defined for n in clips for i in n.input[1:])
+
+
+class _StdConv2d(nn.Conv2d):
+    """timm's ``StdConv2d`` (NFNet, BiT): the weight is standardized in every forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=1e-6
+        ).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_weight_standardized_in_forward_exports_as_an_int8_constant(tmp_path, exporter) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from qdq.lint import lint
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        _StdConv2d(16, 32, 3, padding=1), nn.ReLU(), _StdConv2d(32, 32, 3), nn.ReLU()
+    ).eval()
+    x = torch.randn(2, 16, 12, 12)
+    prepared = qdq.prepare(net, (x,))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    path = tmp_path / "m.onnx"
+    qdq.export_onnx(prepared, (x,), path, exporter=exporter)
+    model = onnx.load(str(path))
+    ops = [n.op_type for n in model.graph.node]
+    # the standardization is evaluated once: each Conv reads Q/DQ of a constant weight
+    assert "BatchNormalization" not in ops and "ReduceMean" not in ops
+    assert ops.count("Conv") == 2 and ops.count("QuantizeLinear") == 4
+    inits = {i.name for i in model.graph.initializer}
+    weight_q = [n for n in model.graph.node if n.name.endswith("weight_quantizer/QuantizeLinear")]
+    assert len(weight_q) == 2 and all(q.input[0] in inits for q in weight_q)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = prepared(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    report = lint(path)
+    assert report.verdict == "PASS", [f.rule for f in report.findings]
+    assert not [f for f in report.findings if f.rule == "V05"]

@@ -293,11 +293,37 @@ class _StdConv2d(nn.Conv2d):
         return torch.nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
 
 
-def test_a_conv_with_a_weight_computed_in_forward_is_reported_float_with_why() -> None:
+def test_a_weight_standardized_in_forward_is_quantized_per_channel_from_its_value() -> None:
+    torch.manual_seed(0)
     net = nn.Sequential(_StdConv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3))
+    with torch.no_grad():
+        net[0].weight.mul_(7.0).add_(3.0)  # standardizing changes the range a lot
+    before = net[0].weight.detach().clone()
     prepared = qdq.prepare(net.eval(), (torch.randn(1, 16, 8, 8),))
-    cover = {c.module: c for c in qdq.plan_of(prepared).coverage}
-    # it was listed as "not reached: not called by forward()", though it runs every forward
-    assert cover["0"].status == "float" and "weight computed in forward" in cover["0"].reason
-    assert cover["2"].status == "int8"
-    assert not qdq.plan_of(prepared).point("0:input").quantized
+    plan = qdq.plan_of(prepared)
+    cover = {c.module: c for c in plan.coverage}
+    assert cover["0"].status == "int8" and cover["2"].status == "int8"
+    point = plan.point("0:weight")
+    assert point.quantized and point.spec is not None and point.spec.axis == 0
+    quantizer = prepared.get_submodule("0.weight_quantizer")
+    w = net[0].weight.detach().reshape(32, -1)
+    var = w.var(1, unbiased=False, keepdim=True)
+    standardized = (w - w.mean(1, keepdim=True)) / torch.sqrt(var + 1e-6)
+    expected = standardized.abs().amax(1)
+    assert torch.allclose(quantizer.amax.flatten(), expected, rtol=1e-5)
+    assert not torch.allclose(quantizer.amax.flatten(), w.abs().amax(1), rtol=0.1)
+    assert torch.equal(net[0].weight, before)  # the user's model is untouched
+
+
+def test_a_matmul_operand_computed_from_parameters_stays_float_with_why() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ (self.w * self.w.norm(dim=0))
+
+    prepared = qdq.prepare(Scaled().eval(), (torch.randn(2, 16),))
+    point = next(p for p in qdq.plan_of(prepared).points if p.kind == "weight")
+    assert not point.quantized and "MatMul operand computed from parameters" in point.reason

@@ -9,7 +9,11 @@
 3. Node names become module paths: ``layer1.0.conv1/Conv``,
    ``layer1.0.conv1.input_quantizer/QuantizeLinear`` (from the dynamo exporter's ``name_scopes``
    metadata or the TorchScript exporter's ``/layer1/0/conv1/Conv`` scopes).
-4. A ``ReduceMean`` over every spatial axis (the dynamo exporter's ``adaptive_avg_pool2d(x, 1)``,
+4. A weight computed in ``forward`` from parameters alone (timm's ``StdConv2d`` standardizes its
+   weight on every call), which the TorchScript exporter writes as the ops that compute it, is
+   evaluated once and read from an initializer: TensorRT quantizes per channel only build-time
+   constants (rule V05). The dynamo exporter's optimizer folds it already.
+5. A ``ReduceMean`` over every spatial axis (the dynamo exporter's ``adaptive_avg_pool2d(x, 1)``,
    ``x.mean((2, 3))``) becomes ``GlobalAveragePool`` -- followed by a ``Squeeze`` of those axes
    when it did not keep them -- as the TorchScript exporter writes it: the same mean, and the op
    that TensorRT tooling and the linter know as a pool.
@@ -24,17 +28,31 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["float32_io", "global_average_pools", "node_scope", "postprocess"]
+__all__ = [
+    "float32_io",
+    "fold_computed_weights",
+    "global_average_pools",
+    "node_scope",
+    "postprocess",
+]
+
+#: ops whose output is not a function of their inputs: never folded
+_RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+)
+#: a weight operand of these ops (input 1) is a weight, whatever its Q/DQ's granularity
+_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
 
 
 def postprocess(model: Any, quantizer_order: list[str] | None = None) -> Any:
-    """Apply the four passes to ``model`` (an ``onnx.ModelProto``) in place and return it.
+    """Apply the five passes to ``model`` (an ``onnx.ModelProto``) in place and return it.
 
     ``quantizer_order``: the module paths of the quantizers in the order they ran while the
     TorchScript exporter traced; the i-th QuantizeLinear of the graph belongs to the i-th entry.
     (The dynamo exporter records each node's module path in metadata instead.)
     """
     _drop_constant_identities(model)
+    fold_computed_weights(model)
     global_average_pools(model)
     _rename_nodes(model, quantizer_order)
     _dedicate_dequantize(model)
@@ -64,6 +82,107 @@ def _drop_constant_identities(model: Any) -> None:
                 node.input[i] = alias[name]
     del graph.node[:]
     graph.node.extend(keep)
+
+
+def fold_computed_weights(model: Any) -> int:
+    """Replace the input of each weight ``QuantizeLinear`` that is computed from initializers and
+    constants alone by an initializer holding its value (evaluated with ONNX's reference
+    runtime); the nodes that computed it are removed once nothing else reads them. A weight
+    Quantize is one with a per-channel scale or whose Dequantize feeds input 1 of a
+    Conv/ConvTranspose/Gemm. Returns how many were folded."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    constant = _constant_tensors(graph, inits, producers)
+    targets = [
+        q.input[0]
+        for q in graph.node
+        if q.op_type == "QuantizeLinear"
+        and q.input[0] not in inits
+        and q.input[0] in constant
+        and _is_weight_quantize(graph, q, inits)
+    ]
+    targets = list(dict.fromkeys(targets))
+    if not targets:
+        return 0
+    needed: set[int] = set()
+    stack = list(targets)
+    while stack:
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in needed:
+            needed.add(id(node))
+            stack.extend(i for i in node.input if i)
+    nodes = [n for n in graph.node if id(n) in needed]
+    read = sorted({i for n in nodes for i in n.input if i in inits})
+    if any(inits[i].data_location == onnx.TensorProto.EXTERNAL for i in read):
+        return 0  # weights in a separate file: left as exported (the linter says V05)
+    sub = helper.make_graph(
+        nodes,
+        "computed_weights",
+        [],
+        [helper.make_empty_tensor_value_info(t) for t in targets],
+        initializer=[inits[i] for i in read],
+    )
+    values = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(
+        targets, {}
+    )
+    folded = {}
+    for name, value in zip(targets, values, strict=True):
+        folded[name] = f"{name}_folded"
+        while folded[name] in producers or folded[name] in inits:
+            folded[name] += "_"
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value), folded[name]))
+    for q in graph.node:
+        if q.op_type == "QuantizeLinear" and q.input[0] in folded:
+            q.input[0] = folded[q.input[0]]
+    _drop_unread(graph, needed, set(read))
+    return len(targets)
+
+
+def _constant_tensors(graph: Any, inits: dict[str, Any], producers: dict[str, Any]) -> set[str]:
+    """Tensors computed from initializers and ``Constant`` nodes alone (graph order)."""
+    constant = set(inits)
+    for node in graph.node:
+        if node.op_type in _RANDOM_OPS:
+            continue
+        if node.op_type == "Constant" or all(not i or i in constant for i in node.input):
+            constant.update(node.output)
+    graph_inputs = {i.name for i in graph.input}
+    return constant - (graph_inputs - set(inits))
+
+
+def _is_weight_quantize(graph: Any, q: Any, inits: dict[str, Any]) -> bool:
+    scale = inits.get(q.input[1]) if len(q.input) > 1 else None
+    if scale is not None and int(np.prod(scale.dims)) > 1:
+        return True
+    dqs = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0]]
+    outs = {d.output[0] for d in dqs}
+    return any(
+        n.op_type in _WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in outs for n in graph.node
+    )
+
+
+def _drop_unread(graph: Any, candidates: set[int], inits: set[str]) -> None:
+    """Remove the ``candidates`` nodes (ids) and ``inits`` initializers nothing reads any more."""
+    outputs = {o.name for o in graph.output}
+    nodes = list(graph.node)
+    while True:
+        read = {i for n in nodes for i in n.input} | outputs
+        alive = [n for n in nodes if id(n) not in candidates or any(o in read for o in n.output)]
+        if len(alive) == len(nodes):
+            break
+        nodes = alive
+    if len(nodes) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(nodes)
+    read = {i for n in graph.node for i in n.input} | outputs
+    kept = [i for i in graph.initializer if i.name not in inits or i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def global_average_pools(model: Any) -> int:

@@ -17,7 +17,14 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["TRACE_THROUGH", "CaptureError", "ForwardError", "fetch_attr", "module_path"]
+__all__ = [
+    "TRACE_THROUGH",
+    "CaptureError",
+    "ForwardError",
+    "constant_value",
+    "fetch_attr",
+    "module_path",
+]
 
 #: Module types traced through (their forward becomes functional calls on their parameters).
 TRACE_THROUGH: tuple[type[nn.Module], ...] = (
@@ -63,4 +70,49 @@ def fetch_attr(gm: nn.Module, target: str) -> torch.Tensor:
     value: Any = getattr(gm.get_submodule(owner) if owner else gm, attr)
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"get_attr target {target!r} is a {type(value).__name__}, not a tensor")
+    return value.detach()
+
+
+def constant_value(gm: nn.Module, node: fx.Node) -> torch.Tensor:
+    """The value of ``node`` when it is computed from parameters, buffers and constants alone (a
+    weight that ``forward`` standardizes: timm's ``StdConv2d``), by running the nodes it depends
+    on against ``gm``'s current tensors, without gradients (detached).
+
+    Raises ``ValueError`` naming the node when it depends on a graph input.
+    """
+    order: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    stack: list[tuple[fx.Node, bool]] = [(node, False)]
+    while stack:  # post-order without recursion: a node after everything it reads
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            raise ValueError(
+                f"{node.name!r} depends on the graph input {n.target!r}: not a constant"
+            )
+        stack.append((n, True))
+        stack.extend((i, False) for i in n.all_input_nodes if i not in seen)
+    env: dict[fx.Node, Any] = {}
+    with torch.no_grad():
+        for n in order:
+            args = fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+            if n.op == "get_attr":
+                env[n] = fetch_attr(gm, str(n.target))
+            elif n.op == "call_function":
+                env[n] = n.target(*args, **kwargs)  # type: ignore[operator]
+            elif n.op == "call_method":
+                env[n] = getattr(args[0], str(n.target))(*args[1:], **kwargs)
+            elif n.op == "call_module":
+                env[n] = gm.get_submodule(str(n.target))(*args, **kwargs)
+            else:
+                raise ValueError(f"cannot evaluate {n.op} node {n.name!r} of {node.name!r}")
+    value = env[node]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{node.name!r} computes a {type(value).__name__}, not a tensor")
     return value.detach()

@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch import nn
 
 from qdq.graph.calls import SiteKey
-from qdq.graph.capture import fetch_attr
+from qdq.graph.capture import constant_value, fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
 from qdq.graph.runtime import ArgRef, Site, SiteRuntime, install_runtime
 from qdq.quant import Quantizer
@@ -48,7 +48,7 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
             ScaleGroup(group.id, group.leader, group.members, group.rules, group.crosses, path)
         )
         if leader.kind == "weight":
-            quantizer.calibrate_from(fetch_attr(root, str(nodes[leader.producer].target)))
+            quantizer.calibrate_from(_weight_value(root, nodes[leader.producer]))
         for name in group.members:
             point = points[name]
             consumer = nodes[point.consumer]
@@ -61,6 +61,13 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
     )
     install_runtime(root, SiteRuntime(root, sites, inputs))
     return dataclasses.replace(plan, groups=tuple(groups))
+
+
+def _weight_value(root: nn.Module, producer: fx.Node) -> torch.Tensor:
+    """A weight's float value: the parameter, or what ``forward`` computes from parameters."""
+    if producer.op == "get_attr":
+        return fetch_attr(root, str(producer.target))
+    return constant_value(root, producer)
 
 
 def _device_near(root: nn.Module, path: str) -> torch.device:
@@ -92,9 +99,12 @@ def _register(
 ) -> str:
     """Add ``quantizer`` under a readable path: next to the weight, or on the op's module."""
     label = point.name.rpartition(":")[2]
-    if point.kind == "weight":
-        owner_path, _, attr = str(nodes[point.producer].target).rpartition(".")
+    producer = nodes[point.producer]
+    if point.kind == "weight" and producer.op == "get_attr":
+        owner_path, _, attr = str(producer.target).rpartition(".")
         leaf = f"{attr}_quantizer"
+    elif point.kind == "weight":  # computed in forward: named after the layer that reads it
+        owner_path, leaf = point.owner, "weight_quantizer"
     elif _is_module(root, point.owner):
         owner_path, leaf = point.owner, f"{label}_quantizer"
     else:

@@ -24,6 +24,8 @@ __all__ = ["performance_skip", "plan_weighted"]
 
 
 def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
+    if w.op != "get_attr":  # computed from parameters in forward: its recorded shape
+        return tuple(w.meta["tensor_meta"].shape)
     return tuple(fetch_attr(ctx.root, str(w.target)).shape)
 
 
@@ -116,12 +118,11 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], kind)
     swapped = transposed_weight_arg(node) if wa is None and kind == "matmul" else None
     computed = computed_weight_arg(node) if wa is None and swapped is None else None
-    if computed is not None:
+    if computed is not None and kind == "matmul":
         wkey, wnode = computed
         reason = (
-            "weight computed in forward from parameters (timm StdConv2d's weight "
-            "standardization; a MatMul operand computed from parameters by more than a "
-            "transpose): only parameter weights are quantized; kept float"
+            "a MatMul operand computed from parameters by more than a transpose: only parameter "
+            "and computed Conv/Linear weights are quantized; kept float"
         )
         ctx.add(
             make_point(
@@ -131,7 +132,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
         for pos, producer in acts:
             skip_input(ctx, node, pos, producer, "P01", reason, label=input_label(node, pos))
         return
-    if wa is None and swapped is None:  # activation x activation MatMul (attention)
+    if wa is None and swapped is None and computed is None:  # activation x activation (attention)
         rule, reason, quantize = _activation_product(ctx, node, excluded)
         for pos, producer in acts:
             if quantize:
@@ -143,6 +144,8 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     # where TensorRT folds it into the GEMM's weights (rule spec, copy ops)
     if wa is not None:
         wsite, wkey, wnode = node, wa[0], wa[1]
+    elif computed is not None:  # standardized in forward (StdConv2d): quantized where it is read
+        wsite, wkey, wnode = node, computed[0], computed[1]
     elif swapped is not None:
         wsite, wkey, wnode = swapped[0], 0, swapped[1]
     else:  # an activation product: planned above
