@@ -154,3 +154,55 @@ def test_p04_split_slices_concatenated_before_a_bn_run_int8(tmp_path: Path) -> N
     torch.manual_seed(0)
     report = _lint(InceptionMixer(), torch.randn(4, 16, 8, 8), tmp_path / "mixer.onnx")
     assert not {"P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()
+
+
+class PreActBlock(nn.Module):
+    """NF-ResNet/NF-RegNet's block: ``out = conv2(act(conv1(act(x) * beta)))``, an SE gate with a
+    gain before the last activation, ``out * alpha + x`` (no normalization: the scales are
+    constants)."""
+
+    def __init__(self, c: int, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.act1, self.act2, self.act3 = act(), act(), act()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.fc = nn.Conv2d(c, c, 1)
+        self.conv3 = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(self.act1(x) * 0.9)
+        out = self.conv2(self.act2(out))
+        out = out * torch.sigmoid(self.fc(out.mean((2, 3), keepdim=True)))
+        out = self.conv3(self.act3(out * 2.0))
+        return out * 0.2 + x
+
+
+class PreActNet(nn.Module):
+    def __init__(self, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.blocks = nn.Sequential(
+            PreActBlock(32, act), PreActBlock(32, act), PreActBlock(32, act)
+        )
+        self.head = nn.Conv2d(32, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_p04_preactivation_reads_the_int8_residual(tmp_path: Path) -> None:
+    """A block's input ``x`` is the next Add's INT8 skip and, through ``act(x) * beta``, conv1's
+    input: the activation reads the same INT8 version (its PointWise layer with the scale runs
+    between Q/DQ), so the fused conv+Add writes INT8 once; the SE gate's product reaches its conv
+    through a gain and a SiLU and runs INT8. ReLU (NF-ResNet) and SiLU (NF-RegNet) alike."""
+    for act in (nn.ReLU, nn.SiLU):
+        p = plan(PreActNet(act), 1, 3, 8, 8)
+        for i in (1, 2):
+            point = p.point(f"blocks.{i}.act1:input")
+            assert point.quantized and point.rule == "P04", (act, point)
+            assert point.group == p.point(f"blocks.{i}.add:input1").group  # one scale (S01)
+            gate = p.point(f"blocks.{i}.mul_1:input1")  # x * sigmoid(fc(mean(x)))
+            assert gate.quantized and gate.rule == "P04", (act, gate)
+        torch.manual_seed(0)
+        report = _lint(PreActNet(act), torch.randn(4, 3, 8, 8), tmp_path / f"{act.__name__}.onnx")
+        assert not {"P03a", "P03d", "P04", "P05"} & set(report.rules()), report.format()

@@ -317,8 +317,8 @@ def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     if excluded or not ctx.config.family_enabled("fanout"):
         return
     # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer, as
-    # does RDNet's layer scale ``(x * gate) * gamma``
-    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS, scales=True):
+    # do RDNet's layer scale ``(x * gate) * gamma`` and NF-RegNet's ``silu(se(x) * gain)``
+    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS | {"silu", "hardswish"}, scales=True):
         return
     for pos, producer in ins:
         quantize_input(
@@ -455,10 +455,13 @@ def _users_through(ctx: PlanContext, node: fx.Node, kinds: frozenset[str]) -> se
 
 
 #: float readers that take the INT8 version of a tensor quantized for its other readers (P04):
-#: ReLU/clamp runs INT8 when its output is quantized too; RoIAlign has no INT8 kernel and reads
+#: ReLU/clamp, SiLU and Hardswish (one PointWise layer) run INT8 when their output is quantized
+#: too (a pre-activation block's ``act(x)`` beside its residual ``x``); RoIAlign has no INT8 kernel and reads
 #: it through a Dequantize. (Max pools need no rule: TensorRT moves a Quantize across them, S03.)
 _FANOUT_READERS = {
     "act": "runs INT8 between Q/DQ",
+    "silu": "runs INT8 between Q/DQ",
+    "hardswish": "runs INT8 between Q/DQ",
     "roi_align": "has no INT8 kernel and dequantizes it",
 }
 
@@ -467,8 +470,9 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     """P04: a ReLU or RoIAlign reading a tensor that is quantized for its other readers (an FPN
     level read by the shared RPN/RetinaNet head conv, by RetinaNet's ``relu(p6)`` and by the RoI
     pooler) reads the same INT8 version, so the producer writes INT8 once and no reader needs a
-    standalone Quantize. A ReLU qualifies only when its own output feeds a quantized op (then it
-    runs INT8 between Q/DQ)."""
+    standalone Quantize. A ReLU qualifies only when its own output feeds a quantized op, directly
+    or through Muls by a constant (NF-ResNet's pre-activation ``act(x) * beta``): then it runs
+    INT8 between Q/DQ, the scale in the same PointWise layer."""
     ins = tensor_inputs(node)
     if not ins:
         return
@@ -480,7 +484,7 @@ def _plan_fanout_reader(ctx: PlanContext, node: fx.Node) -> None:
     if alias_root(ctx, producer).name not in quantized:
         return
     kind = ctx.kinds[node]
-    if kind != "roi_align" and not reaches_quantized(ctx, node):
+    if kind != "roi_align" and not reaches_quantized(ctx, node, scales=True):
         return
     excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], kind)
     if excluded or not ctx.config.family_enabled("fanout"):
@@ -503,7 +507,8 @@ def _explain_silu(ctx: PlanContext, node: fx.Node) -> None:
     x = silu_operand(ctx, node) if kind == "mul" else None
     if kind in ("silu", "hardswish") and tensor_inputs(node):
         x = tensor_inputs(node)[0][1]
-    if x is None:
+    point = ctx.points.get(f"{ctx.owners[node]}:input")
+    if x is None or (point is not None and point.quantized):  # a P04 fan-out reader: INT8
         return
     skip_input(
         ctx,

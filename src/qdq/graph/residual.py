@@ -220,7 +220,7 @@ def release_float_output_skips(ctx: PlanContext) -> None:
         if point.rule != "P03" or not point.quantized or point.kind != "input":
             continue
         add = ctx.by_name[point.consumer]
-        if ctx.kinds[add] != "add" or reaches_quantized(ctx, add, _THROUGH_EPILOGUE):
+        if ctx.kinds[add] != "add" or reaches_quantized(ctx, add, _THROUGH_EPILOGUE, scales=True):
             continue
         aliases = _copies_of(ctx, ctx.by_name[point.producer])
         if any(
