@@ -64,15 +64,52 @@ def test_bert_classifier_quantizes_on_token_arrays(tmp_path: Path) -> None:
     assert [s["name"] for s in r["skipped_layers"]] == ["classifier"]
 
 
-def test_bert_encoder_without_a_head_is_compared_on_its_outputs(tmp_path: Path) -> None:
+def test_bert_encoder_without_a_head_is_scored_on_its_pooled_embedding(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = transformers.BertModel(_config()).eval()
     r = _run(model, _tokens(tmp_path / "tokens.npz", labels=False), tmp_path / "enc")
     names = [o["name"] for o in r["outputs"]]
-    assert any("last_hidden_state" in (n or "") for n in names), names
-    assert any("pooler_output" in (n or "") for n in names), names
-    # no labels and no head: the headline is the first output's cosine against FP32
-    # (measured: last_hidden_state 0.99986, pooler_output 0.99978)
-    assert r["metric_name"] == "cosine" and r["headline"]["output"] == 0
+    assert names == ["output['last_hidden_state']", "output['pooler_output']"], names
+    # the pooled embedding is no class vector: compared by cosine, and it is the headline
+    kinds = [(o["kind"], o["figure"]) for o in r["outputs"]]
+    assert kinds == [("tensor", "cosine"), ("embedding", "cosine")], kinds
+    assert r["metric_name"] == "embedding_cosine"
+    assert r["headline"]["output"] == 1 and r["headline"]["kind"] == "embedding"
+    assert r["int8_metric"] == pytest.approx(r["outputs"][1]["cosine_mean"], abs=1e-9)
+    assert r["fp32_metric"] == pytest.approx(1.0)
+    # measured: last_hidden_state 0.99986, pooler_output 0.99978
     assert all(o["cosine_mean"] > 0.99 for o in r["outputs"])
     assert r["lint_verdict"] == "PASS"
+
+
+class MeanPooled(torch.nn.Module):
+    """A sentence-transformers-style encoder: BERT, then the mask-weighted mean of the last
+    hidden state, returned as sentence-transformers names it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = transformers.BertModel(_config(), add_pooling_layer=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return {"sentence_embedding": (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)}
+
+
+def test_a_mean_pooled_sentence_encoder_takes_a_list_of_tokenizer_batches(tmp_path: Path) -> None:
+    """In-memory data: a list of tokenizer-style batch dicts, straight to ``qdq.quantize``."""
+    torch.manual_seed(0)
+    arrays = np.load(_tokens(tmp_path / "t.npz", labels=False))
+    batches = [
+        {k: torch.from_numpy(arrays[k][i : i + 8]) for k in ("input_ids", "attention_mask")}
+        for i in range(0, 48, 8)
+    ]
+    model = MeanPooled().eval()
+    result = quantize(model, batches, out=tmp_path / "st", ptq=PtqOptions(), show_progress=False,
+                      data_options=DataOptions(calib_samples=16, eval_samples=32))  # fmt: skip
+    r = result.report
+    assert "in memory: 6 batches of 48 samples" in r["data"]["split"]
+    assert [i["name"] for i in r["data"]["inputs"]] == ["input_ids", "attention_mask"]
+    assert r["metric_name"] == "embedding_cosine" and r["headline"]["output"] == 0
+    assert r["outputs"][0]["kind"] == "embedding"
+    assert r["int8_metric"] > 0.99 and r["lint_verdict"] == "PASS"

@@ -141,7 +141,7 @@ class QuantData:
 
 
 def resolve_data(
-    spec: str | None,
+    spec: object,
     zoo: ZooEntry | None = None,
     options: DataOptions | None = None,
     *,
@@ -150,8 +150,9 @@ def resolve_data(
     """Load and split the data a spec names.
 
     Args:
-        spec: a built-in dataset name, an image folder, a ``.npy``/``.npz`` file, or ``None`` for
-            the zoo model's own dataset.
+        spec: a built-in dataset name, an image folder, a ``.npy``/``.npz`` file, ``None`` for
+            the zoo model's own dataset, or in-memory data (:mod:`qdq.pipeline.memory`: a
+            tensor, a dict of arrays, a list or ``DataLoader`` of batches).
         zoo: the zoo entry of the model, if it is one (its dataset and preprocessing).
         options: counts, image preprocessing and the seed.
         model: the model the data is for: the arrays of a ``.npz`` named after the parameters of
@@ -163,10 +164,18 @@ def resolve_data(
         FileNotFoundError: a path that does not exist.
     """
     opts = options or DataOptions()
+    from qdq.pipeline.memory import from_memory, is_in_memory
+
+    if is_in_memory(spec):
+        inputs, labels, what = from_memory(spec, model)
+        return _split(inputs, labels, "data", opts, f" (in memory: {what})")
     if spec is None:
         if zoo is None:
             raise ValueError("--data is required for a model that is not a zoo entry")
         spec = zoo.dataset
+    if not isinstance(spec, (str, Path)):
+        raise TypeError(f"data is a {type(spec).__name__}: expected a data spec or in-memory data")
+    spec = str(spec)
     if spec in DATASETS:
         ds = get_dataset(spec)
         missing = ds.missing()
@@ -207,7 +216,15 @@ def resolve_data(
 
 
 def _arrays(path: Path, model: nn.Module | None) -> tuple[Inputs, torch.Tensor | None]:
-    arrays = load_arrays(path)
+    return named_arrays(load_arrays(path), str(path), model)
+
+
+def named_arrays(
+    arrays: dict[str | None, np.ndarray], where: str, model: nn.Module | None
+) -> tuple[Inputs, torch.Tensor | None]:
+    """Inputs and labels from named arrays (a ``.npz``'s, or in-memory data's; key ``None``: one
+    unnamed array): one input array, or arrays named after ``forward``'s parameters, plus
+    optional labels (:data:`_LABEL_KEYS`); ``where`` names the data in messages."""
     if len(arrays) == 1:
         x_key, y_key, names = next(iter(arrays)), None, None
     else:
@@ -219,33 +236,38 @@ def _arrays(path: Path, model: nn.Module | None) -> tuple[Inputs, torch.Tensor |
         unmatched = [k for k in rest if k not in params] if x_key is None else []
         more_labels = [k for k in unmatched if k in _LABEL_KEYS]
         if more_labels:
-            raise ValueError(f"{path} holds more than one label array: {[y_key, *more_labels]}")
+            raise ValueError(f"{where} holds more than one label array: {[y_key, *more_labels]}")
         if unmatched:
             forward = forward_text(model) if model is not None else "the model's forward"
             raise ValueError(
-                f"{path} holds arrays {list(arrays)}: {unmatched} match no "
+                f"{where} holds arrays {list(arrays)}: {unmatched} match no "
                 f"parameter of {forward} and are not labels; expected one input array named one "
                 f"of {'/'.join(_INPUT_KEYS)} or arrays named after the parameters of {forward}, "
                 f"and optionally labels named one of {'/'.join(_LABEL_KEYS)}"
             )
     if names is None:
-        inputs: Inputs = _tensor(arrays[x_key], str(path) if x_key is None else f"{path}[{x_key}]")
+        inputs: Inputs = _tensor(arrays[x_key], where if x_key is None else f"{where}[{x_key}]")
     else:
-        inputs = {k: _tensor(arrays[k], f"{path}[{k}]") for k in names}
-    n = check_inputs(inputs, str(path))
+        inputs = {k: _tensor(arrays[k], f"{where}[{k}]") for k in names}
+    n = check_inputs(inputs, where)
     if y_key is None:
         return inputs, None
-    y = arrays[y_key]
+    what = repr(x_key) if names is None else "each input"
+    return inputs, class_labels(arrays[y_key], n, f"{where}[{y_key}]", f"{n} samples in {what}")
+
+
+def class_labels(y: np.ndarray, n: int, where: str, samples: str) -> torch.Tensor:
+    """``y`` as int64 class labels, checked: 1-D, integer, non-negative, one per sample (``n``;
+    ``samples`` says where they were counted)."""
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(
-            f"{path}[{y_key}] must be 1-D integer class labels, got {y.dtype} of shape {y.shape}"
+            f"{where} must be 1-D integer class labels, got {y.dtype} of shape {y.shape}"
         )
     if len(y) != n:
-        what = repr(x_key) if names is None else "each input"
-        raise ValueError(f"{path}: {n} samples in {what} but {len(y)} labels in {y_key!r}")
+        raise ValueError(f"{where}: {len(y)} labels but {samples}")
     if y.size and int(y.min()) < 0:
-        raise ValueError(f"{path}[{y_key}] holds negative labels")
-    return inputs, torch.from_numpy(y.astype(np.int64))
+        raise ValueError(f"{where} holds negative labels")
+    return torch.from_numpy(y.astype(np.int64))
 
 
 def _order(params: list[str]) -> Callable[[str], int]:

@@ -8,6 +8,10 @@ The headline metric (``metric_name``; :func:`headline` describes it) is, first t
   which is also the exported ONNX's output order) and the labels or the dataset's ground truth;
   its named figures are kept under ``figures``;
 * with labels: ``top1_accuracy`` of the first output (arg-max over dimension 1 equals the label);
+* without labels, when an output is named as a pooled embedding (``pooler_output``,
+  ``sentence_embedding``: :data:`qdq.pipeline.outputs.EMBEDDING_NAMES`): ``embedding_cosine``,
+  the mean per-sample cosine of that output against FP32 (:func:`embedding_metric`, bound as a
+  task metric so that ``--max-drop`` and ``--compare-methods`` score it too);
 * otherwise the figure of the first output's kind (:mod:`qdq.pipeline.outputs`) against FP32:
   ``top1_agreement`` (a class vector), ``pixel_agreement`` (a class map), ``box_agreement`` (a
   YOLO-style detection head) or ``cosine`` (mean per-sample cosine); FP32's own is 1.0.
@@ -33,13 +37,21 @@ from qdq._progress import progress
 from qdq.pipeline.data import QuantData
 from qdq.pipeline.device import module_device, to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
-from qdq.pipeline.outputs import compare, cosines, onnx_output_names, output_kind, output_table
+from qdq.pipeline.outputs import (
+    compare,
+    cosines,
+    embedding_output,
+    onnx_output_names,
+    output_kind,
+    output_table,
+)
 from qdq.pipeline.stages import Stages
 from qdq.zoo.registry import ZooMetric
 
 __all__ = [
     "Measured",
     "batches",
+    "embedding_metric",
     "headline",
     "measure",
     "metric_name",
@@ -166,6 +178,9 @@ def headline(
         every output), ``kind`` (that output's kind, or ``None``) and ``text`` (one line).
     """
     name = metric_name(reference, labels, metric)
+    if metric is not None and metric.text is not None:
+        return {"name": name, "source": "output", "output": metric.output,
+                "kind": "embedding", "text": metric.text}  # fmt: skip
     if metric is not None:
         source = "task" if user is None else "user"
         text = (
@@ -183,6 +198,30 @@ def headline(
         text = f"{name} of output 0 ({kind.name}, {shape}) with FP32"
         source = "output"
     return {"name": name, "source": source, "output": 0, "kind": kind.name, "text": text}
+
+
+def embedding_metric(
+    names: Sequence[str] | None, references: Sequence[torch.Tensor]
+) -> ZooMetric | None:
+    """``embedding_cosine``: the mean per-sample cosine against FP32 of the first output named as
+    a pooled embedding (``(N, D)``; :func:`qdq.pipeline.outputs.embedding_output`), for an
+    encoder without a head and data without labels; ``None`` when no output is one."""
+    index = embedding_output(names, references)
+    if index is None or names is None:
+        return None
+    i = index
+
+    def scored(
+        outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], _targets: object
+    ) -> dict[str, float]:
+        cos = cosines(outs[i], refs[i])
+        return {"embedding_cosine": float(cos.mean()), "embedding_cosine_min": float(cos.min())}
+
+    width = references[i].shape[1]
+    text = (
+        f"embedding_cosine: cosine of output {i} ({names[i]}, {width}) with FP32, mean per sample"
+    )
+    return ZooMetric("embedding_cosine", scored, lambda outputs: None, output=i, text=text)
 
 
 def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> None:

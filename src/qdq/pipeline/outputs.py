@@ -18,6 +18,11 @@ of the tensor's kind. The kind is guessed from the FP32 tensor, samples along di
   32 mask coefficients, YOLO-pose's keypoints), with at least ``4 + K`` anchors ``A``:
   ``box_agreement`` (:func:`box_agreement`) over the ``K`` scores. When both layouts fit, the one
   with more anchors wins, and ``(N, 4 + K + E, A)`` on a tie.
+* ``embedding`` — an output *named* as a pooled embedding (its pytree path's last key:
+  Hugging Face's ``pooler_output``, sentence-transformers' ``sentence_embedding``, CLIP's
+  ``text_embeds``/``image_embeds``, ... :data:`EMBEDDING_NAMES`), whatever its shape: ``cosine``.
+  A hidden state (``last_hidden_state``, :data:`HIDDEN_NAMES`) is a ``tensor``. An unnamed
+  ``(N, D)`` embedding cannot be told from logits and is taken for a class vector.
 * ``tensor`` — anything else: ``cosine`` (the mean per-sample cosine).
 
 The guess can be wrong — a raw feature map returned first is called a class map, a ``(N, T, C)``
@@ -90,14 +95,39 @@ class OutputKind:
     classes: int | None = None
 
 
+#: names (a pytree path's last key) of pooled embeddings, compared by cosine
+EMBEDDING_NAMES = frozenset(
+    {
+        "pooler_output",
+        "pooled_output",
+        "sentence_embedding",
+        "sentence_embeddings",
+        "embedding",
+        "embeddings",
+        "text_embeds",
+        "image_embeds",
+    }
+)
+#: names of hidden states: tensors, whatever their values look like
+HIDDEN_NAMES = frozenset({"last_hidden_state", "hidden_states", "encoder_last_hidden_state"})
+
 _CLASS_VECTOR = OutputKind("class_vector", "top1_agreement")
+_EMBEDDING = OutputKind("embedding", "cosine")
 _CLASS_MAP = OutputKind("class_map", "pixel_agreement")
 _TENSOR = OutputKind("tensor", "cosine")
 
 
-def output_kind(reference: torch.Tensor, *, first: bool = True) -> OutputKind:
+def output_kind(
+    reference: torch.Tensor, *, first: bool = True, name: str | None = None
+) -> OutputKind:
     """The kind of an FP32 output (samples along dimension 0; see the module docstring);
-    ``first``: whether it is the model's first output (only that one can be a class map)."""
+    ``first``: whether it is the model's first output (only that one can be a class map);
+    ``name``: its pytree path (:func:`output_names`), when known."""
+    key = leaf_key(name)
+    if key in EMBEDDING_NAMES:
+        return _EMBEDDING
+    if key in HIDDEN_NAMES:
+        return _TENSOR
     if reference.dim() == 2 and reference.shape[1] >= 2:
         return _CLASS_VECTOR
     if reference.dim() == 4 and reference.shape[1] >= 2 and first:
@@ -113,6 +143,23 @@ def output_kind(reference: torch.Tensor, *, first: bool = True) -> OutputKind:
             layout, _, classes = max(fits, key=lambda f: f[1])
             return OutputKind("detections", "box_agreement", layout, classes)
     return _TENSOR
+
+
+def leaf_key(name: str | None) -> str | None:
+    """The last key of a pytree path: ``"pooler_output"`` of ``"output['pooler_output']"``,
+    ``None`` for an index or no name."""
+    if not name or not name.endswith("']"):
+        return None
+    return name[: -len("']")].rpartition("['")[2]
+
+
+def embedding_output(names: Sequence[str] | None, references: Sequence[torch.Tensor]) -> int | None:
+    """The index of the first output named as a pooled embedding (:data:`EMBEDDING_NAMES`) with
+    one vector per sample (``(N, D)``), or ``None``."""
+    for i, name in enumerate(names or ()):
+        if leaf_key(name) in EMBEDDING_NAMES and i < len(references) and references[i].dim() == 2:
+            return i
+    return None
 
 
 def _score_entries(reference: torch.Tensor, layout: str, entries: int) -> int:
@@ -279,10 +326,14 @@ def output_table(
                 "onnx_name": None if onnx_names is None else onnx_names[i],
                 "shape": list(ref.shape[1:]),
                 "headline": i == headline,
-                **compare(out, ref, output_kind(ref, first=i == 0)),
+                **compare(out, ref, output_kind(ref, first=i == 0, name=row_name(names, i))),
             }
         )
     return rows
+
+
+def row_name(names: Sequence[str | None] | None, i: int) -> str | None:
+    return None if names is None or i >= len(names) else names[i]
 
 
 @dataclass

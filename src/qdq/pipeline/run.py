@@ -29,7 +29,7 @@ from qdq.lint.engine_report import EngineReport
 from qdq.pipeline import per_image
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
-from qdq.pipeline.evaluate import check_labels, measure, score, torch_outputs
+from qdq.pipeline.evaluate import check_labels, embedding_metric, measure, score, torch_outputs
 from qdq.pipeline.fallback import fallback_search
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
@@ -115,7 +115,7 @@ class QuantizeResult:
 
 def quantize(
     model: str | nn.Module,
-    data: str | QuantData | None = None,
+    data: object = None,
     *,
     out: str | Path,
     calib: str = "mse",
@@ -149,7 +149,11 @@ def quantize(
             ``.onnx``).
         data: a :class:`QuantData` (its samples one tensor, or a dict of keyword or a tuple of
             positional input tensors: :mod:`qdq.pipeline.inputs`), a data spec
-            (:mod:`qdq.pipeline.data`), or ``None`` for a zoo model's own data.
+            (:mod:`qdq.pipeline.data`), in-memory data (:mod:`qdq.pipeline.memory`: a tensor or
+            array of samples, a dict of them, or a list / ``DataLoader`` of batches: tensors,
+            dicts such as a tokenizer's output, ``(inputs, labels)`` pairs), or ``None`` for a
+            zoo model's own data. Spec and in-memory data are split into calibration and
+            evaluation samples by a seeded permutation.
         out: the output directory (created; see ``overwrite``).
         calib: ``"mse"`` (default), ``"entropy"``, ``"percentile"`` or ``"max"``.
         percentile: for ``calib="percentile"`` (default 99.99).
@@ -285,6 +289,10 @@ def quantize(
                 qdata = user.bind(qdata, sample_outs)
             elif qdata.labels is not None and keys is None:
                 check_labels(sample_out, qdata.labels, qdata.source)
+            elif qdata.metric is None and keys is None:  # an encoder's pooled embedding
+                embedding = embedding_metric(names, sample_outs)
+                if embedding is not None:
+                    qdata = replace(qdata, metric=embedding)
             if qdata.metric is not None:
                 try:
                     qdata.metric.check(sample_outs)

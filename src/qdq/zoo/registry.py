@@ -73,11 +73,16 @@ class ZooMetric:
         score: ``(outputs, fp32_outputs, targets) → figures`` (a dict of named floats). FP32 is
             scored with its own outputs as the reference.
         check: raises ``ValueError`` when a model's outputs (of one sample) do not fit the metric.
+        output: the one output it scores, when it scores one (the pooled-embedding cosine of an
+            encoder without a head, :func:`qdq.pipeline.evaluate.embedding_metric`).
+        text: how the report says what it is, when not the dataset's task metric.
     """
 
     name: str
     score: ScoreFn
     check: Callable[[Sequence[torch.Tensor]], None]
+    output: int | None = None
+    text: str | None = None
 
 
 @dataclass(frozen=True)
