@@ -113,3 +113,91 @@ def test_a_mean_pooled_sentence_encoder_takes_a_list_of_tokenizer_batches(tmp_pa
     assert r["metric_name"] == "embedding_cosine" and r["headline"]["output"] == 0
     assert r["outputs"][0]["kind"] == "embedding"
     assert r["int8_metric"] > 0.99 and r["lint_verdict"] == "PASS"
+
+
+_WORDS = ["good", "bad", "film", "plot", "actor", "great", "awful", "the", "a", "was", "is"]
+
+
+def _tokenizer(folder: Path) -> Path:
+    """A WordPiece tokenizer built offline from a small vocabulary, saved as a folder."""
+    vocab = folder / "vocab.txt"
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS]) + "\n")
+    tok = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+def _sentences(path: Path, n: int, labelled: str | None) -> Path:
+    rng = np.random.default_rng(1)
+    lines = []
+    for i in range(n):
+        text = " ".join(rng.choice(_WORDS, int(rng.integers(3, 12))))
+        if labelled == "names":
+            text = f"{['negative', 'neutral', 'positive'][i % 3]}\t{text}"
+        elif labelled == "indices":
+            text = f"{i % 3}\t{text}"
+        lines.append(text)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_text_lines_with_a_local_tokenizer_through_the_cli(tmp_path: Path) -> None:
+    """``--data reviews.tsv --tokenizer DIR --max-length 12``: label<TAB>text lines, the labels
+    named as the model's config.label2id names them."""
+    from qdq.cli.main import main
+
+    (tmp_path / "tm.py").write_text(
+        "import transformers, torch\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    cfg = transformers.BertConfig(vocab_size=16, hidden_size=64, num_hidden_layers=2,\n"
+        "        num_attention_heads=4, intermediate_size=128, max_position_embeddings=32,\n"
+        "        num_labels=3, id2label={0: 'negative', 1: 'neutral', 2: 'positive'},\n"
+        "        label2id={'negative': 0, 'neutral': 1, 'positive': 2})\n"
+        "    return transformers.BertForSequenceClassification(cfg).eval()\n"
+    )
+    tok = _tokenizer(tmp_path / "tok")
+    data = _sentences(tmp_path / "reviews.tsv", 40, "names")
+    out = tmp_path / "q"
+    args = ["quantize", "--model", f"{tmp_path / 'tm.py'}:build", "--data", str(data),
+            "--tokenizer", str(tok), "--max-length", "12", "--calib-samples", "16",
+            "--recipe", "none", "--calib", "max", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads((out / "report.json").read_text())
+    assert "40 lines tokenized by tok to 12 tokens" in r["data"]["split"]
+    assert "labels by config.label2id" in r["data"]["split"]
+    names = [i["name"] for i in r["data"]["inputs"]]
+    assert names == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == [12] for i in r["data"]["inputs"])
+    assert r["metric_name"] == "top1_accuracy" and r["lint_verdict"] == "PASS"
+
+
+def test_text_data_refusals_name_the_file_or_flag(tmp_path: Path) -> None:
+    from qdq.pipeline.data import resolve_data
+
+    tok = _tokenizer(tmp_path / "tok")
+    data = _sentences(tmp_path / "plain.txt", 8, None)
+    bert = transformers.BertModel(_config())
+    with pytest.raises(ValueError, match="give --tokenizer DIR"):
+        resolve_data(str(data))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        resolve_data(str(data), options=DataOptions(tokenizer=str(tmp_path / "none")))
+    with pytest.raises(ValueError, match="--max-length must be an int >= 2"):
+        resolve_data(str(data), options=DataOptions(tokenizer=str(tok), max_length=1))
+    mixed = tmp_path / "mixed.tsv"
+    mixed.write_text("1\tgood film\ngood plot\n")
+    with pytest.raises(ValueError, match="label every line or none"):
+        resolve_data(str(mixed), options=DataOptions(tokenizer=str(tok)))
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="--tokenizer is for text files"):
+        resolve_data(str(tmp_path / "x.npy"), options=DataOptions(tokenizer=str(tok)))
+    # unlabelled lines: inputs only; indices as labels
+    plain = resolve_data(
+        str(data), options=DataOptions(tokenizer=str(tok), max_length=8), model=bert
+    )
+    assert plain.labels is None and isinstance(plain.calibration, dict)
+    assert plain.calibration["input_ids"].shape[1] == 8
+    indexed = _sentences(tmp_path / "idx.tsv", 8, "indices")
+    labelled = resolve_data(str(indexed), options=DataOptions(tokenizer=str(tok)), model=bert)
+    assert labelled.labels is not None and "as class indices" in labelled.split

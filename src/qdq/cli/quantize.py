@@ -205,6 +205,15 @@ def add_data_options(p: Any) -> None:
     p.add_argument("--mean", metavar="M[,M,M]", help="image folders: per-channel mean (0)")
     p.add_argument("--std", metavar="S[,S,S]", help="image folders: per-channel std (1)")
     p.add_argument("--channels", type=int, choices=(1, 3), help="image folders: 1 gray, 3 RGB")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="text files (.txt/.tsv, a line per sample, optionally label<TAB>text): a local "
+        "tokenizer folder (save_pretrained's; nothing is downloaded)",
+    )
+    p.add_argument(
+        "--max-length", type=int, metavar="N", help="text files: tokens per sample (128)"
+    )
 
 
 def data_options(args: argparse.Namespace) -> Any:
@@ -220,6 +229,8 @@ def data_options(args: argparse.Namespace) -> Any:
         std=None if args.std is None else per_channel(args.std, "--std"),
         channels=args.channels,
         seed=args.seed,
+        tokenizer=args.tokenizer,
+        max_length=args.max_length,
     )
 
 

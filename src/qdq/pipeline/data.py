@@ -10,6 +10,8 @@ ones) and, when the data has them, evaluation labels.
   (``DIR/cat/1.png``; labels are the sorted sub-folder index, torchvision's ``ImageFolder``
   convention). Images are preprocessed as the zoo model does, or as the options say
   (``image_size`` is then required).
+* **A text file** (``.txt``/``.tsv``) with a local tokenizer folder: one sample per line, the
+  text or ``label<TAB>text``, tokenized to ``max_length`` tokens (:mod:`qdq.pipeline.text`).
 * **``.npy``**: the input samples stacked along axis 0 (no labels). **``.npz``**: one array, or an
   input array named ``x``/``images``/``inputs``/``input``/``data``, or arrays named after the
   parameters of the model's ``forward`` (``image`` and ``mask``; ``input_ids``,
@@ -50,6 +52,8 @@ __all__ = ["IMAGE_SUFFIXES", "DataOptions", "QuantData", "resolve_data"]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 _INPUT_KEYS = ("x", "images", "inputs", "input", "data")
+#: text files, one sample per line (``label<TAB>text`` or the text alone), with ``--tokenizer``
+TEXT_SUFFIXES = (".txt", ".tsv")
 _LABEL_KEYS = ("y", "labels", "label", "targets", "target")
 DEFAULT_CALIB = 256
 
@@ -67,6 +71,8 @@ class DataOptions:
             0 and 1: pixels in ``[0, 1]``); a number, a sequence or ``"M,M,M"``.
         channels: 1 (grayscale) or 3 (RGB) for image folders (default: the zoo model's, else 3).
         seed: seed of the split and of built-in calibration samples.
+        tokenizer: text files: a local tokenizer folder (:mod:`qdq.pipeline.text`).
+        max_length: text files: tokens per sample (default 128).
 
     Example:
         >>> DataOptions(image_size=64, mean="0.5", std=(0.25,)).image_size
@@ -80,6 +86,8 @@ class DataOptions:
     std: tuple[float, ...] | None = None
     channels: int | None = None
     seed: int = 0
+    tokenizer: str | None = None
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("calib_samples", "eval_samples"):
@@ -199,11 +207,24 @@ def resolve_data(
         x, y, classes = _image_folder(path, pre)
         labelled = f"labels from {len(classes)} sub-folders (sorted)" if classes else "no labels"
         return _split(x, y, str(path), opts, f"; images {pre.describe()}; {labelled}")
+    if opts.tokenizer is not None and path.suffix not in TEXT_SUFFIXES:
+        raise ValueError(f"--tokenizer is for text files ({'/'.join(TEXT_SUFFIXES)}), not {spec!r}")
+    if path.suffix in TEXT_SUFFIXES and path.is_file():
+        if opts.tokenizer is None:
+            raise ValueError(f"{spec} is text: give --tokenizer DIR (a local tokenizer folder)")
+        from qdq.pipeline.text import token_arrays
+
+        arrays, note = token_arrays(path, opts.tokenizer, opts.max_length, model)
+        inputs, y = named_arrays(arrays, str(path), model)
+        return _split(inputs, y, str(path), opts, note)
     if path.suffix in (".npy", ".npz"):
         inputs, y = _arrays(path, model)
         return _split(inputs, y, str(path), opts)
     if path.exists():
-        raise ValueError(f"data {spec!r}: expected an image folder, a .npy or a .npz file")
+        raise ValueError(
+            f"data {spec!r}: expected an image folder, a .npy or a .npz file, or a text file "
+            "(.txt/.tsv) with --tokenizer"
+        )
     if "/" in spec or "\\" in spec or path.suffix:
         raise FileNotFoundError(f"no data at {spec}")
     raise ValueError(
