@@ -7,7 +7,8 @@ activation), YOLO26's value-first PSA attention (P16 as the linter reads it), SK
 selective kernel (P04 through a Split), TResNet's SE gate before its residual Add (P17), MViTv2's
 relative-position bias written back into the scores (``attn[...] = ...``, P16), the legacy SE-ResNet's
 gate (P17), a relative-position MLP on a constant table (folded by the builder, not a float GEMM),
-DINOv3's RoPE Concat before the quantized key (S02),
+DINOv3's RoPE Concat before the quantized key (S02), NFNet's standardized weights and
+pre-activation blocks (P01, P04),
 and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
@@ -81,7 +82,14 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     # RoPE: cat([prefix, rope(rest)]).type_as(v) shares the key's quantizer (S02); its
     # forward(x, attn_mask=None, is_causal=False) traces x only (TorchScript)
     "vit_tiny_patch16_dinov3_qkvb": _timm("vit_tiny_patch16_dinov3_qkvb", 64, img_size=64),
+    # weights standardized in forward (ScaledStdConv2d), quantized and exported as constants;
+    # pre-activation blocks: act(x) * beta reads the INT8 residual (P04), SE gate * gain (P04)
+    "test_nfnet": _timm("test_nfnet", 64),
+    "nf_resnet26": _timm("nf_resnet26", 64),
+    "nf_regnet_b0": _timm("nf_regnet_b0", 64),
 }
+#: rows whose every conv is INT8 (weights computed in forward included), but H02's small ones
+CONV_ROWS = {"test_nfnet": 4, "nf_resnet26": 0, "nf_regnet_b0": 0}
 #: rows whose every weighted GEMM the builder runs (folded ones aside) must be predicted INT8
 GEMM_ROWS = {"mvitv2_tiny", "test_vit_relpos", "vit_tiny_patch16_dinov3_qkvb"}
 
@@ -112,6 +120,10 @@ def test_family_takes_the_graph_path_exports_and_lints_clean(name: str, tmp_path
     attention = [ly for ly in lint.layers if ly.kind == "attention"]
     assert all(ly.input_precision == "int8" for ly in attention)
     assert not [f for f in lint.findings if f.rule == "P14" and "attention" in f.message]
+    if name in CONV_ROWS:
+        summary = lint.summary
+        float_convs = summary["weighted_layers"] - summary["int8_weighted_layers"]
+        assert float_convs <= CONV_ROWS[name] + 1, summary  # + the float classifier (P14)
     if name in GEMM_ROWS:
         summary = lint.summary
         assert summary["int8_weighted_layers"] == summary["weighted_layers"], summary

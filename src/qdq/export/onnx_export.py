@@ -272,6 +272,7 @@ def _run_exporters(
                 _export_state(
                     export_model, quantizers_of(export_model), symbolic_opset, scale_dtype
                 ),
+                _computed_weights(export_model, export_args),
             ):
                 proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
@@ -484,6 +485,40 @@ def _clean_failure(model: nn.Module) -> Iterator[None]:
         if runtime is not None:
             runtime.abandon()
         raise
+
+
+@contextlib.contextmanager
+def _computed_weights(model: nn.Module, args: tuple[Any, ...]) -> Iterator[None]:
+    """Weights that ``forward`` computes from parameters (timm's ``StdConv2d``) are exported as
+    the very values torch computed: one eager forward records each such weight quantizer's input
+    and its Quantize reads that constant (``export_weight``), not the ops that computed it (the
+    exporters would fold those with their own arithmetic, a rounding step away from torch's for
+    some weights). Learned rounding (AdaRound's ``export_weight``) is kept as it is."""
+    todo = {
+        q: None
+        for q in quantizers_of(model).values()
+        if getattr(q, "computed_weight", False)
+        and q.mode is QuantMode.QUANTIZE
+        and "export_weight" not in q._buffers
+    }
+    if not todo:
+        yield
+        return
+
+    def seen(q: nn.Module, inputs: tuple[Any, ...]) -> None:
+        todo[q] = inputs[0].detach().clone()  # type: ignore[index]
+
+    hooks = [q.register_forward_pre_hook(seen) for q in todo]
+    try:
+        with torch.no_grad():
+            model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    for q, value in todo.items():
+        if value is not None:
+            q.register_buffer("export_weight", value.to(q.export_scale.dtype))
+    yield  # _export_state removes the buffers
 
 
 @contextlib.contextmanager

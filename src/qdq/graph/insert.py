@@ -48,7 +48,10 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
             ScaleGroup(group.id, group.leader, group.members, group.rules, group.crosses, path)
         )
         if leader.kind == "weight":
-            quantizer.calibrate_from(_weight_value(root, nodes[leader.producer]))
+            producer = nodes[leader.producer]
+            quantizer.calibrate_from(_weight_value(root, producer))
+            # computed in forward: the export reads torch's value (onnx_export._computed_weights)
+            quantizer.computed_weight = producer.op != "get_attr"
         for name in group.members:
             point = points[name]
             consumer = nodes[point.consumer]

@@ -89,10 +89,12 @@ class Quantizer(PtqState):
         if calib is None:
             calib = CalibSpec() if self.spec.axis is None else CalibSpec.weights()
         self.calib = calib
-        self.name = name
         self.calibrator = make_calibrator(self.spec, calib)
         self.mode = QuantMode.QUANTIZE
         self.export_opset = 13
+        #: a weight that ``forward`` computes from parameters (set by ``qdq.prepare``): the export
+        #: reads the value torch computed
+        self.computed_weight = False
         #: how the current amax was obtained: a calibration method ("max", "entropy", "mse",
         #: "percentile"), "set" when given directly, ``None`` before any amax
         self.amax_method: str | None = None
