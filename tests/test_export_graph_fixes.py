@@ -186,3 +186,36 @@ def test_a_weight_standardized_in_forward_exports_as_an_int8_constant(tmp_path, 
     report = lint(path)
     assert report.verdict == "PASS", [f.rule for f in report.findings]
     assert not [f for f in report.findings if f.rule == "V05"]
+
+
+class _UnusedMiddle(nn.Module):
+    """DeBERTa-v2's shape: a parameter in the middle the graph never reads (``type_vocab_size``
+    0 leaves ``token_type_ids`` unused); TorchScript drops it from the ONNX inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, unused: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) * scale
+
+
+def test_an_input_the_exporter_dropped_is_left_out_by_name_not_shifted(tmp_path) -> None:
+    import numpy as np
+
+    from qdq._io import feed_by_name
+    from qdq.backends.onnxruntime import run, session
+
+    torch.manual_seed(0)
+    args = (torch.randn(2, 3, 8, 8), torch.randn(2, 5), torch.full((2, 1, 1, 1), 3.0))
+    prepared = qdq.prepare(_UnusedMiddle().eval(), args)
+    qdq.calibrate(prepared, [args], show_progress=False)
+    out = qdq.export_onnx(prepared, args, tmp_path / "m.onnx", exporter="torchscript")
+    sess = session(out.path)
+    assert [i.name for i in sess.get_inputs()] == ["input", "input2"]  # input1 dropped
+    got = run(sess, list(args))[0]  # by position, `scale` would have met input1's slot
+    with torch.no_grad():
+        want = prepared(*args).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        feed_by_name(["a", "b"], [1, 2, 3])

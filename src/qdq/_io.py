@@ -179,3 +179,26 @@ def proto_byte_size(message: object) -> float:
         return float(message.ByteSize())  # type: ignore[attr-defined]
     except EncodeError:
         return float("inf")
+
+
+def onnx_input_names(n: int) -> list[str]:
+    """The names qdq's export gives ``n`` tensor inputs, in ``forward``'s order: ``input``,
+    ``input1``, ... An exporter may drop an input the graph never reads (TorchScript drops
+    DeBERTa-v2's unused ``token_type_ids``): feed by these names, never by position."""
+    return [f"input{i}" if i else "input" for i in range(n)]
+
+
+def feed_by_name(names: Sequence[str], inputs: Sequence[object]) -> dict[str, object]:
+    """``{onnx input name: value}`` for positional ``inputs`` of a graph whose inputs are
+    ``names``: by :func:`onnx_input_names` when ``names`` are among them (inputs the graph
+    dropped are left out), else by position when the counts agree.
+
+    Raises:
+        ValueError: neither applies (naming both lists).
+    """
+    ours = onnx_input_names(len(inputs))
+    if set(names) <= set(ours):
+        return {n: x for n, x in zip(ours, inputs, strict=True) if n in names}
+    if len(names) == len(inputs):
+        return dict(zip(names, inputs, strict=True))
+    raise ValueError(f"the ONNX model takes {len(names)} inputs ({list(names)}), got {len(inputs)}")

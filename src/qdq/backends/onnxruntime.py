@@ -114,12 +114,12 @@ def _large_session(model: Any, opts: Any) -> Any:
 
 
 def run(sess: Any, inputs: Sequence[torch.Tensor | np.ndarray]) -> list[np.ndarray]:
-    """Run ``sess`` on positional inputs; return all outputs as numpy arrays."""
-    names = [i.name for i in sess.get_inputs()]
-    if len(inputs) != len(names):
-        raise ValueError(f"the ONNX model takes {len(names)} inputs ({names}), got {len(inputs)}")
-    feed = {
-        n: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
-        for n, x in zip(names, inputs, strict=True)
-    }
+    """Run ``sess`` on positional inputs (``forward``'s order; those the exporter dropped as
+    unread are left out by name, :func:`qdq._io.feed_by_name`); return all outputs as numpy
+    arrays."""
+    from qdq._io import feed_by_name
+
+    arrays = [x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+              for x in inputs]  # fmt: skip
+    feed = feed_by_name([i.name for i in sess.get_inputs()], arrays)
     return list(sess.run(None, feed))

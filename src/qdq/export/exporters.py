@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
+from qdq._io import onnx_input_names
 from qdq.api import quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.quant.onnx_qdq import export_mode
@@ -44,7 +45,7 @@ def run_exporter(
     import onnx
 
     tensor_args = [a for a in args if isinstance(a, torch.Tensor)]
-    input_names = [f"input{i}" if i else "input" for i in range(len(tensor_args))]
+    input_names = onnx_input_names(len(tensor_args))
     with export_mode(exporter), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         if exporter == "dynamo":

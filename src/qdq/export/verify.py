@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq._io import onnx_input_names
 from qdq.quant import quantizer_mode
 
 __all__ = ["FLOOR_FP16", "FLOOR_FP32", "REFERENCE_SLACK", "OutputCheck", "verify_numerics"]
@@ -114,7 +115,7 @@ def verify_numerics(
                 tensors = [a for a in batch if isinstance(a, torch.Tensor)]
                 feed = {
                     n: t.detach().cpu().numpy()
-                    for n, t in zip(_input_names(len(tensors)), tensors, strict=True)
+                    for n, t in zip(onnx_input_names(len(tensors)), tensors, strict=True)
                 }
                 feed = {n: v for n, v in feed.items() if n in names}
                 try:
@@ -215,11 +216,6 @@ def _against_float64(
         _log.info("numeric check: no float64 reference (%s)", err)
         return {}
     return {i: (o**0.5, t**0.5) for i, (o, t) in sums.items()}
-
-
-def _input_names(n: int) -> list[str]:
-    """The ONNX input names the exporter gives ``n`` tensor inputs."""
-    return [f"input{i}" if i else "input" for i in range(n)]
 
 
 def _distances(q: torch.Tensor, f: torch.Tensor, o: np.ndarray) -> tuple[float, float, float]:
