@@ -219,3 +219,55 @@ def test_an_input_the_exporter_dropped_is_left_out_by_name_not_shifted(tmp_path)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="takes 2 inputs"):
         feed_by_name(["a", "b"], [1, 2, 3])
+
+
+class _MaskSkip(nn.Module):
+    """transformers' masking code: in eager, ``mask.all()`` decides whether a mask is needed; under
+    tracing that read is skipped, and only a size becomes a Python value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        if not torch.jit.is_tracing() and bool(mask.all()):
+            return y
+        pad = x.shape[1] - mask.shape[1]  # a traced size turned into an int
+        if pad > 0:
+            mask = F.pad(mask, (0, pad))
+        return y * mask.unsqueeze(-1)
+
+
+class _ValueBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        if bool(mask.all()):  # read in eager and in the trace: the branch would be baked in
+            return y
+        return y * mask.unsqueeze(-1)
+
+
+def test_torchscript_refuses_only_value_reads_the_trace_reaches(tmp_path) -> None:
+    from qdq.export import ExportRefusedError
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    mask = torch.ones(2, 5)
+    mask[1, 3:] = 0
+    prepared = qdq.prepare(_MaskSkip().eval(), (x, mask))
+    plan = qdq.plan_of(prepared)
+    assert plan.control_flow and any(
+        "test_export_graph_fixes.py" in s for s in plan.control_flow_sites
+    )
+    qdq.calibrate(prepared, [(x, mask)], show_progress=False)
+    with pytest.warns(UserWarning, match="which the trace does not reach"):
+        out = qdq.export_onnx(prepared, (x, mask), tmp_path / "m.onnx", exporter="torchscript")
+    assert out.exporter == "torchscript"
+    branch = qdq.prepare(_ValueBranch().eval(), (x, mask))
+    qdq.calibrate(branch, [(x, mask)], show_progress=False)
+    with pytest.raises(ExportRefusedError, match="tensor values into Python values"):
+        qdq.export_onnx(branch, (x, mask), tmp_path / "b.onnx", exporter="torchscript")

@@ -99,6 +99,7 @@ def prepare(
             plan = dataclasses.replace(
                 plan,
                 control_flow=rec.data_dependent,
+                control_flow_sites=rec.value_reads,
                 notes=(
                     *plan.notes,
                     f"tensor values decide Python control flow in {where}: the plan follows the "

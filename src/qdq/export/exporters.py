@@ -36,11 +36,14 @@ def run_exporter(
     allow_specialization: bool,
     *,
     recorded: bool = False,
+    value_reads: tuple[str, ...] = (),
 ) -> tuple[Any, list[str] | None]:
     """Run one exporter; return the ONNX model and (TorchScript) the quantizer call order.
 
-    ``recorded``: the plan comes from a recording of the eager forward, which already refused
-    tensor-valued control flow; the tracer's remaining conversions are of traced shapes.
+    ``recorded``: the plan comes from a recording of the eager forward that saw no tensor value
+    decide Python control flow; the tracer's conversions are then of traced shapes.
+    ``value_reads``: where (``file:line``) the recording saw tensor values turned into Python
+    values, when it saw some: only a tracer conversion at one of them is refused.
     """
     import onnx
 
@@ -78,7 +81,7 @@ def run_exporter(
         try:
             with (
                 tempfile.TemporaryDirectory(prefix="qdq-export-") as tmp,
-                _tracer_warnings(allow_specialization, recorded),
+                _tracer_warnings(allow_specialization, recorded, value_reads),
                 _given_inputs_only(model),
             ):
                 # a str: torch writes external data past 2 GB only beside a path given as str
@@ -156,7 +159,9 @@ def _given_inputs_only(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _tracer_warnings(allow_specialization: bool, recorded: bool) -> Iterator[None]:
+def _tracer_warnings(
+    allow_specialization: bool, recorded: bool, value_reads: tuple[str, ...] = ()
+) -> Iterator[None]:
     """Refuse (``ExportRefusedError``) when the TorchScript tracer warns that the model's own code turned
     a tensor into a Python value; other warnings pass through unchanged.
 
@@ -164,6 +169,12 @@ def _tracer_warnings(allow_specialization: bool, recorded: bool) -> Iterator[Non
     Python value and export already refused data-dependent control flow, so what the tracer still
     reports are the tensors *it* makes of sizes (``x.shape`` is traced) and of default arguments
     (``is_causal=False``): specializations on input shapes, written with a warning that names them.
+
+    When the recording saw tensor values decide control flow, it knows where (``value_reads``):
+    only a tracer conversion at one of those lines bakes the example's branch into the graph; a
+    conversion elsewhere is of a traced size, as above (transformers' masking code reads
+    ``padding_mask.all()`` in eager and skips that read under tracing, where only shapes are
+    converted). Without those sites, every conversion is refused.
 
     A conversion made by torch itself (``torch._assert`` on a traced shape, ``Tensor.__format__``) is
     not the model's control flow. The call-site runtime forwards every torch call of the model, so a
@@ -204,12 +215,19 @@ def _tracer_warnings(allow_specialization: bool, recorded: bool) -> Iterator[Non
             stacklevel=5,
         )
         return
-    if recorded:
+    sites = {f"{file}:{line}" for file, line, _ in specialized}
+    if recorded or (value_reads and not sites & set(value_reads)):
+        seen = (
+            "The recording of the eager forward read no computed tensor as a Python value"
+            if recorded
+            else "The recording read tensor values elsewhere only "
+            f"({', '.join(value_reads[:3])}), which the trace does not reach"
+        )
         warnings.warn(
             f"the TorchScript trace turned traced sizes or default arguments into Python values "
-            f"({where}). The recording of the eager forward read no computed tensor as a Python "
-            "value, so the ONNX is specialized on input shapes there: exact for the example's "
-            "shape; with a dynamic batch, pass check_inputs of another batch size to verify it",
+            f"({where}). {seen}, so the ONNX is specialized on input shapes there: exact for the "
+            "example's shape; with a dynamic batch, pass check_inputs of another batch size to "
+            "verify it",
             stacklevel=5,
         )
         return

@@ -277,6 +277,7 @@ def _run_exporters(
                 proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
                     allow_specialization, recorded=plan_capture_recorded,
+                    value_reads=plan.control_flow_sites,
                 )  # fmt: skip
             proto = postprocess(proto, call_order)
             if fp16:

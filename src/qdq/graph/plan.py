@@ -97,6 +97,8 @@ class QuantPlan:
     capture: str = ""  # how the dataflow was seen: "recorded" (one eager run) or "replacement"
     #: module paths where a tensor value decided Python control flow when the plan was recorded
     control_flow: tuple[str, ...] = ()
+    #: where (``file:line``) those values were read, in the model's code
+    control_flow_sites: tuple[str, ...] = ()
 
     # ------------------------------------------------------------- queries
     def point(self, name: str) -> QuantPoint:

@@ -19,6 +19,9 @@ import copy
 import inspect
 import itertools
 import operator
+import os
+import sys
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +44,8 @@ class Recording:
     graph: fx.Graph
     root: nn.Module
     data_dependent: tuple[str, ...] = ()
+    #: ``file:line`` of each of those value reads (the user's code that called ``bool(t)``...)
+    value_reads: tuple[str, ...] = ()
 
 
 class _Recorder(CallTracker):
@@ -58,6 +63,7 @@ class _Recorder(CallTracker):
         self._leaf: fx.Node | None = None
         #: module paths where a tensor value decided Python control flow (``if x.sum() > 0``)
         self.data_dependent: list[str] = []
+        self.value_reads: list[str] = []
         self._input_dependent: dict[fx.Node, bool] = {}
 
     # ------------------------------------------------------------ dataflow
@@ -152,12 +158,12 @@ class _Recorder(CallTracker):
     ) -> Any:
         if key[1] in VALUE_READS and args and isinstance(args[0], torch.Tensor):
             known = self._values.get(id(args[0]))
-            if (
-                known is not None
-                and self._from_input(known[0])
-                and key[0] not in self.data_dependent
-            ):
-                self.data_dependent.append(key[0])
+            if known is not None and self._from_input(known[0]):
+                if key[0] not in self.data_dependent:
+                    self.data_dependent.append(key[0])
+                site = _user_site()
+                if site is not None and site not in self.value_reads:
+                    self.value_reads.append(site)
         node_args: tuple[Any, ...] = args
         if target is getattr:
             node_args = (args[0], key[1].partition(".")[2])
@@ -252,7 +258,7 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
             rec._deactivate()
     rec.graph.output(rec.arg(out))
     _drop_dead_getitems(rec.graph)
-    return Recording(rec.graph, clone, tuple(rec.data_dependent))
+    return Recording(rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads))
 
 
 def _has_tensor(value: Any) -> bool:
@@ -293,3 +299,19 @@ def _drop_dead_getitems(graph: fx.Graph) -> None:
         dead = node.op == "call_function" and node.target is operator.getitem and not node.users
         if dead and isinstance(node.args[0], fx.Node) and node.args[0].op != "placeholder":
             graph.erase_node(node)
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _user_site() -> str | None:
+    """``file:line`` of the first frame outside qdq's capture code and torch: the model code
+    that turned a tensor into a Python value."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_OWN_DIR)
+        or frame.f_code.co_filename.startswith(_TORCH_DIR)
+    ):
+        frame = frame.f_back
+    return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
