@@ -8,7 +8,7 @@ import sys
 import tempfile
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,6 +35,7 @@ def run_exporter(
     dynamic_batch: bool,
     allow_specialization: bool,
     *,
+    dynamic_dims: Mapping[int, Mapping[int, str]] | None = None,
     recorded: bool = False,
     value_reads: tuple[str, ...] = (),
 ) -> tuple[Any, list[str] | None]:
@@ -44,6 +45,8 @@ def run_exporter(
     decide Python control flow; the tracer's conversions are then of traced shapes.
     ``value_reads``: where (``file:line``) the recording saw tensor values turned into Python
     values, when it saw some: only a tracer conversion at one of them is refused.
+    ``dynamic_dims``: more dynamic dimensions, ``{tensor input index: {dimension: name}}``
+    (one name, one size: a token sequence and its mask).
     """
     import onnx
 
@@ -51,12 +54,21 @@ def run_exporter(
     input_names = onnx_input_names(len(tensor_args))
     with export_mode(exporter), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        axes = _axes(args, dynamic_batch, dynamic_dims or {})
         if exporter == "dynamo":
             dyn = None
-            if dynamic_batch:
-                batch = torch.export.Dim("batch")
-                dyn = tuple({0: batch} if isinstance(a, torch.Tensor) else None for a in args)
-                args = _batch_of_two(args)
+            if axes:
+                dims = {
+                    n: torch.export.Dim(n, min=2)
+                    for n in {d for a in axes.values() for d in a.values()}
+                }
+                dims["batch"] = torch.export.Dim("batch")
+                dyn = tuple(
+                    {d: dims[n] for d, n in axes[i].items()} if i in axes else None
+                    for i in range(len(args))
+                )
+                if dynamic_batch:
+                    args = _batch_of_two(args)
             program = torch.onnx.export(
                 model, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dyn,
                 input_names=input_names, verbose=False,
@@ -70,9 +82,14 @@ def run_exporter(
 
                 proto = downgrade(proto, opset)
             return proto, None
-        axes = {n: {0: "batch"} for n in input_names} if dynamic_batch else None
-        if axes is not None:
-            axes["output"] = {0: "batch"}
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        named: dict[str, dict[int, str]] | None = {
+            n: dict(axes[i]) for n, i in zip(input_names, tensor_pos, strict=True) if i in axes
+        }
+        if not named:
+            named = None
+        elif dynamic_batch:
+            named["output"] = {0: "batch"}
         order: list[str] = []
         hooks = [
             q.register_forward_pre_hook(lambda m, a, path=path: order.append(path))
@@ -88,7 +105,7 @@ def run_exporter(
                 out = Path(tmp) / "model.onnx"
                 torch.onnx.export(
                     model, args, str(out), dynamo=False, opset_version=opset, input_names=input_names,
-                    output_names=["output"], dynamic_axes=axes, do_constant_folding=True,
+                    output_names=["output"], dynamic_axes=named, do_constant_folding=True,
                 )  # fmt: skip
                 return onnx.load(str(out)), order
         finally:
@@ -257,6 +274,18 @@ def _origin(filename: str, lineno: int) -> tuple[str, int]:
     if frame is None:
         return filename, lineno
     return frame.f_code.co_filename, frame.f_lineno
+
+
+def _axes(
+    args: tuple[Any, ...], dynamic_batch: bool, extra: Mapping[int, Mapping[int, str]]
+) -> dict[int, dict[int, str]]:
+    """``{position in args: {dimension: name}}`` of every dynamic dimension: the batch of each
+    tensor, and ``extra``'s, whose keys count tensor inputs only (``input1`` is the second)."""
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    axes: dict[int, dict[int, str]] = {i: {0: "batch"} for i in tensors} if dynamic_batch else {}
+    for k, dims in extra.items():
+        axes.setdefault(tensors[k], {}).update(dims)
+    return axes
 
 
 def _batch_of_two(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -19,7 +19,7 @@ import importlib.util
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ class ExportResult:
     num_dequantize: int
     floored: dict[str, list[int]] = field(default_factory=dict)
     external_data: Path | None = None  # the weights file beside ``path`` (models past 2 GB)
+    #: the dynamic dimensions besides the batch (``dynamic_dims``), ``{input index: {dim: name}}``
+    dynamic_dims: dict[int, dict[int, str]] = field(default_factory=dict)
 
 
 def export_onnx(
@@ -76,6 +78,7 @@ def export_onnx(
     check_inputs: Iterable[Any] | None = None,
     allow_specialization: bool = False,
     manifest_path: str | Path | None = None,
+    dynamic_dims: Mapping[int, Mapping[int, str]] | None = None,
 ) -> ExportResult:
     """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX and its manifest.
 
@@ -117,6 +120,11 @@ def export_onnx(
             must lie in the same directory as ``path``; the manifest records the ONNX file's name,
             and :func:`~qdq.export.manifest.find_manifest` finds a ``manifest.json`` beside an
             ONNX file it names (``qdq quantize`` writes ``model.qdq.onnx`` + ``manifest.json``).
+        dynamic_dims: dimensions besides the batch to export as dynamic, ``{tensor input index:
+            {dimension: name}}``; inputs that name the same dimension share its size. Token ids
+            and their mask: ``{0: {1: "sequence"}, 1: {1: "sequence"}}``. The example's size
+            there must be at least 2 (torch.export fixes a size of 1); verify with
+            ``check_inputs`` of another size.
 
     Raises:
         ValueError: unsupported opset or exporter, uncalibrated or non-finite amax, an amax whose
@@ -177,6 +185,7 @@ def export_onnx(
             f"a qdq.qat.Distiller is still attached to {hooked[:3]}: call its close() (or use it "
             "in a with block) before exporting, so that no training hook is exported"
         )
+    dims = _check_dynamic_dims(dynamic_dims, tuple(example_inputs), dynamic_batch)
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
     _check_forward(prepared, tuple(example_inputs))
@@ -191,7 +200,7 @@ def export_onnx(
     with staging:
         model_proto, used, counts, staged = _run_exporters(
             export_model, export_args, order, exporter, opset, dynamic_batch, fp16,
-            allow_specialization, plan, branchy, staging, target,
+            allow_specialization, plan, branchy, staging, target, dims,
         )  # fmt: skip
         if branchy:
             warnings.warn(
@@ -237,7 +246,7 @@ def export_onnx(
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
     return ExportResult(
         target, manifest_file, used, opset, seconds, counts[0], counts[1], floored,
-        sidecar_for(target) if sidecar is not None else None,
+        sidecar_for(target) if sidecar is not None else None, dims,
     )  # fmt: skip
 
 
@@ -254,6 +263,7 @@ def _run_exporters(
     branchy: bool,
     staging: contextlib.ExitStack,
     target: Path,
+    dynamic_dims: dict[int, dict[int, str]],
 ) -> tuple[Any, str, tuple[int, int], Path | None]:
     """Try the exporters in ``order``; return the first valid ONNX, the exporter, its Q/DQ
     counts and, for a model past 2 GB, its staged path (written with external data in a
@@ -277,7 +287,7 @@ def _run_exporters(
                 proto, call_order = run_exporter(
                     export_model, export_args, candidate, opset, dynamic_batch,
                     allow_specialization, recorded=plan_capture_recorded,
-                    value_reads=plan.control_flow_sites,
+                    value_reads=plan.control_flow_sites, dynamic_dims=dynamic_dims,
                 )  # fmt: skip
             proto = postprocess(proto, call_order)
             if fp16:
@@ -315,6 +325,42 @@ def _run_exporters(
                 f"{candidate} export failed ({err}); trying the next exporter", stacklevel=3
             )
     raise ExportError("every exporter failed:\n" + "\n".join(errors))
+
+
+def _check_dynamic_dims(
+    dims: Mapping[int, Mapping[int, str]] | None, args: tuple[Any, ...], dynamic_batch: bool
+) -> dict[int, dict[int, str]]:
+    """``dims`` checked against the example's tensor inputs (see ``export_onnx``)."""
+    if dims is None:
+        return {}
+    if not isinstance(dims, Mapping):
+        raise TypeError(f"dynamic_dims must be a dict {{input index: {{dim: name}}}}, got {dims!r}")
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    out: dict[int, dict[int, str]] = {}
+    for k, axes in dims.items():
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(tensors):
+            raise ValueError(
+                f"dynamic_dims: {k!r} is not the index of a tensor input (0..{len(tensors) - 1})"
+            )
+        if not isinstance(axes, Mapping):
+            raise TypeError(f"dynamic_dims[{k}] must be a dict {{dim: name}}, got {axes!r}")
+        t = tensors[k]
+        for d, name in axes.items():
+            low = 1 if dynamic_batch else 0
+            if isinstance(d, bool) or not isinstance(d, int) or not low <= d < t.dim():
+                raise ValueError(
+                    f"dynamic_dims[{k}]: {d!r} is not a dimension {low}..{t.dim() - 1} of input "
+                    f"{k} (shape {tuple(t.shape)}; dimension 0 is the batch)"
+                )
+            if not isinstance(name, str) or not name.isidentifier() or name == "batch":
+                raise ValueError(f"dynamic_dims[{k}][{d}]: {name!r} is not a name (nor 'batch')")
+            if t.shape[d] < 2:
+                raise ValueError(
+                    f"dynamic_dims[{k}][{d}] ({name}): the example's size there is "
+                    f"{t.shape[d]}; give one of at least 2 (torch.export fixes sizes 0 and 1)"
+                )
+        out[k] = dict(axes)
+    return out
 
 
 def _resolve_verify(verify: bool | None) -> bool:

@@ -13,6 +13,7 @@ from qdq.graph.capture import TRACE_THROUGH
 from qdq.graph.context import PlanContext
 from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
 from qdq.graph.plan import SHARE, Coverage, QuantPoint, ScaleGroup
+from qdq.graph.weighted import FOLDED_REASON
 from qdq.rules import UnionFind
 
 __all__ = ["coverage", "group_points"]
@@ -125,13 +126,15 @@ def _share_rule(
 # --------------------------------------------------------------- coverage
 def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, ...]:
     """One entry per Conv/Linear module; a module called several times is int8 only if every
-    call is (the entry then cites the first float call)."""
+    call that runs is (the entry then cites the first float call). A call on constants alone
+    (DeBERTa's projections of its relative-position table) is folded by the builder and no
+    runtime layer: it counts only when it is the module's every call."""
     weights: dict[str, QuantPoint] = {}
     for p in points:
         if p.kind != "weight":
             continue
         name = re.sub(r"\.call\d+$", "", p.owner)
-        if name not in weights or (weights[name].quantized and not p.quantized):
+        if name not in weights or _rank(p) > _rank(weights[name]):
             weights[name] = p
     leaves = [
         (name, m)
@@ -154,6 +157,13 @@ def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, 
             reason = "not called by forward() on the example inputs"
         out.append(Coverage(name, type(m).__name__, "not reached", "-", reason))
     return tuple(out)
+
+
+def _rank(p: QuantPoint) -> int:
+    """Which call a module's coverage cites: a float one, else an INT8 one, else a folded one."""
+    if p.quantized:
+        return 1
+    return 0 if p.reason == FOLDED_REASON else 2
 
 
 def _is_opaque_leaf(m: nn.Module) -> bool:

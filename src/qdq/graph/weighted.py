@@ -20,7 +20,10 @@ from qdq.graph.patterns import (
 )
 from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
-__all__ = ["performance_skip", "plan_weighted"]
+__all__ = ["FOLDED_REASON", "performance_skip", "plan_weighted"]
+
+#: why a weighted call on constants alone stays float: the builder folds it, no runtime layer
+FOLDED_REASON = "its input is computed from shapes and constants only: folded, kept float"
 
 
 def _weight_shape(ctx: PlanContext, w: fx.Node) -> tuple[int, ...]:
@@ -161,7 +164,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     if skip is None and not acts:
         # e.g. a positional encoding's projection (EdgeNeXt): exporters fold it into a constant,
         # so no Q/DQ can sit on its input, and TensorRT folds the layer at build time anyway
-        skip = ("P01", "its input is computed from shapes and constants only: folded, kept float")
+        skip = ("P01", FOLDED_REASON)
     x_pos, x = acts[0] if acts else (0, None)
     if skip is not None:
         rule, reason = skip

@@ -278,16 +278,20 @@ def named_arrays(
 
 
 def class_labels(y: np.ndarray, n: int, where: str, samples: str) -> torch.Tensor:
-    """``y`` as int64 class labels, checked: 1-D, integer, non-negative, one per sample (``n``;
-    ``samples`` says where they were counted)."""
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    """``y`` as int64 class labels, checked: integer, one per sample (``n``; ``samples`` says
+    where they were counted) -- 1-D, non-negative, or 2-D (one per token: token classification),
+    non-negative or ``-100`` (Hugging Face's label of a token that is not scored)."""
+    if y.ndim not in (1, 2) or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(
-            f"{where} must be 1-D integer class labels, got {y.dtype} of shape {y.shape}"
+            f"{where} must be integer class labels, 1-D (one per sample) or 2-D (one per token), "
+            f"got {y.dtype} of shape {y.shape}"
         )
     if len(y) != n:
         raise ValueError(f"{where}: {len(y)} labels but {samples}")
-    if y.size and int(y.min()) < 0:
-        raise ValueError(f"{where} holds negative labels")
+    bad = y[(y < 0) & (y != -100)] if y.ndim == 2 else y[y < 0]
+    if bad.size:
+        ignored = " (-100 marks a token that is not scored)" if y.ndim == 2 else ""
+        raise ValueError(f"{where} holds negative labels ({int(bad[0])}){ignored}")
     return torch.from_numpy(y.astype(np.int64))
 
 

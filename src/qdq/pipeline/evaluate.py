@@ -8,6 +8,9 @@ The headline metric (``metric_name``; :func:`headline` describes it) is, first t
   which is also the exported ONNX's output order) and the labels or the dataset's ground truth;
   its named figures are kept under ``figures``;
 * with labels: ``top1_accuracy`` of the first output (arg-max over dimension 1 equals the label);
+  with per-token labels ``(N, L)`` and ``(N, L, C)`` logits (token classification),
+  ``token_accuracy``: the arg-max over the last dimension against every label but the ignored
+  ``-100`` (Hugging Face's padding label);
 * without labels, when an output is named as a pooled embedding (``pooler_output``,
   ``sentence_embedding``: :data:`qdq.pipeline.outputs.EMBEDDING_NAMES`): ``embedding_cosine``,
   the mean per-sample cosine of that output against FP32 (:func:`embedding_metric`, bound as a
@@ -60,6 +63,10 @@ __all__ = [
     "score",
     "torch_outputs",
 ]
+
+
+#: the label of a token that is not scored (Hugging Face's padding and sub-word label)
+IGNORE_LABEL = -100
 
 
 def output_tensors(output: Any, what: str) -> list[torch.Tensor]:
@@ -154,7 +161,7 @@ def metric_name(
     if metric is not None:
         return metric.name
     if labels is not None:
-        return "top1_accuracy"
+        return "token_accuracy" if labels.dim() == 2 else "top1_accuracy"
     return output_kind(reference).figure
 
 
@@ -191,7 +198,10 @@ def headline(
         return {"name": name, "source": source, "output": None, "kind": None, "text": text}
     kind = output_kind(reference)
     shape = "x".join(str(d) for d in reference.shape[1:]) or "scalar"
-    if labels is not None:
+    if labels is not None and labels.dim() == 2:
+        text = f"token accuracy of output 0 ({shape}) against the labels (-100 ignored)"
+        source = "labels"
+    elif labels is not None:
         text = f"top-1 accuracy of output 0 ({kind.name}, {shape}) against the labels"
         source = "labels"
     else:
@@ -225,7 +235,22 @@ def embedding_metric(
 
 
 def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> None:
-    """Labels must fit a classifier's output: ``(N, C)`` logits and labels in ``0..C-1``."""
+    """Labels must fit a classifier's output: ``(N, C)`` logits and labels in ``0..C-1``, or
+    ``(N, L, C)`` token logits and ``(N, L)`` labels in ``0..C-1`` or ``-100`` (ignored)."""
+    if labels.dim() == 2:
+        if reference.dim() != 3 or reference.shape[1] != labels.shape[1]:
+            raise ValueError(
+                f"{source} has per-token labels (N, {labels.shape[1]}), but the model's output "
+                f"has shape {tuple(reference.shape)}, not (N, {labels.shape[1]}, classes): token "
+                "accuracy needs a token classifier"
+            )
+        kept = labels[labels != IGNORE_LABEL]
+        if kept.numel() and int(kept.max()) >= reference.shape[2]:
+            raise ValueError(
+                f"{source} has labels up to {int(kept.max())}, but the model outputs "
+                f"{reference.shape[2]} classes per token"
+            )
+        return
     if reference.dim() != 2:
         raise ValueError(
             f"{source} has labels, but the model's output has shape {tuple(reference.shape)}, "
@@ -267,6 +292,10 @@ def score(
         figures = metric.score(outs, references, targets)
         result["metric"] = float(figures[metric.name])
         result["figures"] = {k: float(v) for k, v in figures.items()}
+    elif labels is not None and labels.dim() == 2:
+        kept = labels != IGNORE_LABEL
+        hits = (out.argmax(dim=-1) == labels) & kept
+        result["metric"] = float(hits.sum()) / max(int(kept.sum()), 1)
     elif labels is not None:
         result["metric"] = float((out.argmax(dim=1) == labels).float().mean())
     elif kind.figure == "cosine":

@@ -54,6 +54,7 @@ from typing import Any
 
 from torch import nn
 
+from qdq._io import onnx_input_names
 from qdq._version import __version__
 from qdq.pipeline.inputs import describe, num_samples
 
@@ -183,6 +184,11 @@ def build_report(
             "num_dequantize": exported.num_dequantize,
             "floored_channels": exported.floored,
             "verified_in_onnxruntime": True,
+            # dynamic besides the batch: {ONNX input name: {dimension: name}} (token sequences)
+            "dynamic_dims": {
+                onnx_input_names(len(inputs))[i]: {str(d): n for d, n in dims.items()}
+                for i, dims in getattr(exported, "dynamic_dims", {}).items()
+            },
         },
         "headline": headline,
         "outputs": outputs,

@@ -38,6 +38,8 @@ from qdq.pipeline.inputs import (
     batches,
     bind_inputs,
     num_samples,
+    sequence_dims,
+    shorter,
     summary,
     take,
 )
@@ -386,6 +388,42 @@ class _Settings:
     per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
 
 
+def _export(
+    prepared: nn.Module, example: tuple[Any, ...], tmp: Path, s: _Settings
+) -> tuple[Any, dict[int, dict[int, str]]]:
+    """Export to ``tmp``; token inputs (:func:`~qdq.pipeline.inputs.sequence_dims`) with a dynamic
+    sequence length too, verified on half the example's length. When that export fails (integer
+    inputs that are no sequence), the length stays the example's, with a warning."""
+    import qdq
+
+    def run(dims: dict[int, dict[int, str]]) -> Any:
+        return qdq.export_onnx(
+            prepared,
+            example,
+            tmp / ONNX_FILE,
+            opset=s.opset,
+            exporter=s.exporter,
+            dynamic_batch=not s.static,
+            manifest_path=tmp / MANIFEST_FILE,
+            verify=False if s.per_image else None,  # detection lists: checked below
+            dynamic_dims=dims,
+            check_inputs=[shorter(example, dims)] if dims else None,
+        )
+
+    dims = {} if s.static or s.per_image else sequence_dims(example)
+    if not dims:
+        return run({}), {}
+    try:
+        return run(dims), dims
+    except Exception as err:  # the exporters raise many types
+        warnings.warn(
+            f"the export with a dynamic sequence length failed ({type(err).__name__}: "
+            f"{str(err)[:300]}); exported with the example's length fixed",
+            stacklevel=3,
+        )
+        return run({}), {}
+
+
 def _export_and_measure(
     prepared: nn.Module,
     source: ModelSource,
@@ -401,26 +439,18 @@ def _export_and_measure(
     qat: tuple[dict[str, Any], nn.Module] | None = None,
     checks: Inputs | None = None,
 ) -> QuantizeResult:
-    import qdq
     from qdq.lint import lint
 
     show, size = s.show_progress, s.batch_size
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
-            exported = qdq.export_onnx(
-                prepared,
-                example,
-                tmp / ONNX_FILE,
-                opset=s.opset,
-                exporter=s.exporter,
-                dynamic_batch=not s.static,
-                manifest_path=tmp / MANIFEST_FILE,
-                verify=False if s.per_image else None,  # detection lists: checked below
-            )
+            exported, dims = _export(prepared, example, tmp, s)
             st.detail = (
                 f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
                 f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
             )
+            if dims:
+                st.detail += ", dynamic batch and sequence length"
             if s.per_image and s.inputs is not None and checks is not None:
                 compared = per_image.check_export(exported.path, prepared, checks, s.inputs)
                 st.detail += f" (per quantizer: {compared} on {num_samples(checks)} image(s))"
