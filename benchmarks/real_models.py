@@ -4,7 +4,9 @@ Run: ``YOLO_OFFLINE=1 .venv/bin/python benchmarks/real_models.py [--only NAME ..
 ``--merge A.json B.json`` prints one table from the JSON of earlier (grouped) runs (a model in a later
 file replaces its row in an earlier one). With more than one
 model, each runs in a child process (a crash is one row). Prints tables, asserts nothing. The
-architectures are ``tests/models/real.py`` (random weights, batch 1, small inputs).
+architectures are ``tests/models/real.py`` (random weights, batch 1, small inputs), plus its
+base-size rows that only this benchmark runs (``BENCH_ARCHS``: BERT-family encoders at 12 layers
+and 128 tokens, an all-MiniLM-L6-shaped mean-pooled encoder).
 
 Per model: whether ``torch.fx.symbolic_trace`` and ``torch.export.export(strict=False)`` each succeed
 on their own; which capture path ``qdq.prepare`` took (``plan.capture`` when the plan has it, else read
@@ -37,7 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import qdq
-from models.real import ARCHS, RealModel
+from models.real import BENCH_ARCHS as ARCHS
+from models.real import RealModel
 
 EXPORTERS = ("dynamo", "torchscript")
 CALIB_BATCHES = 2
@@ -208,10 +211,7 @@ def _bench_model(rm: RealModel, row: dict[str, Any], folder: Path) -> None:
     row["plan"] = plan_cells(plan)
     row["calibrate"] = {}
     gen = torch.Generator().manual_seed(2)
-    batches = [
-        tuple(torch.randn(x.shape, generator=gen) for x in rm.example_inputs)
-        for _ in range(CALIB_BATCHES)
-    ]
+    batches = [tuple(_like(x, gen) for x in rm.example_inputs) for _ in range(CALIB_BATCHES)]
     done = timed(
         row["calibrate"],
         lambda: qdq.calibrate(prepared, batches, method="max", show_progress=False),
@@ -340,6 +340,12 @@ def _bench_in_child(name: str, threads: int, folder: Path) -> dict[str, Any]:
         "status": f"crashed (exit code {proc.returncode}; killed for memory?)",
         "total_seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def _like(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A random calibration input shaped like ``x``: Gaussian for float inputs; integer inputs
+    (token ids, masks) keep the example's values, whose ranges a random draw would not know."""
+    return torch.randn(x.shape, generator=gen) if x.is_floating_point() else x.clone()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -208,6 +208,7 @@ def _bad_cases(i: dict[str, Path]) -> list[tuple[list[str], str]]:
     np.savez(root / "big_labels.npz", x=np.load(npy)[:8], y=np.full(8, 50))
     (root / "garbage.npy").write_bytes(b"not numpy")
     (root / "notes.txt").write_text("hello")
+    (root / "notes.md").write_text("hello")
     torch.save({"w": torch.zeros(2)}, root / "state.pt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
@@ -232,7 +233,9 @@ def _bad_cases(i: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["--model", f"{py}:build", "--data", f"{root}/garbage.npy"], "cannot read data file"),
         (["--model", f"{py}:build", "--data", f"{root}/odd.npz"], "expected one input array"),
         (["--model", f"{py}:build", "--data", f"{root}/big_labels.npz"], "labels up to 50"),
-        (["--model", f"{py}:build", "--data", f"{root}/notes.txt"], "expected an image folder"),
+        (["--model", f"{py}:build", "--data", f"{root}/notes.md"], "expected an image folder"),
+        (["--model", f"{py}:build", "--data", f"{root}/notes.txt"], "give --tokenizer DIR"),
+        (["--model", f"{py}:build", "--data", npy, "--tokenizer", str(root)], "for text files"),
         (["--model", f"{py}:build", "--data", f"{root}/imgs"], "--image-size"),
         (["--model", f"{root}/state.pt", "--data", npy], "not a TorchScript archive"),
         (["--model", f"{root}/scripted.pt", "--data", npy], "TorchScript archive: qdq cannot"),

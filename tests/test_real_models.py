@@ -130,7 +130,17 @@ def _max_diff(a: Any, b: Any) -> float:
 
 # Tensor-valued Python control flow the recording sees. Keypoint R-CNN's eager inference reads
 # every box's size with .item() (torchvision heatmaps_to_keypoints); its traced path differs.
-CONTROL_FLOW: dict[str, tuple[str, ...]] = {"keypointrcnn_resnet50_fpn": ("roi_heads",)}
+CONTROL_FLOW: dict[str, tuple[str, ...]] = {
+    "keypointrcnn_resnet50_fpn": ("roi_heads",),
+    # transformers' masking reads padding_mask.all() in eager (skipped when traced or exported)
+    "bert_tiny": ("bert",),
+    "distilbert_tiny": ("distilbert",),
+    "roberta_tiny": ("roberta",),
+    "albert_tiny": ("albert",),
+    "electra_tiny": ("electra",),
+    "bert_tokens_tiny": ("bert",),
+    "meanpool_tiny": ("bert",),
+}
 
 # (residual Adds with a P03 input, all Adds, S02 groups, S03 groups), measured on the recorded
 # capture of a model that has run once, as the fixture's has (ultralytics' head caches its anchors
@@ -163,6 +173,17 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "deeplabv3_resnet50": (16, 16, 1, 0),
     "fasterrcnn_resnet50_fpn": (19, 27, 0, 4),
     "keypointrcnn_resnet50_fpn": (19, 95, 0, 4),
+    # post-LN encoders: LayerNorm(x + sublayer(x)), the skip x INT8 (P03) for its GEMM readers;
+    # RoBERTa's and ALBERT's other Adds build position ids and embeddings, DeBERTa's its
+    # relative-position scores
+    "bert_tiny": (4, 4, 0, 0),
+    "distilbert_tiny": (4, 4, 0, 0),
+    "roberta_tiny": (4, 6, 0, 0),
+    "albert_tiny": (4, 6, 0, 0),
+    "deberta_v2_tiny": (4, 8, 0, 0),
+    "electra_tiny": (4, 4, 0, 0),
+    "bert_tokens_tiny": (4, 4, 0, 0),
+    "meanpool_tiny": (4, 4, 0, 0),
 }
 
 
@@ -171,6 +192,11 @@ ATTENTION_MATMULS: dict[str, int] = {
     "vit_tiny_patch16_224": 24,
     "yolo11n": 2,  # C2PSA: (q.T @ k) * scale -> softmax -> v @ attn.T
     "yolo11n_deploy": 2,
+    **{
+        f"{f}_tiny": 4  # 2 layers x (Q·Kᵀ, softmax·V)
+        for f in ("bert", "distilbert", "roberta", "albert", "deberta_v2", "electra", "bert_tokens")
+    },
+    "meanpool_tiny": 4,
 }
 
 
@@ -274,6 +300,19 @@ EXPORTS: dict[tuple[str, str], set[str]] = {
     # eager roi_heads reads box sizes with .item(); the traced path does not: exported, verified
     ("keypointrcnn_resnet50_fpn", "torchscript"): {"H01"},
     ("retinanet_resnet50_fpn", "torchscript"): {"H01"},  # relu(p6) beside the head conv (P04)
+    # encoders: the mask's padding_mask.all() is read in eager only (TorchScript exports); every
+    # GEMM and attention product INT8 but the classifier (P14: N = 3)
+    ("bert_tiny", "torchscript"): set(),
+    ("distilbert_tiny", "dynamo"): set(),
+    ("roberta_tiny", "torchscript"): set(),
+    ("albert_tiny", "dynamo"): set(),
+    # unused token_type_ids dropped by the exporter; P04: the query is INT8 for the scores and
+    # FP16 for the relative-position term query @ pos_keyᵀ, whose pos_key is a batch-repeated
+    # table computed from parameters (float, P01): one reformat of the query per layer
+    ("deberta_v2_tiny", "torchscript"): {"P04"},
+    ("electra_tiny", "dynamo"): set(),
+    ("bert_tokens_tiny", "torchscript"): set(),
+    ("meanpool_tiny", "dynamo"): set(),
 }
 
 

@@ -201,3 +201,85 @@ def test_text_data_refusals_name_the_file_or_flag(tmp_path: Path) -> None:
     indexed = _sentences(tmp_path / "idx.tsv", 8, "indices")
     labelled = resolve_data(str(indexed), options=DataOptions(tokenizer=str(tok)), model=bert)
     assert labelled.labels is not None and "as class indices" in labelled.split
+
+
+# ------------------------------------------------------------------------------------ families
+#: (row of tests/models/real.py, exporter): each family once, the exporters alternating
+FAMILIES = [
+    ("bert_tiny", "torchscript"),
+    ("distilbert_tiny", "dynamo"),
+    ("roberta_tiny", "torchscript"),
+    ("albert_tiny", "dynamo"),
+    ("deberta_v2_tiny", "torchscript"),
+    ("electra_tiny", "dynamo"),
+    ("bert_tokens_tiny", "dynamo"),
+    ("meanpool_tiny", "torchscript"),
+]
+
+
+def _batches(vocab: int, length: int, n: int = 6, seed: int = 0) -> list[dict]:
+    """Tokenizer-style batches of 8 rows: random ids, a padded tail per row."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        b_ids = torch.randint(5, vocab, (8, length), generator=gen)
+        b_mask = torch.ones_like(b_ids)
+        for row, used in enumerate(torch.randint(4, length + 1, (8,), generator=gen)):
+            b_mask[row, used:] = 0
+        out.append({"input_ids": b_ids * b_mask, "attention_mask": b_mask})
+    return out
+
+
+@pytest.mark.parametrize(("row", "exporter"), FAMILIES, ids=[f"{r}-{e}" for r, e in FAMILIES])
+def test_family_quantizes_with_a_dynamic_sequence_length(row: str, exporter: str, tmp_path) -> None:
+    """Each family through ``qdq.quantize`` on token batches: exported with a dynamic batch *and*
+    sequence length (verified on half the length), every GEMM and attention product INT8 but the
+    3-class head (P14), and the ONNX runs at another batch and a longer sequence as torch does."""
+    from models.real import ARCHS, TOKEN_LENGTH
+    from qdq.backends.onnxruntime import run, session
+
+    torch.manual_seed(0)
+    rm = ARCHS[row].build()
+    vocab = int(rm.model.config.vocab_size) if hasattr(rm.model, "config") else 500
+    data = _batches(vocab, TOKEN_LENGTH)
+    result = quantize(rm.model, data, out=tmp_path / row, exporter=exporter,
+                      calib="max", ptq="none", show_progress=False)  # fmt: skip
+    r = result.report
+    assert r["export"]["exporter"] == exporter
+    dims = r["export"]["dynamic_dims"]
+    assert set(dims) <= {"input", "input1"} and all(d == {"1": "sequence"} for d in dims.values())
+    assert "input" in dims
+    assert r["lint"]["int8_weighted_layers"] >= r["lint"]["weighted_layers"] - 1
+    assert {s["rule"] for s in r["skipped_layers"]} <= {"P14"}
+    placement = {f["rule"] for f in r["lint_findings"] if f["severity"] == "WARN"}
+    assert placement <= ({"P04"} if row.startswith("deberta") else set()), placement
+    assert r["int8"]["cosine_mean"] > 0.99
+    # batch 3, 24 tokens (the export saw 16): ONNX Runtime against torch fake-quant
+    longer = _batches(vocab, 24, n=1, seed=7)[0]
+    args = (longer["input_ids"][:3], longer["attention_mask"][:3])
+    got = run(session(result.onnx_path), list(args))[0]
+    with torch.no_grad():
+        out = result.prepared(*args)
+    want = next(iter(out.values())) if isinstance(out, dict) else out[0]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_token_classifier_is_scored_per_token_with_padding_ignored(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = transformers.BertForTokenClassification(_config(num_labels=3)).eval()
+    rng = np.random.default_rng(0)
+    path = _tokens(tmp_path / "tokens.npz", labels=False)
+    arrays = dict(np.load(path))
+    labels = rng.integers(0, 3, arrays["input_ids"].shape)
+    labels[arrays["attention_mask"] == 0] = -100  # padding is not scored
+    np.savez(path, **arrays, labels=labels)
+    r = _run(model, path, tmp_path / "tok")
+    assert r["metric_name"] == "token_accuracy" and r["headline"]["source"] == "labels"
+    assert "-100 ignored" in r["headline"]["text"]
+    # random labels: FP32 scores about a third; INT8 keeps its token predictions
+    assert 0.0 < r["fp32_metric"] < 1.0 and abs(r["int8_metric"] - r["fp32_metric"]) < 0.1
+    assert r["outputs"][0]["shape"] == [16, 3] and r["lint_verdict"] == "PASS"
+    bad = dict(arrays, labels=np.where(labels == -100, -5, labels))
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(ValueError, match=r"negative labels \(-5\)"):
+        _run(model, tmp_path / "bad.npz", tmp_path / "bad")

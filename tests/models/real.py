@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ARCHS", "Arch", "RealModel", "build"]
+__all__ = ["ARCHS", "BENCH_ARCHS", "Arch", "RealModel", "build"]
 
 # Nothing here may reach the network: ultralytics and the Hugging Face hub stay offline.
 os.environ.setdefault("YOLO_OFFLINE", "1")
@@ -61,7 +61,7 @@ class Arch:
 
     Attributes:
         name: row name (``"yolov8n_deploy"``).
-        family: ``"yolo"``, ``"timm"``, ``"torchvision"`` or ``"smp"``.
+        family: ``"yolo"``, ``"timm"``, ``"torchvision"``, ``"smp"`` or ``"transformers"``.
         requires: top-level packages the builder imports.
         builder: returns ``(model, example_inputs)``.
         slow: prepare/export take long enough to mark the test ``slow``.
@@ -106,6 +106,98 @@ class Arch:
 
 def _image(size: int) -> Inputs:
     return (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)),)
+
+
+# ---------------------------------------------------------------------------------- transformers
+#: Hugging Face encoders (issue 35): (config class, model class, small config, base config)
+_HF_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                max_position_embeddings=64, vocab_size=500)  # fmt: skip
+_HF_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, max_position_embeddings=512, vocab_size=30522)  # fmt: skip
+TOKEN_LENGTH = 16  # tokens per sample in the tests; base-size rows in the benchmark take 128
+BASE_TOKEN_LENGTH = 128
+
+
+def _hf_config(family: str, base: bool, **extra: Any) -> Any:
+    import transformers
+
+    size = dict(_HF_BASE if base else _HF_TINY)
+    if family == "distilbert":
+        size = {"dim": size["hidden_size"], "n_layers": size["num_hidden_layers"],
+                "n_heads": size["num_attention_heads"], "hidden_dim": size["intermediate_size"],
+                "max_position_embeddings": size["max_position_embeddings"],
+                "vocab_size": size["vocab_size"]}  # fmt: skip
+    if family == "albert":
+        size["embedding_size"] = 128 if base else 32
+    if family == "electra":
+        size["embedding_size"] = size["hidden_size"]
+    if family == "deberta_v2":  # DeBERTa-v3's relative attention
+        size.update(relative_attention=True, position_buckets=256 if base else 32,
+                    max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+                    norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+                    type_vocab_size=0)  # fmt: skip
+    names = {"bert": "BertConfig", "distilbert": "DistilBertConfig", "roberta": "RobertaConfig",
+             "albert": "AlbertConfig", "deberta_v2": "DebertaV2Config",
+             "electra": "ElectraConfig"}  # fmt: skip
+    return getattr(transformers, names[family])(**size, **extra)
+
+
+def _tokens(vocab: int, length: int, pad_id: int = 0) -> Inputs:
+    """One sample of token ids and its attention mask, the last quarter padded."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, vocab, (1, length), generator=gen)
+    mask = torch.ones(1, length, dtype=torch.int64)
+    mask[:, length - length // 4 :] = 0
+    ids[mask == 0] = pad_id
+    return ids, mask
+
+
+def _hf(family: str, head: str = "ForSequenceClassification", base: bool = False) -> Builder:
+    """A ``transformers`` encoder with random weights from its config; SDPA attention where the
+    family has it (DeBERTa-v2: its own, eager)."""
+
+    def build() -> tuple[nn.Module, Inputs]:
+        import transformers
+
+        cls_name = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta",
+                    "albert": "Albert", "deberta_v2": "DebertaV2",
+                    "electra": "Electra"}[family] + head  # fmt: skip
+        config = _hf_config(family, base, num_labels=3)
+        attn = "eager" if family == "deberta_v2" else "sdpa"
+        model = getattr(transformers, cls_name)._from_config(config, attn_implementation=attn)
+        pad = 1 if family == "roberta" else 0
+        length = BASE_TOKEN_LENGTH if base else TOKEN_LENGTH
+        return model.eval(), _tokens(config.vocab_size, length, pad)
+
+    return build
+
+
+class MeanPooled(nn.Module):
+    """A sentence-transformers-style encoder: BERT, then the mask-weighted mean of the last
+    hidden state, returned under sentence-transformers' key."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        import transformers
+
+        self.bert = transformers.BertModel(config, add_pooling_layer=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return {"sentence_embedding": (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)}
+
+
+def _mean_pooled(base: bool = False) -> Builder:
+    def build() -> tuple[nn.Module, Inputs]:
+        config = _hf_config("bert", False)
+        if base:  # all-MiniLM-L6-v2's shape
+            config = _hf_config("bert", True, hidden_size=384, num_hidden_layers=6,
+                                intermediate_size=1536)  # fmt: skip
+        length = BASE_TOKEN_LENGTH if base else TOKEN_LENGTH
+        return MeanPooled(config).eval(), _tokens(config.vocab_size, length)
+
+    return build
 
 
 # ----------------------------------------------------------------------------------- ultralytics
@@ -297,10 +389,32 @@ _ROWS: tuple[Arch, ...] = (
         _rcnn("keypointrcnn_resnet50_fpn"), slow=True,
         note=_RCNN_NOTE, ranked_outputs=True,
     ),
+    *(
+        Arch(f"{f}_tiny", "transformers", ("transformers",), _hf(f),
+             note="2 layers, hidden 64, 16 tokens (a quarter padded)")
+        for f in ("bert", "distilbert", "roberta", "albert", "deberta_v2", "electra")
+    ),
+    Arch("bert_tokens_tiny", "transformers", ("transformers",), _hf("bert", "ForTokenClassification"),
+         note="token classification"),
+    Arch("meanpool_tiny", "transformers", ("transformers",), _mean_pooled(),
+         note="BERT + mask-weighted mean pooling ({'sentence_embedding': ...})"),
+)  # fmt: skip
+
+#: base-size encoders: rows of benchmarks/real_models.py only (minutes each on a CPU)
+_BENCH_ROWS = (
+    *(
+        Arch(f"{f}_base", "transformers", ("transformers",), _hf(f, base=True), slow=True,
+             note="base size (12 layers, hidden 768), 128 tokens")
+        for f in ("bert", "distilbert", "roberta", "albert", "deberta_v2", "electra")
+    ),
+    Arch("minilm_l6_meanpool", "transformers", ("transformers",), _mean_pooled(base=True),
+         slow=True, note="all-MiniLM-L6-v2's shape (6 layers, hidden 384), mean pooled"),
 )  # fmt: skip
 
 #: every row by name, in table order
 ARCHS: dict[str, Arch] = {a.name: a for a in _ROWS}
+#: the benchmark's rows: every test row and the base-size ones
+BENCH_ARCHS: dict[str, Arch] = {**ARCHS, **{a.name: a for a in _BENCH_ROWS}}
 
 
 def build(name: str) -> RealModel:
