@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -258,31 +258,3 @@ def bind_inputs(model: nn.Module, inputs: Inputs) -> ForwardInputs:
         )
     last = max(i for i, p in enumerate(positional) if p.name in inputs)
     return ForwardInputs("dict", tuple((p.name, p.default) for p in positional[: last + 1]))
-
-
-def sequence_dims(args: Sequence[Any]) -> dict[int, dict[int, str]]:
-    """``{tensor input index: {1: "sequence"}}`` when every tensor input holds token-like data,
-    integer ``(N, L)`` with one ``L >= 2`` (token ids, attention masks, token types): the export
-    then keeps the sequence length dynamic, as the batch (``export_onnx(dynamic_dims=...)``).
-    Otherwise ``{}``."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or any(t.dim() != 2 or t.is_floating_point() or t.is_complex() for t in tensors):
-        return {}
-    lengths = {int(t.shape[1]) for t in tensors}
-    if len(lengths) != 1 or lengths.pop() < 2:
-        return {}
-    return {i: {1: "sequence"} for i in range(len(tensors))}
-
-
-def shorter(args: Sequence[Any], dims: dict[int, dict[int, str]]) -> tuple[Any, ...]:
-    """``args`` with each dynamic sequence cut to its first half (at least 2): an input of another
-    length for the export's verification. Tokens are kept in order, masks with them."""
-    out: list[Any] = []
-    k = 0
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if k in dims:
-                a = a[:, : max(2, a.shape[1] // 2)]
-            k += 1
-        out.append(a)
-    return tuple(out)

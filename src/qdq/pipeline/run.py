@@ -30,6 +30,7 @@ from qdq.pipeline import per_image
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
 from qdq.pipeline.evaluate import check_labels, embedding_metric, measure, score, torch_outputs
+from qdq.pipeline.exporting import export_model
 from qdq.pipeline.fallback import fallback_search
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
@@ -38,8 +39,6 @@ from qdq.pipeline.inputs import (
     batches,
     bind_inputs,
     num_samples,
-    sequence_dims,
-    shorter,
     summary,
     take,
 )
@@ -388,42 +387,6 @@ class _Settings:
     per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
 
 
-def _export(
-    prepared: nn.Module, example: tuple[Any, ...], tmp: Path, s: _Settings
-) -> tuple[Any, dict[int, dict[int, str]]]:
-    """Export to ``tmp``; token inputs (:func:`~qdq.pipeline.inputs.sequence_dims`) with a dynamic
-    sequence length too, verified on half the example's length. When that export fails (integer
-    inputs that are no sequence), the length stays the example's, with a warning."""
-    import qdq
-
-    def run(dims: dict[int, dict[int, str]]) -> Any:
-        return qdq.export_onnx(
-            prepared,
-            example,
-            tmp / ONNX_FILE,
-            opset=s.opset,
-            exporter=s.exporter,
-            dynamic_batch=not s.static,
-            manifest_path=tmp / MANIFEST_FILE,
-            verify=False if s.per_image else None,  # detection lists: checked below
-            dynamic_dims=dims,
-            check_inputs=[shorter(example, dims)] if dims else None,
-        )
-
-    dims = {} if s.static or s.per_image else sequence_dims(example)
-    if not dims:
-        return run({}), {}
-    try:
-        return run(dims), dims
-    except Exception as err:  # the exporters raise many types
-        warnings.warn(
-            f"the export with a dynamic sequence length failed ({type(err).__name__}: "
-            f"{str(err)[:300]}); exported with the example's length fixed",
-            stacklevel=3,
-        )
-        return run({}), {}
-
-
 def _export_and_measure(
     prepared: nn.Module,
     source: ModelSource,
@@ -444,7 +407,10 @@ def _export_and_measure(
     show, size = s.show_progress, s.batch_size
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         with stages("export") as st:
-            exported, dims = _export(prepared, example, tmp, s)
+            exported, dims = export_model(
+                prepared, example, tmp / ONNX_FILE, tmp / MANIFEST_FILE, opset=s.opset,
+                exporter=s.exporter, static=s.static, per_image=bool(s.per_image),
+            )  # fmt: skip
             st.detail = (
                 f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
                 f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
