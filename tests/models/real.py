@@ -122,6 +122,7 @@ def _hf_config(family: str, base: bool, **extra: Any) -> Any:
     import transformers
 
     size = dict(_HF_BASE if base else _HF_TINY)
+    size.update({k: extra.pop(k) for k in list(extra) if k in size})  # a shape of its own
     if family == "distilbert":
         size = {"dim": size["hidden_size"], "n_layers": size["num_hidden_layers"],
                 "n_heads": size["num_attention_heads"], "hidden_dim": size["intermediate_size"],
