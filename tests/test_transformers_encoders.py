@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+import qdq
+import qdq.lint
 from qdq.pipeline import DataOptions, PtqOptions, quantize
 
 transformers = pytest.importorskip("transformers")
@@ -283,3 +285,58 @@ def test_token_classifier_is_scored_per_token_with_padding_ignored(tmp_path: Pat
     np.savez(tmp_path / "bad.npz", **bad)
     with pytest.raises(ValueError, match=r"negative labels \(-5\)"):
         _run(model, tmp_path / "bad.npz", tmp_path / "bad")
+
+
+def test_eager_and_sdpa_attention_get_the_same_placement(tmp_path: Path) -> None:
+    """qdq records SDPA as its component operations: eager and SDPA BERT get the same plan and
+    the same INT8 attention products, and both export with TorchScript."""
+    torch.manual_seed(0)
+    ids = torch.randint(5, 500, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    counts = {}
+    for attn in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification._from_config(
+            _config(num_labels=3), attn_implementation=attn
+        ).eval()
+        prepared = qdq.prepare(model, (ids, mask))
+        plan = qdq.plan_of(prepared)
+        counts[attn] = (
+            plan.counts()["quantize"],
+            sorted(p.consumer for p in plan.points if p.rule == "P16" and p.quantized) != [],
+        )
+        qdq.calibrate(prepared, [(ids, mask)], show_progress=False)
+        out = qdq.export_onnx(prepared, (ids, mask), tmp_path / f"{attn}.onnx",
+                              exporter="torchscript")  # fmt: skip
+        report = qdq.lint.lint(out.path)
+        assert (
+            report.verdict == "PASS"
+            and len(
+                [
+                    ly
+                    for ly in report.layers
+                    if ly.kind == "attention" and ly.input_precision == "int8"
+                ]
+            )
+            == 2
+        )
+    assert counts["eager"] == counts["sdpa"] and counts["eager"][1]
+
+
+def test_sensitivity_ranks_the_units_of_an_encoder_on_token_data() -> None:
+    """Where INT8 costs accuracy: every unit scored one-off on token batches (QKV inputs, the
+    FFN input after GELU, the attention products), worst first."""
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_config(num_labels=3)).eval()
+    ids = torch.randint(5, 500, (8, 16))
+    mask = torch.ones_like(ids)
+    prepared = qdq.prepare(model, (ids[:2], mask[:2]))
+    qdq.calibrate(prepared, [(ids, mask)], show_progress=False)
+    result = qdq.sensitivity(prepared, [(ids, mask)], show_progress=False)
+    names = [row.name for row in result.rows]
+    ops = {op for row in result.rows for op in row.ops}
+    assert {"linear", "matmul"} <= ops, ops  # GEMM inputs and the attention products
+    assert any("intermediate.dense:input" in n for n in names)  # after GELU
+    damages = [row.damage for row in result.rows]
+    assert damages == sorted(damages, reverse=True) and damages[0] > 0
