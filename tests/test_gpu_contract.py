@@ -145,3 +145,59 @@ def test_cli_with_device_cuda(verb: str, tmp_path: Path) -> None:
     assert report["settings"]["device"].startswith("cuda:")
     assert (report["qat"] is not None) == (verb == "qat")
     assert report["int8"]["cosine_mean"] > 0.99
+
+
+class _StdConv2d(torch.nn.Conv2d):
+    """timm's StdConv2d: the weight standardized in every forward (NFNet, BiT)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.nn.functional.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=1e-6
+        ).reshape_as(self.weight)
+        return torch.nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_weight_computed_in_forward_on_cuda(exporter: str, tmp_path: Path) -> None:
+    """The computed weight is calibrated on CUDA (its amax there), the model runs there, and its
+    ONNX reads the weight as a constant, as the CPU copy's does."""
+    import onnx
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_StdConv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                              _StdConv2d(16, 32, 3)).eval().cuda()  # fmt: skip
+    x = torch.randn(8, 3, 12, 12, device="cuda")
+    prepared = qdq.prepare(net, (x[:1],))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    weights = [q for n, q in qdq.quantizers_of(prepared).items() if n.endswith("weight_quantizer")]
+    assert len(weights) == 2 and all(q.amax.device.type == "cuda" for q in weights)
+    with torch.no_grad():
+        assert torch.isfinite(prepared(x)).all()
+    out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "std.onnx", exporter=exporter)
+    ops = [n.op_type for n in onnx.load(out.path).graph.node]
+    assert "BatchNormalization" not in ops and ops.count("QuantizeLinear") == 4
+
+
+def test_an_encoder_quantizes_on_cuda_from_token_batches(tmp_path: Path) -> None:
+    """qdq.quantize(device="cuda") on a small BERT from in-memory tokenizer batches: dynamic
+    sequence export, verified; the user's model stays where it was."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=64, num_labels=3)  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(5, 500, (8, 16), generator=gen)
+        mask = torch.ones_like(ids)
+        mask[:, 12:] = 0
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": ids[:, 0] % 3})
+    result = qdq.quantize(model, batches, out=tmp_path / "bert", device="cuda", ptq="none",
+                          calib="max", show_progress=False)  # fmt: skip
+    r = result.report
+    assert r["settings"]["device"].startswith("cuda")
+    assert r["export"]["dynamic_dims"] == {"input": {"1": "sequence"}, "input1": {"1": "sequence"}}
+    assert r["lint_verdict"] == "PASS" and r["int8"]["cosine_mean"] > 0.99
+    assert next(model.parameters()).device.type == "cpu"
