@@ -143,3 +143,22 @@ def test_the_scale_of_a_cuda_amax_is_the_one_the_exporter_writes() -> None:
         with kernels.unfused("cuda"):
             got = fake_quant_unchecked(x.cuda(), a.cuda(), num_bits=4).cpu()
         assert torch.equal(got, fake_quant_unchecked(x, a, num_bits=4)), value
+
+
+def test_the_first_use_under_no_grad_passes_the_self_check() -> None:
+    """Calibration (no_grad) and evaluation (inference_mode) are where a tensor first meets the
+    kernels: the self-check's gradient comparison must run there too. On the H200 it failed ("element
+    0 of tensors does not require grad") and every later call took the slow torch path."""
+    code = (
+        "import warnings, torch\nfrom qdq import kernels\n"
+        "with torch.no_grad():\n"
+        "    assert kernels.self_check('cpu') is None\n"
+        "with warnings.catch_warnings(record=True) as seen, torch.inference_mode():\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert kernels.usable(torch.randn(8))\n"
+        "assert not [w for w in seen if 'self-check' in str(w.message)]\n"
+        "print('ok')\n"
+    )
+    done = _run(code, TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"

@@ -243,11 +243,17 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def self_check(device: torch.device | str) -> str | None:
     """Compare each kernel with the torch path it replaces (run with :func:`unfused`: the very
     code a device without kernels runs) on ``device``; return what differs, or ``None`` when
-    every output is bit-identical."""
+    every output is bit-identical (also when called under ``torch.no_grad``)."""
+    # the first use comes from wherever a tensor first meets the kernels: calibration and
+    # evaluation run under no_grad / inference_mode, where the gradient check cannot run
+    with torch.inference_mode(False), torch.enable_grad():
+        return _self_check(torch.device(device))
+
+
+def _self_check(device: torch.device) -> str | None:
     from qdq.calib.histogram import HistogramCalibrator
     from qdq.quant.primitives import fake_quant_unchecked, quant_range
 
-    device = torch.device(device)
     probe = _probe(device)
     for amax_value in (1.27, 0.0, 3e-9, 1e20):
         amax = torch.tensor(amax_value, dtype=torch.float32, device=device)
