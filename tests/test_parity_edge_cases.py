@@ -396,3 +396,27 @@ def test_a_large_bias_at_a_tiny_input_scale_is_added_in_float(tmp_path) -> None:
     with torch.no_grad():
         expected = prepared(x).numpy()
     assert np.array_equal(run(session(out.path), [x])[0], expected)
+
+
+def test_instance_rows_selected_differently_are_counted_apart_from_wrong_values() -> None:
+    """Per-image detectors: a RoI that one runtime's top-k or NMS selected and the other's did
+    not changes a whole row (and shifts the rows after it); a wrong export changes every row."""
+    from qdq.backends.parity import LayerParity, _isolated_rows
+
+    q = qdq.Quantizer(qdq.QuantSpec(), name="roi")
+    scale = np.array(0.05, dtype=np.float32)
+    gen = np.random.default_rng(0)
+    ours = gen.uniform(-4, 4, (12, 6, 3, 3)).astype(np.float32)
+    theirs = ours.copy()
+    theirs[4:11] = ours[5:12]  # ORT dropped torch's RoI 4 ...
+    theirs[11] = gen.uniform(-4, 4, (6, 3, 3))  # ... and selected another one last
+    theirs[0] += 1e-6  # rounding, explained
+    empty = LayerParity(0.0, 1.0, 0, 0)
+    lp = _isolated_rows(empty, q, ours, theirs, scale)
+    assert (lp.rows, lp.reselected_rows, lp.unexplained_codes) == (12, 1, 0)
+    wrong = _isolated_rows(empty, q, ours, theirs * 1.1, scale)  # e.g. a wrong weight upstream
+    assert wrong.reselected_rows == 12
+    one_value = theirs.copy()
+    one_value[2, 0, 0, 0] += 0.5  # one value wrong in a row: the same instance, compared
+    lp = _isolated_rows(empty, q, ours, one_value, scale)
+    assert (lp.reselected_rows, lp.unexplained_codes) == (1, 1)

@@ -65,6 +65,12 @@ class LayerParity:
         isolated_codes: isolated (teacher-forced), elements whose code differs.
         unexplained_codes: isolated codes that differ by more than a rounding-boundary flip.
         isolated_max_abs_diff: isolated, largest |torch - ORT| before quantization.
+        rows: ``instance_rows=True`` only: instance rows compared (leading axis of a call site
+            whose leading size is above 1 at batch 1: RoIs, detections).
+        reselected_rows: of ``rows``, torch rows that no ORT row of the same call matches within
+            rounding: an instance the two runtimes selected differently (a score or IoU within
+            rounding of a threshold or top-k cut upstream). Their codes are not in
+            ``unexplained_codes``.
     """
 
     max_abs_diff: float
@@ -75,6 +81,8 @@ class LayerParity:
     isolated_codes: int = 0
     unexplained_codes: int = 0
     isolated_max_abs_diff: float = 0.0
+    rows: int = 0
+    reselected_rows: int = 0
 
     @property
     def code_mismatch_rate(self) -> float:
@@ -218,6 +226,7 @@ def parity(
     *,
     per_layer: bool = False,
     reference: bool = False,
+    instance_rows: bool = False,
 ) -> ParityReport:
     """Compare ``prepared`` (fake quant in torch) with its exported ONNX in ORT, batch by batch.
 
@@ -226,6 +235,17 @@ def parity(
     each QuantizeLinear and leaving each DequantizeLinear as outputs (the file is not changed).
     With ``reference=True`` a float64 copy of ``prepared`` also runs (see the module docstring);
     ``prepared`` itself is not changed.
+
+    ``instance_rows=True`` (per-image detectors, batches of one): a quantizer input whose leading
+    axis is longer than 1 holds one row per instance (RoI, detection) that upstream data-dependent
+    ops selected (top-k, NMS, score thresholds). Teacher forcing replaces quantized activations,
+    not those float selections, so a score within rounding of a cut can select another instance
+    in torch than in ORT, and that whole row differs. Isolated rows are then matched as a set:
+    a torch row equal within rounding to an ORT row of the same call (at any index) is compared
+    with it (a row whose nearest ORT row differs beyond rounding in under half its elements is the
+    same instance with wrong values: compared, its codes unexplained); one that matches none is
+    counted in :attr:`LayerParity.reselected_rows`, not in ``unexplained_codes``. A wrong weight,
+    scale or op changes every row, not a few.
 
     Example:
         >>> report = parity(prepared, "model.onnx", [x], per_layer=True)  # doctest: +SKIP
@@ -286,7 +306,14 @@ def parity(
                         order.setdefault(path)
                     for path, q in quantizers.items():
                         stats[path] = _fold(
-                            stats.get(path), q, taps[path], by_name, free, isolated, path
+                            stats.get(path),
+                            q,
+                            taps[path],
+                            by_name,
+                            free,
+                            isolated,
+                            path,
+                            instance_rows,
                         )
                 count += 1
     finally:
@@ -458,6 +485,7 @@ def _fold(
     free: _Recorder,
     isolated: _Recorder,
     path: str,
+    instance_rows: bool = False,
 ) -> LayerParity:
     """Fold every call site of quantizer ``path`` in one batch into its running statistics."""
     lp = old or LayerParity(0.0, 1.0, 0, 0)
@@ -486,7 +514,11 @@ def _fold(
             )
         ours_pre = _take(iso_in, pre.shape)
         if ours_pre is not None:
-            lp = _isolated(lp, q, ours_pre.astype(np.float32), pre, scale)
+            ours_pre = ours_pre.astype(np.float32)
+            if instance_rows and pre.ndim >= 2 and pre.shape[0] > 1:
+                lp = _isolated_rows(lp, q, ours_pre, pre, scale)
+            else:
+                lp = _isolated(lp, q, ours_pre, pre, scale)
     return lp
 
 
@@ -503,6 +535,43 @@ def _isolated(
         unexplained_codes=lp.unexplained_codes + int(unexplained.sum()),
         isolated_max_abs_diff=max(lp.isolated_max_abs_diff, float(gap.max(initial=0.0))),
     )
+
+
+def _isolated_rows(
+    lp: LayerParity, q: Quantizer, ours: np.ndarray, theirs: np.ndarray, scale: np.ndarray
+) -> LayerParity:
+    """:func:`_isolated` over instance rows matched as a set (``parity(instance_rows=True)``)."""
+    qmin = -127 if q.spec.narrow_range else -128
+    scale = np.broadcast_to(scale, ours.shape)
+    n = ours.shape[0]
+
+    def unexplained(i: int, j: int) -> np.ndarray:
+        differ = _codes(ours[i], scale[i], qmin) != _codes(theirs[j], scale[i], qmin)
+        return differ & (np.abs(ours[i] - theirs[j]) >= EXPLAINED_FRACTION * scale[i])
+
+    pairs = {i: i for i in range(n) if not unexplained(i, i).any()}
+    left = [i for i in range(n) if i not in pairs]
+    free = sorted(set(range(n)) - set(pairs.values()))
+    if left and free:  # the same instance at another index (one selected or dropped before it)
+        a = torch.from_numpy(ours[left].reshape(len(left), -1)).double()
+        b = torch.from_numpy(theirs[free].reshape(len(free), -1)).double()
+        order = torch.cdist(a, b, p=1).argsort(dim=1)[:, :4].tolist()
+        for i, candidates in zip(left, order, strict=True):
+            j = next((free[c] for c in candidates if free[c] not in pairs.values()
+                      and not unexplained(i, free[c]).any()), None)  # fmt: skip
+            if j is not None:
+                pairs[i] = j
+        taken = set(pairs.values())
+        for i, candidates in zip(left, order, strict=True):  # the same instance, some values wrong:
+            j = next((free[c] for c in candidates if free[c] not in taken), None)  # compared
+            if i not in pairs and j is not None and unexplained(i, j).mean() < 0.5:
+                pairs[i] = j
+                taken.add(j)
+    index = np.array(sorted(pairs))
+    matched = np.array([pairs[i] for i in index], dtype=np.int64)
+    if len(index):
+        lp = _isolated(lp, q, ours[index], theirs[matched], scale[index])
+    return replace(lp, rows=lp.rows + n, reselected_rows=lp.reselected_rows + n - len(index))
 
 
 def _codes(x: np.ndarray, scale: np.ndarray, qmin: int) -> np.ndarray:
