@@ -206,3 +206,54 @@ def test_p04_preactivation_reads_the_int8_residual(tmp_path: Path) -> None:
         torch.manual_seed(0)
         report = _lint(PreActNet(act), torch.randn(4, 3, 8, 8), tmp_path / f"{act.__name__}.onnx")
         assert not {"P03a", "P03d", "P04", "P05"} & set(report.rules()), report.format()
+
+
+class FocalModulation(nn.Module):
+    """FocalNet's modulation: focal levels of depthwise conv + GELU, each level read by the next
+    level's conv and by its gate, summed with a gated global context into the modulator that the
+    1x1 conv ``h`` reads (timm's ``FocalModulation``, two levels)."""
+
+    def __init__(self, c: int = 32, levels: int = 2) -> None:
+        super().__init__()
+        self.c, self.levels = c, levels
+        self.f = nn.Conv2d(c, 2 * c + levels + 1, 1)
+        self.focal = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.GELU())
+            for _ in range(levels)
+        )
+        self.act = nn.GELU()
+        self.h = nn.Conv2d(c, c, 1)
+        self.proj = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, ctx, gates = torch.split(self.f(x), (self.c, self.c, self.levels + 1), 1)
+        ctx_all = 0
+        for level, layer in enumerate(self.focal):
+            ctx = layer(ctx)
+            ctx_all = ctx_all + ctx * gates[:, level : level + 1]
+        ctx_global = self.act(ctx.mean((2, 3), keepdim=True))
+        ctx_all = ctx_all + ctx_global * gates[:, self.levels :]
+        return self.proj(q * self.h(ctx_all))
+
+
+def test_p17_gated_sum_of_focal_levels_is_one_int8_pointwise_layer(tmp_path: Path) -> None:
+    """Each focal level is read by the next level's INT8 conv and by its gate product: the
+    products and their sum are one PointWise layer reading every level and gate in INT8 (P17), so
+    no level is also read in float (P04); the global pool of the last level runs INT8 in and out
+    (P06), its GELU alone on the pooled vector; the linter predicts the layer INT8."""
+    p = plan(FocalModulation(), 1, 32, 8, 8)
+    terms = [pt for pt in p.points if pt.owner.startswith("mul") and pt.kind == "input"]
+    assert len(terms) == 6 and all((pt.quantized, pt.rule) == (True, "P17") for pt in terms)
+    inside = [pt for pt in p.points if pt.owner.startswith("add")]
+    assert inside and all((pt.quantized, pt.rule) == (False, "P17") for pt in inside)
+    level0 = p.point("focal.1.0:input")
+    reads0 = [pt for pt in terms if pt.producer == level0.producer]
+    assert len(reads0) == 1 and reads0[0].group == level0.group  # one INT8 version of level 0
+    pool, act = [pt for pt in p.points if pt.rule == "P06"]
+    assert pool.quantized and act.quantized and act.owner == "act"
+    torch.manual_seed(0)
+    report = _lint(FocalModulation(), torch.randn(4, 32, 8, 8), tmp_path / "focal.onnx")
+    assert not {"P04", "P05", "S01", "S02b"} & set(report.rules()), report.format()
+    pointwise = [ly for ly in report.layers if ly.kind == "pointwise" and ly.name.count("Mul") == 3]
+    assert len(pointwise) == 1 and pointwise[0].input_precision == "int8", report.format()
+    assert pointwise[0].output_precision == "int8"

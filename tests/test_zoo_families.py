@@ -8,7 +8,7 @@ selective kernel (P04 through a Split), TResNet's SE gate before its residual Ad
 relative-position bias written back into the scores (``attn[...] = ...``, P16), the legacy SE-ResNet's
 gate (P17), a relative-position MLP on a constant table (folded by the builder, not a float GEMM),
 DINOv3's RoPE Concat before the quantized key (S02), NFNet's standardized weights and
-pre-activation blocks (P01, P04),
+pre-activation blocks (P01, P04), FocalNet's gated sum of focal levels (P17, P06),
 and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
@@ -87,6 +87,9 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "test_nfnet": _timm("test_nfnet", 64),
     "nf_resnet26": _timm("nf_resnet26", 64),
     "nf_regnet_b0": _timm("nf_regnet_b0", 64),
+    # gated sum of focal levels: one INT8 PointWise layer (P17 over products), its global
+    # context pooled INT8 (P06)
+    "focalnet_tiny_srf": _timm("focalnet_tiny_srf", 64),
 }
 #: rows whose every conv is INT8 (weights computed in forward included), but H02's small ones
 CONV_ROWS = {"test_nfnet": 4, "nf_resnet26": 0, "nf_regnet_b0": 0}

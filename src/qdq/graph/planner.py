@@ -197,7 +197,30 @@ def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
 
 def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
     """``node`` was left float for want of a quantized reader, and now has one."""
-    return _left_float(ctx, node) and reaches_quantized(ctx, node)
+    if not _left_float(ctx, node):
+        return False
+    return reaches_quantized(ctx, node) or (
+        ctx.kinds[node] == "avg_pool" and _pooled_activation(ctx, node) is not None
+    )
+
+
+#: activations TensorRT runs alone on a pooled vector (GELU has no INT8 PointWise path)
+_POOLED_ACT_KINDS = frozenset({"act", "gelu", "silu", "sigmoid", "hardswish"})
+
+
+def _pooled_activation(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
+    """The activation through which a global average pool's output alone reaches a quantized
+    reader: FocalNet's ``gelu(ctx.mean((2, 3), keepdim=True))`` read by its INT8 modulator."""
+    shape = getattr(node.meta.get("tensor_meta"), "shape", None)
+    if shape is None or len(shape) < 3 or any(d != 1 for d in shape[2:]):
+        return None  # not a global pool: its output is not a small vector
+    users = list(node.users)
+    if len(users) != 1 or ctx.kinds[users[0]] not in _POOLED_ACT_KINDS:
+        return None
+    act = users[0]
+    if len(tensor_inputs(act)) != 1 or not reaches_quantized(ctx, act):
+        return None
+    return act
 
 
 def _left_float(ctx: PlanContext, node: fx.Node) -> bool:
@@ -221,7 +244,8 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
         reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
         skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
         return
-    if reaches_quantized(ctx, node):
+    act = None if reaches_quantized(ctx, node) else _pooled_activation(ctx, node)
+    if act is not None or reaches_quantized(ctx, node):
         quantize_input(
             ctx,
             node,
@@ -232,7 +256,20 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
             calib_o,
             bits_o,
         )
-    else:
+    if act is not None:  # the pool's Q-out: the activation runs alone on the pooled vector
+        quantize_input(
+            ctx,
+            act,
+            tensor_inputs(act)[0][0],
+            node,
+            "P06",
+            "global average pool read by an activation before a quantized reader: the pooled "
+            "vector is quantized too, so the pool runs INT8 in and out (its input is not also "
+            "read in float, P04) and the activation runs alone on a C-element vector",
+            calib_o,
+            bits_o,
+        )
+    elif not reaches_quantized(ctx, node):
         skip_input(
             ctx,
             node,

@@ -17,7 +17,11 @@ PointWise layer, INT8 in and out when every external input arrives through a Deq
   operand: it writes INT8 at no cost, where a float reader would leave its output float (P03d);
 * EfficientFormer's / PoolFormer's pooling mixer ``x + drop_path(gamma * (avg_pool(x) - x))``:
   the Sub, the LayerScale and the stochastic depth join the Add's PointWise layer; ``x`` and the
-  pool's output are its inputs (the pool then runs INT8, P06, planned again by the planner).
+  pool's output are its inputs (the pool then runs INT8, P06, planned again by the planner);
+* FocalNet's modulator ``sum_l ctx_l * gate_l + gelu(mean(ctx_L)) * gate_L``, read by the 1x1
+  conv ``h``: each focal level ``ctx_l`` is also read by the next level's INT8 depthwise conv
+  (or the global pool), so the products and their sum are one PointWise layer reading every
+  level and gate in INT8; left float, each level was written twice (P04).
 
 Run after the gating-Mul step (:func:`qdq.graph.planner.build_plan`), repeated until nothing
 changes (one Add's INT8 output makes the Add reading it eligible).
@@ -127,7 +131,12 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
       PoolFormer, ``x + drop_path(gamma * (avg_pool(x) - x))``;
     * ``"gating Mul"``: a squeeze-excitation ``x * gate`` whose ``x`` is already INT8 for another
       reader (the SE pool), TResNet's and SE-ResNet's ``drop_path(se(x)) + shortcut``: the Mul
-      joins the layer and reads ``x`` in INT8, so ``x`` is not read in float (P04).
+      joins the layer and reads ``x`` in INT8, so ``x`` is not read in float (P04);
+    * ``"product"``: any other product of two activations whose every other reader reads them
+      INT8 already (or is an average pool, which runs INT8 once its input is: P06), FocalNet's
+      gated sum ``ctx_0 * g_0 + ctx_1 * g_1 + gelu(mean(ctx_1)) * g_2``: its terms join one
+      PointWise layer, so the focal levels are read in INT8 only;
+    * ``"offset"``: a constant added (``0 + x``: the sum's first term).
     """
     if len(operand.users) != 1:
         return None
@@ -136,11 +145,16 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
     if is_scale(ctx, operand):
         return "scale"
     if kind == "mul" and len(ins) == 2:
+        if ctx.config.resolve(ctx.owners[operand], ctx.owner_types[operand], "mul")[0]:
+            return None  # excluded by the config
         int8 = quantized_for_others(ctx, operand)
-        if not any(alias_root(ctx, producer).name in int8 for _, producer in ins):
-            return None
-        excluded = ctx.config.resolve(ctx.owners[operand], ctx.owner_types[operand], "mul")[0]
-        return None if excluded else "gating Mul"
+        if any(alias_root(ctx, producer).name in int8 for _, producer in ins):
+            return "gating Mul"
+        if all(not _float_readers(ctx, producer, {operand.name}) for _, producer in ins):
+            return "product"
+        return None
+    if kind == "bias" and len(ins) == 1:
+        return "offset"  # a constant added: FocalNet's ``ctx_all = 0`` before its first term
     if kind == "identity" and len(ins) == 1:
         return "identity"  # stochastic depth / dropout in eval
     if _is_sub(operand) and len(ins) == 2:

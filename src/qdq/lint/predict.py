@@ -172,9 +172,28 @@ class _Predictor:
 
     def _pointwise_region(self, start: Any) -> list[Any]:
         """Pointwise ops TensorRT fuses into one PointWise layer with ``start``: readers whose
-        other inputs are constants, quantized, or produced inside the region."""
+        other inputs are constants, quantized, produced inside the region, or produced by a
+        pointwise op read only by that reader whose own inputs are (FocalNet's gated sum
+        ``a * g_a + b * g_b``: both products and the Add are one layer)."""
         g = self.g
         region, inside = [start], set(start.output)
+
+        def ready(i: str) -> bool:
+            return i in inside or g.is_const(i) or g.qinput(i) is not None
+
+        def feeder(i: str, reader: Any) -> Any:
+            p = g.producer.get(i)
+            ok = (
+                p is not None
+                and p.op_type in _POINTWISE
+                and id(p) not in self.absorbed
+                and p not in region
+                and all(c is reader for c in g.consumers.get(i, []))
+                and i not in g.outputs
+                and all(ready(j) for j in p.input if j)
+            )
+            return p if ok else None
+
         grew = True
         while grew:
             grew = False
@@ -182,13 +201,12 @@ class _Predictor:
                 for c in g.float_uses(t):
                     if c.op_type not in _POINTWISE or id(c) in self.absorbed or c in region:
                         continue
-                    if all(
-                        i in inside or g.is_const(i) or g.qinput(i) is not None
-                        for i in c.input
-                        if i
-                    ):
-                        region.append(c)
-                        inside.update(c.output)
+                    waiting = [i for i in c.input if i and not ready(i)]
+                    feeders = [feeder(i, c) for i in waiting]
+                    if all(f is not None for f in feeders):
+                        for m in (*feeders, c):
+                            region.append(m)
+                            inside.update(m.output)
                         grew = True
         region.sort(key=lambda m: self.order[id(m)])
         return region
