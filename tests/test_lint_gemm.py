@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from lint_graphs import G
@@ -147,3 +148,16 @@ def test_quantize_of_a_further_view_of_an_int8_gemm_output_is_not_standalone() -
     assert first.output_precision == "int8" and any("transpose" in n for n in first.nodes)
     standalone = [ly for ly in report.layers if ly.kind == "qdq"]
     assert [ly.reason for ly in standalone] == ["quantizes the network input"]
+
+
+def test_sweep_runs_a_row_end_to_end(tmp_path: Path) -> None:
+    """One sweep row in this process, as its child runs it: the row is entered where
+    ``real_models.bench`` looks it up (a row missing there crashed every row of the sweep)."""
+    pytest.importorskip("timm")
+    import zoo_sweep
+
+    row = zoo_sweep.run_row("timm:test_byobnet", tmp_path)
+    assert zoo_sweep.outcome(row) == "ok", row.get("status")
+    assert row["kind"] == "conv" and row["prepare"]["capture"] == "recorded"
+    assert all(row["export"][e]["ok"] for e in ("dynamo", "torchscript")), row["export"]
+    assert "timm:test_byobnet" not in zoo_sweep.ARCHS  # entered for the row only
