@@ -257,3 +257,56 @@ def test_p17_gated_sum_of_focal_levels_is_one_int8_pointwise_layer(tmp_path: Pat
     pointwise = [ly for ly in report.layers if ly.kind == "pointwise" and ly.name.count("Mul") == 3]
     assert len(pointwise) == 1 and pointwise[0].input_precision == "int8", report.format()
     assert pointwise[0].output_precision == "int8"
+
+
+class NasCell(nn.Module):
+    """A NASNet normal cell in small: ``x`` (the previous cell's Concat) through ReLU-conv-BN,
+    then a separable branch plus the identity skip, a sum of two average pools, and the Concat of
+    both that the next cell reads through its own ReLU."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.pre = nn.Sequential(nn.ReLU(), nn.Conv2d(2 * c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.branch = nn.Sequential(
+            nn.ReLU(), nn.Conv2d(c, c, 3, 1, 1, groups=c), nn.Conv2d(c, c, 1), nn.BatchNorm2d(c)
+        )
+        self.avg_a = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.avg_b = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        left = self.pre(x)
+        comb0 = self.branch(left) + left
+        comb1 = self.avg_a(left) + self.avg_b(left)
+        return torch.cat([comb0, comb1], 1)
+
+
+class NasNet(nn.Module):
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 2 * c, 3, 1, 1)
+        self.cells = nn.Sequential(NasCell(c), NasCell(c))
+        self.head = nn.Sequential(nn.ReLU(), nn.Conv2d(2 * c, 8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.cells(self.stem(x)))
+
+
+def test_s02_cell_concat_read_through_relus_runs_int8(tmp_path: Path) -> None:
+    """Each cell's Concat is read only by ReLUs before convs (pre-activation): every ReLU reads it
+    in INT8 and runs as an INT8 PointWise layer (S02), so the Concat runs INT8 and the cell's
+    conv+Add writes INT8 with its skip quantized (P03); the Add of two average pools of an INT8
+    tensor is one INT8 PointWise layer, the pools INT8 (P17, P06). The linter agrees."""
+    p = plan(NasNet(), 1, 3, 8, 8)
+    for relu in ("cells.1.pre.0", "head.0"):
+        point = p.point(f"{relu}:input")
+        assert (point.quantized, point.rule) == (True, "S02"), point
+    for cell in ("cells.0", "cells.1"):
+        assert all(pt.quantized for pt in p.points_of(f"{cell}.cat"))
+        skip = p.point(f"{cell}.add:input1")
+        assert (skip.quantized, skip.rule) == (True, "P03")
+        pools = [p.point(f"{cell}.{pool}:input") for pool in ("avg_a", "avg_b")]
+        assert all((pt.quantized, pt.rule) == (True, "P06") for pt in pools)
+        assert all(pt.quantized and pt.rule == "P17" for pt in p.points_of(f"{cell}.add_1"))
+    torch.manual_seed(0)
+    report = _lint(NasNet(), torch.randn(4, 3, 8, 8), tmp_path / "nas.onnx")
+    assert not {"P03a", "P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()

@@ -6,7 +6,7 @@ Steps, each citing its rule id (``qdq.rules``):
    (:mod:`qdq.graph.weighted`);
 2. residual Adds (P03, P05): quantize only the skip operand (:mod:`qdq.graph.residual`);
 3. average pools (P06) and Concats (S02): quantize the input(s) when the output feeds a quantized
-   op;
+   op (:mod:`qdq.graph.pools`);
 4. gating Muls (P04): both operands when one is already quantized for another reader (SE blocks);
    standalone BatchNorms (P04): the input when it is quantized for another reader, and the other
    operand of the float Add they feed (RepVGG's identity branch); float Adds between INT8 layers
@@ -53,6 +53,7 @@ from qdq.graph.patterns import (
 )
 from qdq.graph.plan import QuantPlan
 from qdq.graph.pointwise import plan_pointwise_adds
+from qdq.graph.pools import left_float, plan_concat, plan_pools_and_concats
 from qdq.graph.residual import plan_residual_add, release_float_output_skips, silu_operand
 from qdq.graph.weighted import plan_weighted
 
@@ -95,14 +96,14 @@ def build_plan(
     for n in nodes:
         if kinds[n] == "add":
             plan_residual_add(ctx, n)
-    _plan_pools_and_concats(ctx, nodes)
+    plan_pools_and_concats(ctx, nodes)
     for n in nodes:
         if kinds[n] == "mul":
             _plan_gating_mul(ctx, n)
         elif kinds[n] == "bn":
             _plan_fanout_bn(ctx, n)
     _plan_pointwise(ctx, nodes)
-    while _plan_pools_and_concats(ctx, nodes, again=True):
+    while plan_pools_and_concats(ctx, nodes, again=True):
         _plan_pointwise(ctx, nodes)
     release_float_output_skips(ctx)
     _release_float_output_bns(ctx)
@@ -123,34 +124,6 @@ def build_plan(
 
 # ----------------------------------------------------- pools and concats
 #: the reason of a Concat / average pool left float because nothing quantized read its output
-_NO_QUANTIZED_READER = "output does not feed a quantized op"
-
-
-def _plan_pools_and_concats(ctx: PlanContext, nodes: list[fx.Node], again: bool = False) -> bool:
-    """Step 3: average pools, then Concats from the output back (a Concat read by a quantized
-    Concat is quantized too). With ``again``, only those left float for want of a quantized
-    reader that a later step has since given one; returns whether any was planned.
-
-    A Concat is planned before the float Adds between INT8 layers (P17) and the fan-out readers
-    (P04), so when its only quantized reader is such an Add (GhostNet's ``cat(x1, cheap(x1))``
-    sliced into the residual Add) it was left float and the Add then quantized its output: a
-    standalone Quantize after a float Concat (S02b), and ``x1`` read both INT8 (by the cheap
-    depthwise conv) and float (by the Concat: P04). Planned again, its inputs share the output's
-    scale, the Concat is eliminated and its producers write INT8. A Concat quantized then can make
-    another Add eligible for P17 or another reader a P04 fan-out reader: the caller loops.
-    """
-    planned = False
-    for n in nodes:
-        if ctx.kinds[n] == "avg_pool" and (not again or _late_reader(ctx, n)):
-            _plan_avg_pool(ctx, n)
-            planned = True
-    for n in reversed(nodes):
-        if ctx.kinds[n] == "cat" and (not again or _late_reader(ctx, n)):
-            _plan_concat(ctx, n)
-            planned = True
-    return planned
-
-
 def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
     """Step 4's second half: the float Adds between INT8 layers (P17), then the fan-out readers
     (P04)."""
@@ -159,7 +132,7 @@ def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
         if ctx.kinds[n] in _FANOUT_READERS:
             _plan_fanout_reader(ctx, n)
         elif ctx.kinds[n] == "cat" and _fanout_concat(ctx, n):
-            _plan_concat(ctx, n, fanout=True)
+            plan_concat(ctx, n, fanout=True)
             for _, producer in tensor_inputs(n):  # a gate that now reaches a quantized op
                 gate = producer
                 while is_scale(ctx, gate):
@@ -177,7 +150,7 @@ def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
     pool (RDNet's head) then reads INT8 and writes float (lint P05): that Dequantize is the one
     reformat left. Not for a Concat a graph output reads (the output stays exact), nor one with
     no input quantized elsewhere."""
-    if not _left_float(ctx, node) or not ctx.config.family_enabled("fanout"):
+    if not left_float(ctx, node) or not ctx.config.family_enabled("fanout"):
         return False
     ins = tensor_inputs(node)
     quantized = quantized_for_others(ctx, node)
@@ -193,92 +166,6 @@ def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
                 seen.add(u)
                 stack.append(u)
     return True
-
-
-def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
-    """``node`` was left float for want of a quantized reader, and now has one."""
-    if not _left_float(ctx, node):
-        return False
-    return reaches_quantized(ctx, node) or (
-        ctx.kinds[node] == "avg_pool" and _pooled_activation(ctx, node) is not None
-    )
-
-
-#: activations TensorRT runs alone on a pooled vector (GELU has no INT8 PointWise path)
-_POOLED_ACT_KINDS = frozenset({"act", "gelu", "silu", "sigmoid", "hardswish"})
-
-
-def _pooled_activation(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
-    """The activation through which a global average pool's output alone reaches a quantized
-    reader: FocalNet's ``gelu(ctx.mean((2, 3), keepdim=True))`` read by its INT8 modulator."""
-    shape = getattr(node.meta.get("tensor_meta"), "shape", None)
-    if shape is None or len(shape) < 3 or any(d != 1 for d in shape[2:]):
-        return None  # not a global pool: its output is not a small vector
-    users = list(node.users)
-    if len(users) != 1 or ctx.kinds[users[0]] not in _POOLED_ACT_KINDS:
-        return None
-    act = users[0]
-    if len(tensor_inputs(act)) != 1 or not reaches_quantized(ctx, act):
-        return None
-    return act
-
-
-def _left_float(ctx: PlanContext, node: fx.Node) -> bool:
-    """Every input point of ``node`` is a skip for want of a quantized reader."""
-    owner = ctx.owners[node]
-    points = [ctx.points.get(f"{owner}:{input_label(node, pos)}") for pos, _ in tensor_inputs(node)]
-    return bool(points) and all(
-        p is not None and not p.quantized and p.reason.startswith(_NO_QUANTIZED_READER)
-        for p in points
-    )
-
-
-def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
-    ins = tensor_inputs(node)
-    if not ins:
-        return
-    pos, producer = ins[0]
-    owner = ctx.owners[node]
-    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "avg_pool")
-    if excluded or not ctx.config.family_enabled("pooling"):
-        reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
-        skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
-        return
-    act = None if reaches_quantized(ctx, node) else _pooled_activation(ctx, node)
-    if act is not None or reaches_quantized(ctx, node):
-        quantize_input(
-            ctx,
-            node,
-            pos,
-            producer,
-            "P06",
-            "average pool between INT8 layers runs INT8 with DQ-in/Q-out",
-            calib_o,
-            bits_o,
-        )
-    if act is not None:  # the pool's Q-out: the activation runs alone on the pooled vector
-        quantize_input(
-            ctx,
-            act,
-            tensor_inputs(act)[0][0],
-            node,
-            "P06",
-            "global average pool read by an activation before a quantized reader: the pooled "
-            "vector is quantized too, so the pool runs INT8 in and out (its input is not also "
-            "read in float, P04) and the activation runs alone on a C-element vector",
-            calib_o,
-            bits_o,
-        )
-    elif not reaches_quantized(ctx, node):
-        skip_input(
-            ctx,
-            node,
-            pos,
-            producer,
-            "P06",
-            f"{_NO_QUANTIZED_READER}; the pool stays float",
-            label="input",
-        )
 
 
 def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
@@ -303,41 +190,6 @@ def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
     return all(
         alias_root(ctx, p).name in quantized or _writes_int8(ctx, p, depth - 1) for _, p in ins
     )
-
-
-def _plan_concat(ctx: PlanContext, node: fx.Node, *, fanout: bool = False) -> None:
-    ins = tensor_inputs(node)
-    owner = ctx.owners[node]
-    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "cat")
-    quantize = not excluded and ctx.config.family_enabled("concat")
-    quantize = quantize and (fanout or reaches_quantized(ctx, node))
-    for pos, producer in ins:
-        if quantize:
-            quantize_input(
-                ctx,
-                node,
-                pos,
-                producer,
-                "P04" if fanout else "S02",
-                "Concat input: inputs and output share one scale"
-                + (
-                    "; its inputs are INT8 already (for other readers, or written by INT8 "
-                    "layers), so the Concat runs INT8 and one Dequantize serves its float reader "
-                    "(no input written twice)"
-                    if fanout
-                    else ""
-                ),
-                calib_o,
-                bits_o,
-            )
-            continue
-        if excluded:
-            rule, reason = "USER", "excluded by the QuantConfig"
-        elif not ctx.config.family_enabled("concat"):
-            rule, reason = "S02", "rule family 'concat' disabled"
-        else:
-            rule, reason = "S02", f"{_NO_QUANTIZED_READER}; the Concat stays float"
-        skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
 
 
 def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:

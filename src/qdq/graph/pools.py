@@ -1,0 +1,216 @@
+"""Step 3 of the planner: average pools (P06) and Concats (S02).
+
+A pool's or a Concat's inputs are quantized when its output feeds a quantized op, so it runs INT8
+between Q/DQ (a Concat with one scale shared by its inputs and its readers). Later steps can give
+such an op its first quantized reader (a P17 Add, a P04 fan-out reader): the planner then calls
+:func:`plan_pools_and_concats` again with ``again=True`` for those left float until nothing changes.
+Two shapes are planned from their readers' side:
+
+* a global pool read by one activation before a quantized reader (FocalNet's
+  ``gelu(ctx.mean((2, 3), keepdim=True))``): the pooled vector is quantized too, so the pool runs
+  INT8 in and out and its input is not also read in float (P04);
+* a Concat read only by ReLU-family activations before quantized ops (NASNet's and PNASNet's
+  cells): each activation reads it in INT8 as an INT8 PointWise layer.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from qdq.graph.context import (
+    PlanContext,
+    input_label,
+    quantize_input,
+    reaches_quantized,
+    skip_input,
+)
+from qdq.graph.patterns import tensor_inputs
+
+__all__ = ["NO_QUANTIZED_READER", "left_float", "plan_concat", "plan_pools_and_concats"]
+
+#: the reason of a pool or Concat left float (``again`` plans it when a reader appears)
+NO_QUANTIZED_READER = "output does not feed a quantized op"
+
+
+def plan_pools_and_concats(ctx: PlanContext, nodes: list[fx.Node], again: bool = False) -> bool:
+    """Step 3: average pools, then Concats from the output back (a Concat read by a quantized
+    Concat is quantized too). With ``again``, only those left float for want of a quantized
+    reader that a later step has since given one; returns whether any was planned.
+
+    A Concat is planned before the float Adds between INT8 layers (P17) and the fan-out readers
+    (P04), so when its only quantized reader is such an Add (GhostNet's ``cat(x1, cheap(x1))``
+    sliced into the residual Add) it was left float and the Add then quantized its output: a
+    standalone Quantize after a float Concat (S02b), and ``x1`` read both INT8 (by the cheap
+    depthwise conv) and float (by the Concat: P04). Planned again, its inputs share the output's
+    scale, the Concat is eliminated and its producers write INT8. A Concat quantized then can make
+    another Add eligible for P17 or another reader a P04 fan-out reader: the caller loops.
+    """
+    planned = False
+    for n in nodes:
+        if ctx.kinds[n] == "avg_pool" and (not again or _late_reader(ctx, n)):
+            _plan_avg_pool(ctx, n)
+            planned = True
+    for n in reversed(nodes):
+        if ctx.kinds[n] == "cat" and not again:
+            _plan_activation_readers(ctx, n)
+        if ctx.kinds[n] == "cat" and (not again or _late_reader(ctx, n)):
+            plan_concat(ctx, n)
+            planned = True
+    return planned
+
+
+def _plan_activation_readers(ctx: PlanContext, node: fx.Node) -> None:
+    """S02: a Concat read only by ReLU-family activations that quantized ops read (NASNet's and
+    PNASNet's cells: each cell's Concat is read by the next cells' ``relu -> conv``). Each
+    activation reads the Concat in INT8 and runs as an INT8 PointWise layer (DQ-in/Q-out: a
+    pre-activation cannot join the conv after it), so the Concat runs INT8 too and its inputs
+    (the cell's conv+Add fusions) write INT8; left float, every cell output was written in float
+    and quantized again by a standalone Quantize per reader (P03a/P04)."""
+    readers = [u for u in node.users if ctx.kinds[u] not in ("shape",)]
+    if not readers or reaches_quantized(ctx, node):
+        return
+    if any(ctx.kinds[u] != "act" or len(tensor_inputs(u)) != 1 for u in readers):
+        return
+    if not all(reaches_quantized(ctx, u) for u in readers):
+        return
+    if not ctx.config.family_enabled("concat"):
+        return
+    for act in readers:
+        excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[act], ctx.owner_types[act], "act")
+        if excluded:
+            return
+    for act in readers:
+        _, calib_o, bits_o = ctx.config.resolve(ctx.owners[act], ctx.owner_types[act], "act")
+        quantize_input(
+            ctx,
+            act,
+            tensor_inputs(act)[0][0],
+            node,
+            "S02",
+            "activation reading a Concat before a quantized op: it reads the Concat in INT8 and "
+            "runs as an INT8 PointWise layer, so the Concat and the layers writing its inputs "
+            "run INT8 too",
+            calib_o,
+            bits_o,
+        )
+
+
+def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
+    """``node`` was left float for want of a quantized reader, and now has one."""
+    if not left_float(ctx, node):
+        return False
+    return reaches_quantized(ctx, node) or (
+        ctx.kinds[node] == "avg_pool" and _pooled_activation(ctx, node) is not None
+    )
+
+
+#: activations TensorRT runs alone on a pooled vector (GELU has no INT8 PointWise path)
+_POOLED_ACT_KINDS = frozenset({"act", "gelu", "silu", "sigmoid", "hardswish"})
+
+
+def _pooled_activation(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
+    """The activation through which a global average pool's output alone reaches a quantized
+    reader: FocalNet's ``gelu(ctx.mean((2, 3), keepdim=True))`` read by its INT8 modulator."""
+    shape = getattr(node.meta.get("tensor_meta"), "shape", None)
+    if shape is None or len(shape) < 3 or any(d != 1 for d in shape[2:]):
+        return None  # not a global pool: its output is not a small vector
+    users = list(node.users)
+    if len(users) != 1 or ctx.kinds[users[0]] not in _POOLED_ACT_KINDS:
+        return None
+    act = users[0]
+    if len(tensor_inputs(act)) != 1 or not reaches_quantized(ctx, act):
+        return None
+    return act
+
+
+def left_float(ctx: PlanContext, node: fx.Node) -> bool:
+    """Every input point of ``node`` is a skip for want of a quantized reader."""
+    owner = ctx.owners[node]
+    points = [ctx.points.get(f"{owner}:{input_label(node, pos)}") for pos, _ in tensor_inputs(node)]
+    return bool(points) and all(
+        p is not None and not p.quantized and p.reason.startswith(NO_QUANTIZED_READER)
+        for p in points
+    )
+
+
+def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
+    ins = tensor_inputs(node)
+    if not ins:
+        return
+    pos, producer = ins[0]
+    owner = ctx.owners[node]
+    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "avg_pool")
+    if excluded or not ctx.config.family_enabled("pooling"):
+        reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
+        skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
+        return
+    act = None if reaches_quantized(ctx, node) else _pooled_activation(ctx, node)
+    if act is not None or reaches_quantized(ctx, node):
+        quantize_input(
+            ctx,
+            node,
+            pos,
+            producer,
+            "P06",
+            "average pool between INT8 layers runs INT8 with DQ-in/Q-out",
+            calib_o,
+            bits_o,
+        )
+    if act is not None:  # the pool's Q-out: the activation runs alone on the pooled vector
+        quantize_input(
+            ctx,
+            act,
+            tensor_inputs(act)[0][0],
+            node,
+            "P06",
+            "global average pool read by an activation before a quantized reader: the pooled "
+            "vector is quantized too, so the pool runs INT8 in and out (its input is not also "
+            "read in float, P04) and the activation runs alone on a C-element vector",
+            calib_o,
+            bits_o,
+        )
+    elif not reaches_quantized(ctx, node):
+        skip_input(
+            ctx,
+            node,
+            pos,
+            producer,
+            "P06",
+            f"{NO_QUANTIZED_READER}; the pool stays float",
+            label="input",
+        )
+
+
+def plan_concat(ctx: PlanContext, node: fx.Node, *, fanout: bool = False) -> None:
+    ins = tensor_inputs(node)
+    owner = ctx.owners[node]
+    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "cat")
+    quantize = not excluded and ctx.config.family_enabled("concat")
+    quantize = quantize and (fanout or reaches_quantized(ctx, node))
+    for pos, producer in ins:
+        if quantize:
+            quantize_input(
+                ctx,
+                node,
+                pos,
+                producer,
+                "P04" if fanout else "S02",
+                "Concat input: inputs and output share one scale"
+                + (
+                    "; its inputs are INT8 already (for other readers, or written by INT8 "
+                    "layers), so the Concat runs INT8 and one Dequantize serves its float reader "
+                    "(no input written twice)"
+                    if fanout
+                    else ""
+                ),
+                calib_o,
+                bits_o,
+            )
+            continue
+        if excluded:
+            rule, reason = "USER", "excluded by the QuantConfig"
+        elif not ctx.config.family_enabled("concat"):
+            rule, reason = "S02", "rule family 'concat' disabled"
+        else:
+            rule, reason = "S02", f"{NO_QUANTIZED_READER}; the Concat stays float"
+        skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
