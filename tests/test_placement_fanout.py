@@ -310,3 +310,53 @@ def test_s02_cell_concat_read_through_relus_runs_int8(tmp_path: Path) -> None:
     torch.manual_seed(0)
     report = _lint(NasNet(), torch.randn(4, 3, 8, 8), tmp_path / "nas.onnx")
     assert not {"P03a", "P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()
+
+
+class DualPathHead(nn.Module):
+    """DPN's last block and head in small: the dual-path Concat of a conv+Add and a conv, read
+    by ``silu(bn(x))`` (no conv before it), then the global pool and the classifier; and
+    RepViT's head, ``linear(bn1d(x.mean((2, 3))))`` twice (classifier and distillation)."""
+
+    def __init__(self, c: int = 32, repvit: bool = False) -> None:
+        super().__init__()
+        self.repvit = repvit
+        self.stem = nn.Conv2d(3, c, 3, 1, 1)
+        self.conv_a = nn.Conv2d(c, c, 3, 1, 1)
+        self.conv_b = nn.Conv2d(c, c, 1)
+        self.bn = nn.BatchNorm2d(2 * c)
+        self.fc = nn.Linear(2 * c, 16)
+        self.bn_head = nn.BatchNorm1d(2 * c)
+        self.bn_dist = nn.BatchNorm1d(2 * c)
+        self.fc_dist = nn.Linear(2 * c, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        y = torch.cat([self.conv_a(x) + x, self.conv_b(x)], 1)
+        if self.repvit:
+            pooled = y.mean((2, 3))
+            return (self.fc(self.bn_head(pooled)) + self.fc_dist(self.bn_dist(pooled))) / 2
+        return self.fc(F.silu(self.bn(y)).mean((2, 3)))
+
+
+def test_s02_p06_heads_after_the_last_concat_or_pool_read_int8(tmp_path: Path) -> None:
+    """DPN: the last Concat is read only by ``silu(bn(x))`` before the pooled classifier: the
+    BatchNorm reads it in INT8 and BN + SiLU run as one INT8 PointWise layer (S02), so the
+    conv+Add writes INT8 (no P03d) and its skip is not also read in float. RepViT: each
+    BatchNorm1d on the pooled vector reads it in INT8 (P06), so the pool and the last conv+Add
+    run INT8; the two BatchNorm1d run on a C-element vector."""
+    p = plan(DualPathHead(), 1, 3, 8, 8)
+    assert (p.point("bn:input").quantized, p.point("bn:input").rule) == (True, "S02")
+    assert all(pt.quantized for pt in p.points_of("cat"))
+    torch.manual_seed(0)
+    report = _lint(DualPathHead(), torch.randn(4, 3, 8, 8), tmp_path / "dpn.onnx")
+    assert not {"P03a", "P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()
+    pw = [ly for ly in report.layers if ly.kind == "pointwise" and "BatchNormalization" in ly.name]
+    assert pw and pw[0].input_precision == pw[0].output_precision == "int8", report.format()
+
+    p = plan(DualPathHead(repvit=True).eval(), 1, 3, 8, 8)
+    for bn in ("bn_head", "bn_dist"):
+        point = p.point(f"{bn}:input")  # P04 where the fan-out BatchNorm step saw it first
+        assert point.quantized and point.rule in ("P06", "P04"), point
+    assert p.point("mean:input").quantized
+    report = _lint(DualPathHead(repvit=True), torch.randn(4, 3, 8, 8), tmp_path / "repvit.onnx")
+    assert not {"P03a", "P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()

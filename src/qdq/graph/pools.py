@@ -24,7 +24,7 @@ from qdq.graph.context import (
     reaches_quantized,
     skip_input,
 )
-from qdq.graph.patterns import tensor_inputs
+from qdq.graph.patterns import COPY_KINDS, THROUGH_ACT_KINDS, tensor_inputs
 
 __all__ = ["NO_QUANTIZED_READER", "left_float", "plan_concat", "plan_pools_and_concats"]
 
@@ -59,37 +59,49 @@ def plan_pools_and_concats(ctx: PlanContext, nodes: list[fx.Node], again: bool =
     return planned
 
 
+#: what an INT8 PointWise layer after a Concat may be made of (a BatchNorm first, then these)
+_POINTWISE_ACT_KINDS = frozenset({"act", "silu", "hardswish"})
+
+
+def _pointwise_reader(ctx: PlanContext, node: fx.Node) -> bool:
+    """``node`` starts a PointWise layer (an activation, or a standalone BatchNorm and the
+    activations after it) whose output a quantized op reads: given an INT8 input it runs INT8."""
+    kind = ctx.kinds[node]
+    if len(tensor_inputs(node)) != 1:
+        return False
+    if kind in _POINTWISE_ACT_KINDS:
+        return reaches_quantized(ctx, node)
+    return kind == "bn" and reaches_quantized(ctx, node, THROUGH_ACT_KINDS | _POINTWISE_ACT_KINDS)
+
+
 def _plan_activation_readers(ctx: PlanContext, node: fx.Node) -> None:
-    """S02: a Concat read only by ReLU-family activations that quantized ops read (NASNet's and
-    PNASNet's cells: each cell's Concat is read by the next cells' ``relu -> conv``). Each
-    activation reads the Concat in INT8 and runs as an INT8 PointWise layer (DQ-in/Q-out: a
+    """S02: a Concat read only by activations (or a BatchNorm and its activation) that quantized
+    ops read: NASNet's and PNASNet's cells, each cell's Concat read by the next cells'
+    ``relu -> conv``; DPN's last dual-path Concat read by ``silu(bn(x))`` before the pooled head.
+    Each reader takes the Concat in INT8 and runs as an INT8 PointWise layer (DQ-in/Q-out: a
     pre-activation cannot join the conv after it), so the Concat runs INT8 too and its inputs
     (the cell's conv+Add fusions) write INT8; left float, every cell output was written in float
     and quantized again by a standalone Quantize per reader (P03a/P04)."""
     readers = [u for u in node.users if ctx.kinds[u] not in ("shape",)]
-    if not readers or reaches_quantized(ctx, node):
+    if not readers or reaches_quantized(ctx, node) or not ctx.config.family_enabled("concat"):
         return
-    if any(ctx.kinds[u] != "act" or len(tensor_inputs(u)) != 1 for u in readers):
+    if not all(_pointwise_reader(ctx, u) for u in readers):
         return
-    if not all(reaches_quantized(ctx, u) for u in readers):
+    resolved = [
+        ctx.config.resolve(ctx.owners[u], ctx.owner_types[u], ctx.kinds[u]) for u in readers
+    ]
+    if any(excluded for excluded, _, _ in resolved):
         return
-    if not ctx.config.family_enabled("concat"):
-        return
-    for act in readers:
-        excluded, calib_o, bits_o = ctx.config.resolve(ctx.owners[act], ctx.owner_types[act], "act")
-        if excluded:
-            return
-    for act in readers:
-        _, calib_o, bits_o = ctx.config.resolve(ctx.owners[act], ctx.owner_types[act], "act")
+    for reader, (_, calib_o, bits_o) in zip(readers, resolved, strict=True):
         quantize_input(
             ctx,
-            act,
-            tensor_inputs(act)[0][0],
+            reader,
+            tensor_inputs(reader)[0][0],
             node,
             "S02",
-            "activation reading a Concat before a quantized op: it reads the Concat in INT8 and "
-            "runs as an INT8 PointWise layer, so the Concat and the layers writing its inputs "
-            "run INT8 too",
+            f"{ctx.kinds[reader]} reading a Concat before a quantized op: it reads the Concat in "
+            "INT8 and runs as an INT8 PointWise layer, so the Concat and the layers writing its "
+            "inputs run INT8 too",
             calib_o,
             bits_o,
         )
@@ -100,27 +112,38 @@ def _late_reader(ctx: PlanContext, node: fx.Node) -> bool:
     if not left_float(ctx, node):
         return False
     return reaches_quantized(ctx, node) or (
-        ctx.kinds[node] == "avg_pool" and _pooled_activation(ctx, node) is not None
+        ctx.kinds[node] == "avg_pool" and _pooled_readers(ctx, node) is not None
     )
 
 
-#: activations TensorRT runs alone on a pooled vector (GELU has no INT8 PointWise path)
-_POOLED_ACT_KINDS = frozenset({"act", "gelu", "silu", "sigmoid", "hardswish"})
+#: per-element ops TensorRT runs alone on a pooled vector, on the way to a quantized reader (GELU
+#: has no INT8 PointWise path; a BatchNorm1d before the classifier is a Scale layer)
+_POOLED_KINDS = frozenset({"act", "gelu", "silu", "sigmoid", "hardswish", "bn"})
 
 
-def _pooled_activation(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
-    """The activation through which a global average pool's output alone reaches a quantized
-    reader: FocalNet's ``gelu(ctx.mean((2, 3), keepdim=True))`` read by its INT8 modulator."""
+def _pooled_readers(ctx: PlanContext, node: fx.Node) -> list[fx.Node] | None:
+    """The readers (through copies: a flatten) of a global average pool's output when every one
+    is a per-element op on the pooled vector through which a quantized op reads it: FocalNet's
+    ``gelu(ctx.mean((2, 3), keepdim=True))`` read by its INT8 modulator, RepViT's
+    ``linear(bn1d(flatten(pool(x))))`` heads. ``None`` otherwise."""
     shape = getattr(node.meta.get("tensor_meta"), "shape", None)
-    if shape is None or len(shape) < 3 or any(d != 1 for d in shape[2:]):
-        return None  # not a global pool: its output is not a small vector
-    users = list(node.users)
-    if len(users) != 1 or ctx.kinds[users[0]] not in _POOLED_ACT_KINDS:
+    if shape is None or len(shape) < 2 or any(d != 1 for d in shape[2:]):
+        return None  # not a global pool (``(N, C)``: a mean without keepdim): no small vector
+    readers, stack = [], list(node.users)
+    while stack:
+        u = stack.pop()
+        if ctx.kinds[u] in COPY_KINDS and len(tensor_inputs(u)) == 1:
+            stack.extend(u.users)
+        elif ctx.kinds[u] == "shape":
+            continue
+        elif ctx.kinds[u] in _POOLED_KINDS and len(tensor_inputs(u)) == 1:
+            readers.append(u)
+        else:
+            return None
+    through = THROUGH_ACT_KINDS | _POOLED_KINDS
+    if not readers or not all(reaches_quantized(ctx, u, through) for u in readers):
         return None
-    act = users[0]
-    if len(tensor_inputs(act)) != 1 or not reaches_quantized(ctx, act):
-        return None
-    return act
+    return readers
 
 
 def left_float(ctx: PlanContext, node: fx.Node) -> bool:
@@ -144,8 +167,8 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
         reason = "excluded by the QuantConfig" if excluded else "rule family 'pooling' disabled"
         skip_input(ctx, node, pos, producer, "USER" if excluded else "P06", reason, label="input")
         return
-    act = None if reaches_quantized(ctx, node) else _pooled_activation(ctx, node)
-    if act is not None or reaches_quantized(ctx, node):
+    readers = None if reaches_quantized(ctx, node) else _pooled_readers(ctx, node)
+    if readers is not None or reaches_quantized(ctx, node):
         quantize_input(
             ctx,
             node,
@@ -156,20 +179,21 @@ def _plan_avg_pool(ctx: PlanContext, node: fx.Node) -> None:
             calib_o,
             bits_o,
         )
-    if act is not None:  # the pool's Q-out: the activation runs alone on the pooled vector
+    for reader in readers or ():  # the pool's Q-out: the ops after it run on the pooled vector
+        rpos, rproducer = tensor_inputs(reader)[0]
         quantize_input(
             ctx,
-            act,
-            tensor_inputs(act)[0][0],
-            node,
+            reader,
+            rpos,
+            rproducer,
             "P06",
-            "global average pool read by an activation before a quantized reader: the pooled "
-            "vector is quantized too, so the pool runs INT8 in and out (its input is not also "
-            "read in float, P04) and the activation runs alone on a C-element vector",
+            f"{ctx.kinds[reader]} on a global average pool's output before a quantized reader: "
+            "the pooled vector is quantized too, so the pool runs INT8 in and out (its input is "
+            "not also read in float, P04) and this op runs alone on a C-element vector",
             calib_o,
             bits_o,
         )
-    elif not reaches_quantized(ctx, node):
+    if readers is None and not reaches_quantized(ctx, node):
         skip_input(
             ctx,
             node,
