@@ -360,3 +360,70 @@ def test_s02_p06_heads_after_the_last_concat_or_pool_read_int8(tmp_path: Path) -
     assert p.point("mean:input").quantized
     report = _lint(DualPathHead(repvit=True), torch.randn(4, 3, 8, 8), tmp_path / "repvit.onnx")
     assert not {"P03a", "P03d", "P04", "P05", "S02b"} & set(report.rules()), report.format()
+
+
+class PartialConv(nn.Module):
+    """FasterNet's block: a small 3x3 conv on the first channels of a Split, the Concat with the
+    untouched ones, an MLP, the residual Add."""
+
+    def __init__(self, c: int = 32, part: int = 8) -> None:
+        super().__init__()
+        self.part = part
+        self.pconv = nn.Conv2d(part, part, 3, 1, 1, bias=False)  # 8 -> 8 channels: H02
+        self.mlp = nn.Sequential(
+            nn.Conv2d(c, 2 * c, 1, bias=False), nn.BatchNorm2d(2 * c), nn.ReLU(),
+            nn.Conv2d(2 * c, c, 1, bias=False),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = torch.split(x, [self.part, x.shape[1] - self.part], 1)
+        return x + self.mlp(torch.cat([self.pconv(x1), x2], 1))
+
+
+def test_h02_small_conv_reading_an_int8_tensor_runs_int8(tmp_path: Path) -> None:
+    """The partial conv has 8 channels (H02: float on its own), but it reads a slice of the block
+    input, which is INT8 for the residual Add already: it reads that INT8 version, so the Split,
+    the Concat and the previous block's conv+Add run INT8 (no P04, no P03d), one scale per
+    Concat (S02)."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, 1, 1), PartialConv(), PartialConv(), nn.Conv2d(32, 8, 1)
+    )
+    p = plan(model, 1, 3, 8, 8)
+    for block in ("1", "2"):
+        point = p.point(f"{block}.pconv:input")
+        assert point.quantized and "H02" in point.reason, point
+    torch.manual_seed(0)
+    report = _lint(model, torch.randn(4, 3, 8, 8), tmp_path / "partial.onnx")
+    assert not {"P03a", "P03d", "P04", "P05", "S02", "S02b"} & set(report.rules()), report.format()
+    small = [ly for ly in report.layers if ly.kind == "weighted" and "pconv" in ly.name]
+    assert len(small) == 2 and all(ly.input_precision == "int8" for ly in small)
+
+
+class Ghost(nn.Module):
+    """GhostNet's module: ``cat(x1, cheap(x1))`` with ``x1`` also read by the cheap depthwise
+    conv; here the Concat's reader is a GELU (float) before the next conv."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.primary = nn.Sequential(nn.Conv2d(3, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.cheap = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c), nn.ReLU()
+        )
+        self.after = nn.Conv2d(2 * c, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        return self.after(F.gelu(torch.cat([x1, self.cheap(x1)], 1)))
+
+
+def test_p04_fanout_concat_inputs_share_one_scale(tmp_path: Path) -> None:
+    """The Concat has no quantized reader, but ``x1`` is INT8 for the cheap conv and the cheap
+    conv (through its BatchNorm and ReLU) writes INT8: the Concat runs INT8 (P04), with one
+    scale over its inputs (S02), and its float reader takes one Dequantize."""
+    p = plan(Ghost(), 1, 3, 8, 8)
+    cat = p.points_of("cat")
+    assert len(cat) == 2 and all(pt.quantized and pt.rule == "P04" for pt in cat), cat
+    assert len({pt.group for pt in cat}) == 1
+    torch.manual_seed(0)
+    report = _lint(Ghost(), torch.randn(4, 3, 8, 8), tmp_path / "ghost.onnx")
+    assert not {"P04", "S01", "S02", "S02b"} & set(report.rules()), report.format()

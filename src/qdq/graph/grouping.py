@@ -45,7 +45,7 @@ def group_points(
             first_on_component[comp] = p.name
     cat_members: dict[str, list[str]] = {}
     for p in quantized:
-        if p.op == "cat" and p.rule == "S02":
+        if p.op == "cat":  # S02, or a fan-out Concat (P04): one scale either way
             cat_members.setdefault(p.consumer, []).append(p.name)
     for cat_name, members in cat_members.items():
         cat = by_name[cat_name]

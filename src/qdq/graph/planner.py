@@ -24,6 +24,7 @@ Steps, each citing its rule id (``qdq.rules``):
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 
 import torch.fx as fx
 from torch import nn
@@ -45,6 +46,7 @@ from qdq.graph.context import (
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
     COPY_KINDS,
+    EPILOGUE_KINDS,
     PASS_THROUGH_KINDS,
     THROUGH_ACT_KINDS,
     WEIGHTED_KINDS,
@@ -105,6 +107,10 @@ def build_plan(
     _plan_pointwise(ctx, nodes)
     while plan_pools_and_concats(ctx, nodes, again=True):
         _plan_pointwise(ctx, nodes)
+    if _small_convs_between_int8(ctx, nodes):
+        _plan_pointwise(ctx, nodes)
+        while plan_pools_and_concats(ctx, nodes, again=True):
+            _plan_pointwise(ctx, nodes)
     release_float_output_skips(ctx)
     _release_float_output_bns(ctx)
     for n in nodes:
@@ -124,6 +130,38 @@ def build_plan(
 
 # ----------------------------------------------------- pools and concats
 #: the reason of a Concat / average pool left float because nothing quantized read its output
+def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
+    """H02 yields: a small conv (fewer than 16 channels, left float by step 1) whose input is
+    INT8 already for another reader runs INT8 too (GhostNet's and RepGhostNet's cheap depthwise
+    convs, FasterNet's and InceptionNeXt's partial convs on a slice of a Split). Left float, its
+    input was written twice (P04) and a residual Add feeding it wrote float (P03d) for a conv whose
+    FLOPs are negligible; TensorRT runs it with a padded INT8 kernel (the C=3 first conv's int8x4
+    kernel is the documented case; the speed of other small INT8 convs is not measured here).
+    Returns whether any was re-planned."""
+    changed = False
+    for n in nodes:
+        if ctx.kinds[n] != "conv" or not tensor_inputs(n):
+            continue
+        pos, x = tensor_inputs(n)[0]
+        point = ctx.points.get(f"{ctx.owners[n]}:{input_label(n, pos)}")
+        if point is None or point.quantized or point.rule != "H02":
+            continue
+        int8 = quantized_for_others(ctx, n)
+        while alias_root(ctx, x).name not in int8 and ctx.kinds[x] in PASS_THROUGH_KINDS:
+            if len(tensor_inputs(x)) != 1:  # a slice of a Split of an INT8 tensor reads INT8
+                break
+            x = tensor_inputs(x)[0][1]
+        if alias_root(ctx, x).name not in int8:
+            continue
+        plan_weighted(ctx, n, performance=False)
+        point = ctx.points[f"{ctx.owners[n]}:{input_label(n, pos)}"]
+        ctx.add(replace(point, reason=f"{point.reason}; small conv (H02) whose input is INT8 "
+                        "for its other readers already: it reads that INT8 version (no second "
+                        "float copy)"))  # fmt: skip
+        changed = True
+    return changed
+
+
 def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
     """Step 4's second half: the float Adds between INT8 layers (P17), then the fan-out readers
     (P04)."""
@@ -152,6 +190,8 @@ def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
     no input quantized elsewhere."""
     if not left_float(ctx, node) or not ctx.config.family_enabled("fanout"):
         return False
+    if reaches_quantized(ctx, node, PASS_THROUGH_KINDS | {"cat"}):
+        return False  # a reader quantized since step 3 (maybe through a Concat): S02 plans it
     ins = tensor_inputs(node)
     quantized = quantized_for_others(ctx, node)
     shared = [p for _, p in ins if alias_root(ctx, p).name in quantized]
@@ -169,11 +209,11 @@ def _fanout_concat(ctx: PlanContext, node: fx.Node) -> bool:
 
 
 def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
-    """Whether ``node`` (through activations, sigmoids and Muls by a constant: its epilogue) is
+    """Whether ``node`` (through its epilogue: BatchNorms, activations, sigmoids, Muls by a constant) is
     a layer that runs INT8 or can: a quantized conv/linear, an op every input of which is quantized, or
     an elementwise Mul/Add every operand of which is quantized for another reader or written by
     such a layer (RDNet's gate ``x * hardsigmoid(fc(mean(x)))``, whose pool quantizes ``x``)."""
-    while ctx.kinds[node] in THROUGH_ACT_KINDS | {"sigmoid"} or is_scale(ctx, node):
+    while ctx.kinds[node] in THROUGH_ACT_KINDS | EPILOGUE_KINDS or is_scale(ctx, node):
         ins = tensor_inputs(node)
         if len(ins) != 1:
             return False

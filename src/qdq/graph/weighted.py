@@ -113,7 +113,10 @@ def _activation_product(ctx: PlanContext, node: fx.Node, excluded: bool) -> tupl
     return "P14", "both operands are activations outside an attention pattern; kept in FP16", False
 
 
-def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
+def plan_weighted(ctx: PlanContext, node: fx.Node, *, performance: bool = True) -> None:
+    """Step 1 for one weighted op: quantize its activation input and weight, or skip both with a
+    reason. ``performance=False``: the performance rules (H02, P14) do not apply (a small conv
+    between INT8 layers, :func:`qdq.graph.planner.build_plan`)."""
     kind = ctx.kinds[node]
     owner = ctx.owners[node]
     acts = tensor_inputs(node)
@@ -157,7 +160,7 @@ def plan_weighted(ctx: PlanContext, node: fx.Node) -> None:
     if swapped is not None:  # the operand as the MatMul reads it
         wshape = tuple(swapped[0].meta["tensor_meta"].shape)
     skip: tuple[str, str] | None = ("USER", "excluded by the QuantConfig") if excluded else None
-    if skip is None and ctx.config.family_enabled("performance"):
+    if skip is None and performance and ctx.config.family_enabled("performance"):
         skip = _performance_skip(ctx, node, wshape)
     if skip is None and not ctx.config.family_enabled("weighted"):
         skip = ("P01", "rule family 'weighted' disabled")
