@@ -8,7 +8,9 @@ selective kernel (P04 through a Split), TResNet's SE gate before its residual Ad
 relative-position bias written back into the scores (``attn[...] = ...``, P16), the legacy SE-ResNet's
 gate (P17), a relative-position MLP on a constant table (folded by the builder, not a float GEMM),
 DINOv3's RoPE Concat before the quantized key (S02), NFNet's standardized weights and
-pre-activation blocks (P01, P04), FocalNet's gated sum of focal levels (P17, P06),
+pre-activation blocks (P01, P04), FocalNet's gated sum of focal levels (P17, P06), FasterNet's and
+InceptionNeXt's small partial convs on an INT8 Split (H02 yields), DPN's last Concat read by
+``silu(bn(x))`` (S02), RepViT's BatchNorm1d heads on the pooled vector (P06),
 and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
@@ -90,6 +92,13 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     # gated sum of focal levels: one INT8 PointWise layer (P17 over products), its global
     # context pooled INT8 (P06)
     "focalnet_tiny_srf": _timm("focalnet_tiny_srf", 64),
+    # small partial convs on a slice of a Split whose input is INT8 already (H02 yields)
+    "fasternet_t0": _timm("fasternet_t0", 64),
+    "inception_next_atto": _timm("inception_next_atto", 64),
+    # the last dual-path Concat read by silu(bn(x)) before the pooled head (S02)
+    "dpn48b": _timm("dpn48b", 64),
+    # linear(bn1d(x.mean((2, 3)))) heads: the pooled vector quantized (P06)
+    "repvit_m1": _timm("repvit_m1", 64),
 }
 #: rows whose every conv is INT8 (weights computed in forward included), but H02's small ones
 CONV_ROWS = {"test_nfnet": 4, "nf_resnet26": 0, "nf_regnet_b0": 0}
