@@ -70,6 +70,7 @@ from zoo_sweep_table import (  # noqa: F401  (the table's names, also for the te
     _lint,
     _pair,
     outcome,
+    render_comparison,
     render_summary,
     render_table,
 )
@@ -411,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per row (default 600)")
     ap.add_argument("--json", type=Path, help="rows as JSON, rewritten after every row")
     ap.add_argument("--merge", type=Path, nargs="+", help="one table from these JSON files")
+    ap.add_argument(
+        "--compare", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
+        help="the rows of two runs' JSON side by side (better/worse/same), and stop",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=2, help="torch threads per row")
     ap.add_argument("--details", action="store_true", help="also print real_models' tables")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one row here (the parent's child)
@@ -418,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     args.source = [s for s in args.source.split(",") if s]
     if bad := sorted(set(args.source) - set(SOURCES)):
         ap.error(f"unknown source(s) {bad}; known: {', '.join(SOURCES)}")
+    if args.compare:
+        before, after = (json.loads(p.read_text()) for p in args.compare)
+        print(render_comparison(before, after))
+        return 0
     if args.child:
         torch.set_num_threads(args.threads)
         work = args.json.parent / "onnx"  # in the parent's row folder, removed after the row

@@ -195,3 +195,61 @@ def _badness(row: Row) -> tuple[bool, int, int]:
 
 def _counts(values: Any) -> str:
     return ", ".join(f"{k} {v}" for k, v in Counter(values).most_common()) or "-"
+
+
+def render_comparison(before: list[Row], after: list[Row]) -> str:
+    """Rows in both runs, side by side: outcome, lint verdicts, placement warnings, unfused Q/DQ
+    and INT8 FLOP share (``a/b``: dynamo/torchscript), each row ``better``, ``worse``, ``same``
+    or ``mixed``, then the counts and the convolutional rows free of placement warnings."""
+    old = {r["name"]: r for r in before}
+    both = [(old[r["name"]], r) for r in after if r["name"] in old]
+    if not both:
+        return "no row in both runs"
+    width = max(len(a["name"]) for _, a in both)
+    head = (
+        f"{'row':<{width}} {'outcome':<18} {'lint':<21} {'place':<9} {'unfused':<15} "
+        f"{'INT8 FLOP%':<17} change"
+    )
+    out, verdicts = [head, "-" * len(head)], Counter()
+    free = [0, 0]
+    conv = 0
+    for b, a in both:
+        figures = [
+            (sum(warns(r, PLACEMENT_RULES).values()), _unfused(r), _flops(r)) for r in (b, a)
+        ]
+        (pb, ub, fb), (pa, ua, fa) = figures
+        better = (pa < pb, ua < ub, fa > fb)
+        worse = (pa > pb, ua > ub, fa < fb)
+        change = (
+            "mixed" if any(better) and any(worse)
+            else "better" if any(better)
+            else "worse" if any(worse) or outcome(a) != outcome(b)
+            else "same"
+        )  # fmt: skip
+        verdicts[change] += 1
+        if a.get("kind") == "conv" and outcome(a) == "ok":
+            conv += 1
+            free[0] += pb == 0
+            free[1] += pa == 0
+        out.append(
+            f"{a['name']:<{width}} {outcome(b) + ' > ' + outcome(a):<18} "
+            f"{_pair(b, _lint('verdict')) + ' > ' + _pair(a, _lint('verdict')):<21} "
+            f"{f'{pb} > {pa}':<9} "
+            f"{_pair(b, _lint('unfused_qdq')) + ' > ' + _pair(a, _lint('unfused_qdq')):<15} "
+            f"{_pair(b, _lint('int8_flops_percent')) + ' > ' + _pair(a, _lint('int8_flops_percent')):<17} "
+            f"{change}"
+        )
+    out += [
+        "",
+        f"{len(both)} rows in both runs: {_counts(verdicts.elements())}",
+        f"convolutional rows free of {'/'.join(PLACEMENT_RULES)}: {free[0]}/{conv} before, "
+        f"{free[1]}/{conv} after",
+        "place: WARN findings of those rules (the most of the two exports); unfused Q/DQ and "
+        "INT8 FLOP% compared at their worst export.",
+    ]
+    return "\n".join(out)
+
+
+def _flops(row: Row) -> int:
+    values = [c.get("lint", {}).get("int8_flops_percent") for c in _exports(row).values()]
+    return min((v for v in values if v is not None), default=0)

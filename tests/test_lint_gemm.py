@@ -161,3 +161,24 @@ def test_sweep_runs_a_row_end_to_end(tmp_path: Path) -> None:
     assert row["kind"] == "conv" and row["prepare"]["capture"] == "recorded"
     assert all(row["export"][e]["ok"] for e in ("dynamo", "torchscript")), row["export"]
     assert "timm:test_byobnet" not in zoo_sweep.ARCHS  # entered for the row only
+
+
+def test_sweep_comparison_marks_rows_better_worse_or_same() -> None:
+    import zoo_sweep
+
+    def row(name: str, p04: int, unfused: int) -> dict:
+        lint = {"ok": True, "verdict": "WARN" if p04 else "PASS", "unfused_qdq": unfused,
+                "int8_flops_percent": 100, "warn_rules": {"P04": p04} if p04 else {}}  # fmt: skip
+        cell = {"ok": True, "parity": {"ok": True}, "lint": lint}
+        return {"name": name, "kind": "conv", "status": "ok", "build": {"ok": True},
+                "prepare": {"ok": True}, "calibrate": {"ok": True},
+                "export": {"dynamo": cell, "torchscript": cell}}  # fmt: skip
+
+    before = [row("t:a", 3, 9), row("t:b", 0, 4), row("t:c", 0, 4), row("t:gone", 0, 1)]
+    after = [row("t:a", 0, 6), row("t:b", 1, 4), row("t:c", 0, 4), row("t:new", 0, 1)]
+    text = zoo_sweep.render_comparison(before, after)
+    lines = {
+        line.split()[0]: line.split()[-1] for line in text.splitlines() if line.startswith("t:")
+    }
+    assert lines == {"t:a": "better", "t:b": "worse", "t:c": "same"}
+    assert "3 rows in both runs" in text and "2/3 before, 2/3 after" in text
