@@ -401,7 +401,7 @@ def test_a_large_bias_at_a_tiny_input_scale_is_added_in_float(tmp_path) -> None:
 def test_instance_rows_selected_differently_are_counted_apart_from_wrong_values() -> None:
     """Per-image detectors: a RoI that one runtime's top-k or NMS selected and the other's did
     not changes a whole row (and shifts the rows after it); a wrong export changes every row."""
-    from qdq.backends.parity import LayerParity, _isolated_rows
+    from qdq.backends.parity_layers import LayerParity, _isolated_rows
 
     q = qdq.Quantizer(qdq.QuantSpec(), name="roi")
     scale = np.array(0.05, dtype=np.float32)
