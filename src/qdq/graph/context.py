@@ -26,6 +26,7 @@ __all__ = [
     "reaches_quantized",
     "release",
     "skip_input",
+    "users_through",
 ]
 
 
@@ -285,3 +286,16 @@ def reaches_quantized(
                 seen.add(u)
                 stack.append(u)
     return False
+
+
+def users_through(ctx: PlanContext, node: fx.Node, kinds: frozenset[str]) -> set[fx.Node]:
+    """The readers of ``node``, looking through readers of the given ``kinds``."""
+    out: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        for u in stack.pop().users:
+            if u not in out:
+                out.add(u)
+                if ctx.kinds.get(u) in kinds:
+                    stack.append(u)
+    return out

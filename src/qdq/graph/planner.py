@@ -42,6 +42,7 @@ from qdq.graph.context import (
     reaches_quantized,
     release,
     skip_input,
+    users_through,
 )
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
@@ -350,7 +351,7 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
             continue
         # only a BN every reader of which is an Add that released it as a float skip (P03);
         # RepVGG's identity BN joins its Add's INT8 PointWise, FastViT's feeds a Sub (P17)
-        users = _users_through(ctx, bn, COPY_KINDS)
+        users = users_through(ctx, bn, COPY_KINDS)
         out = {bn.name} | {u.name for u in users}
         readers = [u for u in users if ctx.kinds[u] not in COPY_KINDS]
         skips = {
@@ -368,19 +369,6 @@ def _release_float_output_bns(ctx: PlanContext) -> None:
             "quantized op reads it): it reads the float version (INT8 in, float out would cost a "
             "standalone Dequantize, P05)",
         )
-
-
-def _users_through(ctx: PlanContext, node: fx.Node, kinds: frozenset[str]) -> set[fx.Node]:
-    """The readers of ``node``, looking through readers of the given ``kinds``."""
-    out: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        for u in stack.pop().users:
-            if u not in out:
-                out.add(u)
-                if ctx.kinds.get(u) in kinds:
-                    stack.append(u)
-    return out
 
 
 #: float readers that take the INT8 version of a tensor quantized for its other readers (P04):

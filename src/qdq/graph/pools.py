@@ -23,6 +23,7 @@ from qdq.graph.context import (
     quantize_input,
     reaches_quantized,
     skip_input,
+    users_through,
 )
 from qdq.graph.patterns import COPY_KINDS, THROUGH_ACT_KINDS, tensor_inputs
 
@@ -129,17 +130,13 @@ def _pooled_readers(ctx: PlanContext, node: fx.Node) -> list[fx.Node] | None:
     shape = getattr(node.meta.get("tensor_meta"), "shape", None)
     if shape is None or len(shape) < 2 or any(d != 1 for d in shape[2:]):
         return None  # not a global pool (``(N, C)``: a mean without keepdim): no small vector
-    readers, stack = [], list(node.users)
-    while stack:
-        u = stack.pop()
-        if ctx.kinds[u] in COPY_KINDS and len(tensor_inputs(u)) == 1:
-            stack.extend(u.users)
-        elif ctx.kinds[u] == "shape":
-            continue
-        elif ctx.kinds[u] in _POOLED_KINDS and len(tensor_inputs(u)) == 1:
-            readers.append(u)
-        else:
-            return None
+    reached = users_through(ctx, node, COPY_KINDS)
+    copies = [u for u in reached if ctx.kinds[u] in COPY_KINDS]
+    readers = [u for u in reached if ctx.kinds[u] not in COPY_KINDS and ctx.kinds[u] != "shape"]
+    if any(len(tensor_inputs(u)) != 1 for u in (*copies, *readers)):
+        return None
+    if any(ctx.kinds[u] not in _POOLED_KINDS for u in readers):
+        return None
     through = THROUGH_ACT_KINDS | _POOLED_KINDS
     if not readers or not all(reaches_quantized(ctx, u, through) for u in readers):
         return None
