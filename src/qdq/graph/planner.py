@@ -105,13 +105,9 @@ def build_plan(
             _plan_gating_mul(ctx, n)
         elif kinds[n] == "bn":
             _plan_fanout_bn(ctx, n)
-    _plan_pointwise(ctx, nodes)
-    while plan_pools_and_concats(ctx, nodes, again=True):
-        _plan_pointwise(ctx, nodes)
+    _settle(ctx, nodes)
     if _small_convs_between_int8(ctx, nodes):
-        _plan_pointwise(ctx, nodes)
-        while plan_pools_and_concats(ctx, nodes, again=True):
-            _plan_pointwise(ctx, nodes)
+        _settle(ctx, nodes)
     release_float_output_skips(ctx)
     _release_float_output_bns(ctx)
     for n in nodes:
@@ -131,6 +127,14 @@ def build_plan(
 
 # ----------------------------------------------------- pools and concats
 #: the reason of a Concat / average pool left float because nothing quantized read its output
+def _settle(ctx: PlanContext, nodes: list[fx.Node]) -> None:
+    """Step 4's P17/P04 part, then step 3 again for the pools and Concats it gave their first
+    quantized reader, until nothing changes."""
+    _plan_pointwise(ctx, nodes)
+    while plan_pools_and_concats(ctx, nodes, again=True):
+        _plan_pointwise(ctx, nodes)
+
+
 def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
     """H02 yields: a small conv (fewer than 16 channels, left float by step 1) whose input is
     INT8 already for another reader runs INT8 too (GhostNet's and RepGhostNet's cheap depthwise
