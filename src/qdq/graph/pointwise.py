@@ -203,9 +203,7 @@ def _sources(ctx: PlanContext, node: fx.Node) -> list[str]:
     average pools (NASNet's ``avg_pool(x) + avg_pool(x)``: a pool of an INT8 tensor runs INT8
     once its output is quantized, P06)."""
     names = [node.name]
-    while (ctx.kinds[node] in PASS_THROUGH_KINDS or ctx.kinds[node] == "avg_pool") and len(
-        tensor_inputs(node)
-    ) == 1:
+    while ctx.kinds[node] in PASS_THROUGH_KINDS | {"avg_pool"} and len(tensor_inputs(node)) == 1:
         node = tensor_inputs(node)[0][1]
         names.append(node.name)
     return names
