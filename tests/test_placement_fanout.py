@@ -16,9 +16,10 @@ from test_placement_rules import decisions, plan
 
 class RepGhost(nn.Module):
     """RepGhostNet's module in training form: ``cheap(x1) + bn(fusion(x1))`` with an identity
-    ``fusion``, then a conv reading the block's output."""
+    ``fusion``, then a conv reading the block's output (``after=False``: the block's output is
+    the model's)."""
 
-    def __init__(self, c: int, out: int) -> None:
+    def __init__(self, c: int, out: int, after: bool = True) -> None:
         super().__init__()
         self.primary = nn.Sequential(nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
         self.fusion = nn.Identity()
@@ -26,7 +27,7 @@ class RepGhost(nn.Module):
         self.cheap = nn.Sequential(
             nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c)
         )
-        self.after = nn.Conv2d(c, out, 1)
+        self.after = nn.Conv2d(c, out, 1) if after else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x1 = self.primary(x)
@@ -55,14 +56,26 @@ def test_p04_bn_behind_an_identity_reads_the_int8_version(tmp_path: Path) -> Non
 
 
 def test_p04_bn_whose_output_stays_float_reads_float() -> None:
-    """With a small conv after the block (20 -> 12 channels: float, H02) the fused Add writes
-    float, its skip is released (P03) and the BatchNorm reads float too: INT8 in and float out
-    would be a standalone Dequantize (P05) in place of the producer's float copy."""
-    p = plan(RepGhost(20, 12), 1, 16, 8, 8)
-    assert decisions(p, "after")["input"] == ("skip", "H02")
+    """When the block's output is the model's (float), the fused Add writes float, its skip is
+    released (P03) and the BatchNorm reads float too: INT8 in and float out would be a
+    standalone Dequantize (P05) in place of the producer's float copy."""
+    p = plan(RepGhost(20, 12, after=False), 1, 16, 8, 8)
     bn = p.point("fusion_bn:input")
     assert (bn.decision, bn.rule) == ("skip", "P04") and "stays float" in bn.reason
     assert p.point("cheap.0:input").quantized  # the depthwise conv still runs INT8
+
+
+def test_h02_small_conv_after_a_fused_add_with_an_int8_skip_runs_int8(tmp_path: Path) -> None:
+    """A small conv after the block (20 -> 12 channels: float on its own, H02) reads the output
+    of a conv+Add fused with an INT8 skip, which writes INT8 at no cost: it reads INT8, so the
+    skip stays INT8 and the block's input is read in one precision (no P04, no P03d)."""
+    p = plan(RepGhost(20, 12), 1, 16, 8, 8)
+    after = p.point("after:input")
+    assert after.quantized and "H02" in after.reason and "conv+Add" in after.reason, after
+    assert p.point("fusion_bn:input").quantized and p.point("cheap.0:input").quantized
+    torch.manual_seed(0)
+    report = _lint(RepGhost(20, 12), torch.randn(4, 16, 8, 8), tmp_path / "ghost.onnx")
+    assert not {"P03d", "P04", "P05", "S01"} & set(report.rules()), report.format()
 
 
 class DenseBlock(nn.Module):
@@ -427,3 +440,35 @@ def test_p04_fanout_concat_inputs_share_one_scale(tmp_path: Path) -> None:
     torch.manual_seed(0)
     report = _lint(Ghost(), torch.randn(4, 3, 8, 8), tmp_path / "ghost.onnx")
     assert not {"P04", "S01", "S02", "S02b"} & set(report.rules()), report.format()
+
+
+class SEGeluHead(nn.Module):
+    """FastViT's last block: a conv with a residual branch, squeeze-excitation, then
+    ``gelu(x * gate)`` before the pooled classifier."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, 1, 1)
+        self.conv = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+        self.fc1, self.fc2 = nn.Conv2d(c, c // 2, 1), nn.Conv2d(c // 2, c, 1)
+        self.head = nn.Linear(c, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.conv(x) + x
+        gate = torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+        x = F.gelu(x * gate)
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_p04_gating_mul_through_a_gelu_reads_int8(tmp_path: Path) -> None:
+    """The fused conv+Add output is read by the SE pool (INT8) and by the gating Mul, whose
+    product reaches the quantized head pool through a GELU: the Mul reads the INT8 version and
+    Mul + GELU run as one INT8 PointWise layer, so the conv+Add writes INT8 once (no P04, no
+    P03d)."""
+    p = plan(SEGeluHead(), 1, 3, 8, 8)
+    mul = [pt for pt in p.points if pt.consumer.startswith("mul")]
+    assert len(mul) == 2 and all(pt.quantized and pt.rule == "P04" for pt in mul), mul
+    torch.manual_seed(0)
+    report = _lint(SEGeluHead(), torch.randn(4, 3, 8, 8), tmp_path / "fastvit.onnx")
+    assert not {"P03d", "P04", "S01"} & set(report.rules()), report.format()

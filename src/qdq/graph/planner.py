@@ -138,7 +138,8 @@ def _settle(ctx: PlanContext, nodes: list[fx.Node]) -> None:
 def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
     """H02 yields: a small conv (fewer than 16 channels, left float by step 1) whose input is
     INT8 already for another reader runs INT8 too (GhostNet's and RepGhostNet's cheap depthwise
-    convs, FasterNet's and InceptionNeXt's partial convs on a slice of a Split). Left float, its
+    convs, FasterNet's and InceptionNeXt's partial convs on a slice of a Split), or whose input
+    is a gating Mul of such a tensor (GhostNet's squeeze-excitation before a 60 -> 10 conv). Left float, its
     input was written twice (P04) and a residual Add feeding it wrote float (P03d) for a conv whose
     FLOPs are negligible; TensorRT runs it with a padded INT8 kernel (the C=3 first conv's int8x4
     kernel is the documented case; the speed of other small INT8 convs is not measured here).
@@ -151,20 +152,52 @@ def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
         point = ctx.points.get(f"{ctx.owners[n]}:{input_label(n, pos)}")
         if point is None or point.quantized or point.rule != "H02":
             continue
-        int8 = quantized_for_others(ctx, n)
-        while alias_root(ctx, x).name not in int8 and ctx.kinds[x] in PASS_THROUGH_KINDS:
-            if len(tensor_inputs(x)) != 1:  # a slice of a Split of an INT8 tensor reads INT8
-                break
-            x = tensor_inputs(x)[0][1]
-        if alias_root(ctx, x).name not in int8:
+        why, gate = _int8_input(ctx, n, x)
+        if why is None:
             continue
         plan_weighted(ctx, n, performance=False)
         point = ctx.points[f"{ctx.owners[n]}:{input_label(n, pos)}"]
-        ctx.add(replace(point, reason=f"{point.reason}; small conv (H02) whose input is INT8 "
-                        "for its other readers already: it reads that INT8 version (no second "
-                        "float copy)"))  # fmt: skip
+        ctx.add(replace(point, reason=f"{point.reason}; small conv (H02) whose input is {why}"))
+        if gate is not None:
+            _plan_gating_mul(ctx, gate)
         changed = True
     return changed
+
+
+def _int8_input(ctx: PlanContext, conv: fx.Node, x: fx.Node) -> tuple[str | None, fx.Node | None]:
+    """Why the small conv ``conv`` should read its input ``x`` in INT8 (``None``: it should
+    not), and the gating Mul that then runs INT8 with it."""
+    int8 = quantized_for_others(ctx, conv)
+    while alias_root(ctx, x).name not in int8 and ctx.kinds[x] in PASS_THROUGH_KINDS:
+        if len(tensor_inputs(x)) != 1:  # a slice of a Split of an INT8 tensor reads INT8
+            break
+        x = tensor_inputs(x)[0][1]
+    if alias_root(ctx, x).name in int8:
+        return "INT8 for its other readers already: it reads that INT8 version (no float copy)", None
+    if _gates_int8(ctx, x):
+        why = "a gating Mul of a tensor INT8 for its other readers: the Mul runs INT8 and writes"
+        return f"{why} INT8 at no cost (no second float copy of its operand)", x
+    while ctx.kinds[x] in THROUGH_ACT_KINDS and len(tensor_inputs(x)) == 1 and len(x.users) == 1:
+        x = tensor_inputs(x)[0][1]
+    fused = any(
+        p.consumer == x.name and p.quantized and p.rule == "P03" for p in ctx.points.values()
+    )
+    if ctx.kinds[x] == "add" and fused:
+        why = "a conv+Add fused with an INT8 skip (P03), which writes INT8 at no cost; read in"
+        return f"{why} float, the skip would go back to float and be read in both precisions", None
+    return None, None
+
+
+def _gates_int8(ctx: PlanContext, node: fx.Node) -> bool:
+    """``node`` is a two-operand Mul (a squeeze-excitation ``x * gate``) one operand of which is
+    quantized for another reader (the SE pool), and not excluded by the config."""
+    ins = tensor_inputs(node)
+    if ctx.kinds[node] != "mul" or len(ins) != 2 or silu_operand(ctx, node) is not None:
+        return False
+    if ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "mul")[0]:
+        return False
+    quantized = quantized_for_others(ctx, node)
+    return any(alias_root(ctx, producer).name in quantized for _, producer in ins)
 
 
 def _plan_pointwise(ctx: PlanContext, nodes: list[fx.Node]) -> None:
@@ -240,21 +273,17 @@ def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
 def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     """P04: ``x * gate(x)`` where ``x`` is also quantized for another reader (the squeeze-excitation
     pool): quantize both operands so ``x`` is quantized for all its readers and the Mul runs INT8."""
-    ins = tensor_inputs(node)
-    if len(ins) != 2 or silu_operand(ctx, node) is not None:
+    if not _gates_int8(ctx, node) or not ctx.config.family_enabled("fanout"):
         return
-    quantized = quantized_for_others(ctx, node)
-    if not any(alias_root(ctx, producer).name in quantized for _, producer in ins):
-        return
-    owner = ctx.owners[node]
-    excluded, calib_o, bits_o = ctx.config.resolve(owner, ctx.owner_types[node], "mul")
-    if excluded or not ctx.config.family_enabled("fanout"):
-        return
+    _, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "mul")
     # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer, as
-    # do RDNet's layer scale ``(x * gate) * gamma`` and NF-RegNet's ``silu(se(x) * gain)``
-    if not reaches_quantized(ctx, node, THROUGH_ACT_KINDS | {"silu", "hardswish"}, scales=True):
+    # do RDNet's layer scale ``(x * gate) * gamma``, NF-RegNet's ``silu(se(x) * gain)`` and
+    # FastViT's last block ``gelu(x * se(x))`` before its pooled head
+    if not reaches_quantized(
+        ctx, node, THROUGH_ACT_KINDS | {"silu", "hardswish", "gelu"}, scales=True
+    ):
         return
-    for pos, producer in ins:
+    for pos, producer in tensor_inputs(node):
         quantize_input(
             ctx,
             node,
