@@ -199,6 +199,44 @@ class _Taps(nn.Module):
         return h, self.conv2(h)
 
 
+class _InPlaceResidual(nn.Module):
+    """RepGhostNet's block: ``relu(cheap(x1) + bn(x1))`` with an identity ``relu`` whose input
+    the planner quantizes, then ``y += x`` written into that quantizer's output in place."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.primary = nn.Sequential(nn.Conv2d(c, c, 1), nn.BatchNorm2d(c), nn.ReLU())
+        self.cheap = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c), nn.BatchNorm2d(c))
+        self.fusion_bn = nn.BatchNorm2d(c)
+        self.relu = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        y = self.relu(self.cheap(x1) + self.fusion_bn(x1))
+        y += x
+        return y
+
+
+def test_parity_when_the_model_writes_into_a_quantizer_output(tmp_path: Path) -> None:
+    """The per-quantizer check keeps its own copies: an in-place ``+=`` after a quantizer changed
+    the recorded torch output and the ORT tensor forced into the isolated run, and every element
+    of that quantizer was counted as a Q/DQ mismatch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1), _InPlaceResidual(), _InPlaceResidual(), nn.Conv2d(16, 16, 1)
+    ).eval()
+    x = torch.randn(2, 3, 8, 8)
+    prepared = qdq.prepare(model, (x[:1],))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qdq.export_onnx(prepared, (x[:1],), tmp_path / "m.onnx", verify=False)
+    report = parity(prepared, out.path, [x[:1]], per_layer=True)
+    assert "1.relu.input_quantizer" in report.layers  # the quantizer written into
+    assert all(lp.qdq_mismatches == 0 for lp in report.layers.values()), report.layers
+    assert report.first_unexplained is None and report.min_cosine > 0.999
+
+
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_parity_when_a_tapped_tensor_is_also_a_model_output(exporter: str, tmp_path: Path) -> None:
     torch.manual_seed(0)

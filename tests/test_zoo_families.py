@@ -10,8 +10,9 @@ gate (P17), a relative-position MLP on a constant table (folded by the builder, 
 DINOv3's RoPE Concat before the quantized key (S02), NFNet's standardized weights and
 pre-activation blocks (P01, P04), FocalNet's gated sum of focal levels (P17, P06), FasterNet's and
 InceptionNeXt's small partial convs on an INT8 Split (H02 yields), DPN's last Concat read by
-``silu(bn(x))`` (S02), RepViT's BatchNorm1d heads on the pooled vector (P06),
-and families clean
+``silu(bn(x))`` (S02), RepViT's BatchNorm1d heads on the pooled vector (P06), GhostNet's and
+RepGhostNet's small convs after an INT8 SE gate or fused conv+Add (H02 yields), FastViT's
+``gelu(x * se(x))`` before its pooled head (P04), and families clean
 from the start that exercise other rules: CSP and DLA aggregation, SelecSLS's concatenated
 features, StarNet's star product, VoVNet's one-shot aggregation, HGNetV2's light blocks.
 
@@ -99,6 +100,12 @@ ROWS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "dpn48b": _timm("dpn48b", 64),
     # linear(bn1d(x.mean((2, 3)))) heads: the pooled vector quantized (P06)
     "repvit_m1": _timm("repvit_m1", 64),
+    # small convs after an SE gate of an INT8 tensor (GhostNet) or after a conv+Add fused with
+    # an INT8 skip (RepGhostNet): H02 yields
+    "ghostnet_050": _timm("ghostnet_050", 64),
+    "repghostnet_050": _timm("repghostnet_050", 64),
+    # gelu(x * se(x)) before the pooled head: the gating Mul reads INT8 through the GELU (P04)
+    "fastvit_t8": _timm("fastvit_t8", 64),
 }
 #: rows whose every conv is INT8 (weights computed in forward included), but H02's small ones
 CONV_ROWS = {"test_nfnet": 4, "nf_resnet26": 0, "nf_regnet_b0": 0}

@@ -82,7 +82,12 @@ class LayerParity:
 
 class Recorder:
     """Hooks on the quantizers: record inputs and outputs per call; optionally replace each
-    output by the matching ORT tensor (same call site, matched by shape)."""
+    output by the matching ORT tensor (same call site, matched by shape).
+
+    Every recorded tensor is a copy and every replacement a fresh tensor: the model may write
+    into a quantizer's output in place afterwards (RepGhostNet's ``x += shortcut`` on the
+    output of an identity ``relu`` whose input is quantized), which would otherwise change the
+    record and the ORT tensor the replacement was made from."""
 
     def __init__(
         self, quantizers: dict[str, Quantizer], forced: dict[str, list[np.ndarray]] | None = None
@@ -108,15 +113,15 @@ class Recorder:
         def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
             if path not in self.inputs:
                 self.order.append(path)
-            self.inputs.setdefault(path, []).append(args[0].detach())
-            self.outputs.setdefault(path, []).append(output.detach())
+            self.inputs.setdefault(path, []).append(args[0].detach().clone())
+            self.outputs.setdefault(path, []).append(output.detach().clone())
             if self.forced is None:
                 return None
             pending = self.forced.get(path, [])
             match = next((i for i, t in enumerate(pending) if t.shape == output.shape), None)
             if match is None:
                 return None
-            return torch.from_numpy(pending.pop(match)).to(output.device, output.dtype)
+            return torch.tensor(pending.pop(match), device=output.device, dtype=output.dtype)
 
         return hook
 

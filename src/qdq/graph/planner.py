@@ -173,7 +173,10 @@ def _int8_input(ctx: PlanContext, conv: fx.Node, x: fx.Node) -> tuple[str | None
             break
         x = tensor_inputs(x)[0][1]
     if alias_root(ctx, x).name in int8:
-        return "INT8 for its other readers already: it reads that INT8 version (no float copy)", None
+        return (
+            "INT8 for its other readers already: it reads that INT8 version (no float copy)",
+            None,
+        )
     if _gates_int8(ctx, x):
         why = "a gating Mul of a tensor INT8 for its other readers: the Mul runs INT8 and writes"
         return f"{why} INT8 at no cost (no second float copy of its operand)", x
