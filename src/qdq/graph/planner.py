@@ -138,10 +138,12 @@ def _settle(ctx: PlanContext, nodes: list[fx.Node]) -> None:
 def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
     """H02 yields: a small conv (fewer than 16 channels, left float by step 1) whose input is
     INT8 already for another reader runs INT8 too (GhostNet's and RepGhostNet's cheap depthwise
-    convs, FasterNet's and InceptionNeXt's partial convs on a slice of a Split), or whose input
-    is a gating Mul of such a tensor (GhostNet's squeeze-excitation before a 60 -> 10 conv). Left float, its
-    input was written twice (P04) and a residual Add feeding it wrote float (P03d) for a conv whose
-    FLOPs are negligible; TensorRT runs it with a padded INT8 kernel (the C=3 first conv's int8x4
+    convs, FasterNet's and InceptionNeXt's partial convs on a slice of a Split), and so does one
+    whose input is written INT8 at no cost beside such a reader: a gating Mul of an INT8 tensor
+    (GhostNet's squeeze-excitation before a 60 -> 10 conv), a conv+Add fused with an INT8 skip
+    (RepGhostNet's ``relu(cheap(x1) + bn(x1))`` before a small conv). Left float, its input was
+    written twice (P04) and a residual Add feeding it wrote float (P03d) for a conv whose FLOPs
+    are negligible; TensorRT runs it with a padded INT8 kernel (the C=3 first conv's int8x4
     kernel is the documented case; the speed of other small INT8 convs is not measured here).
     Returns whether any was re-planned."""
     changed = False
@@ -181,11 +183,11 @@ def _int8_input(ctx: PlanContext, conv: fx.Node, x: fx.Node) -> tuple[str | None
         why = "a gating Mul of a tensor INT8 for its other readers: the Mul runs INT8 and writes"
         return f"{why} INT8 at no cost (no second float copy of its operand)", x
     while ctx.kinds[x] in THROUGH_ACT_KINDS and len(tensor_inputs(x)) == 1 and len(x.users) == 1:
-        x = tensor_inputs(x)[0][1]
+        x = tensor_inputs(x)[0][1]  # read by the small conv alone, through an activation
     fused = any(
         p.consumer == x.name and p.quantized and p.rule == "P03" for p in ctx.points.values()
     )
-    if ctx.kinds[x] == "add" and fused:
+    if ctx.kinds[x] == "add" and len(x.users) == 1 and fused:
         why = "a conv+Add fused with an INT8 skip (P03), which writes INT8 at no cost; read in"
         return f"{why} float, the skip would go back to float and be read in both precisions", None
     return None, None
@@ -193,9 +195,11 @@ def _int8_input(ctx: PlanContext, conv: fx.Node, x: fx.Node) -> tuple[str | None
 
 def _gates_int8(ctx: PlanContext, node: fx.Node) -> bool:
     """``node`` is a two-operand Mul (a squeeze-excitation ``x * gate``) one operand of which is
-    quantized for another reader (the SE pool), and not excluded by the config."""
+    quantized for another reader (the SE pool), not excluded by the config (nor the P04 family)."""
     ins = tensor_inputs(node)
     if ctx.kinds[node] != "mul" or len(ins) != 2 or silu_operand(ctx, node) is not None:
+        return False
+    if not ctx.config.family_enabled("fanout"):
         return False
     if ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "mul")[0]:
         return False
@@ -276,7 +280,7 @@ def _writes_int8(ctx: PlanContext, node: fx.Node, depth: int = 4) -> bool:
 def _plan_gating_mul(ctx: PlanContext, node: fx.Node) -> None:
     """P04: ``x * gate(x)`` where ``x`` is also quantized for another reader (the squeeze-excitation
     pool): quantize both operands so ``x`` is quantized for all its readers and the Mul runs INT8."""
-    if not _gates_int8(ctx, node) or not ctx.config.family_enabled("fanout"):
+    if not _gates_int8(ctx, node):
         return
     _, calib_o, bits_o = ctx.config.resolve(ctx.owners[node], ctx.owner_types[node], "mul")
     # ReXNet's ``relu6(x * sigmoid(se(x)))``: the activation joins the Mul's PointWise layer, as
