@@ -79,6 +79,35 @@ def test_accumulated_error_of_the_last_layer_is_the_output_error() -> None:
     assert last.weight is not None and last.order == 2 and last.clipped == 0.0
 
 
+class InPlaceResidual(nn.Module):
+    """An identity ``relu`` whose input is quantized, then ``y += x`` written into its output."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.primary = nn.Sequential(nn.Conv2d(c, c, 1), nn.BatchNorm2d(c), nn.ReLU())
+        self.cheap = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c), nn.BatchNorm2d(c))
+        self.fusion_bn = nn.BatchNorm2d(c)
+        self.relu = nn.Identity()
+        self.head = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x1 = self.primary(x)
+        y = self.relu(self.cheap(x1) + self.fusion_bn(x1))
+        y += x
+        return self.head(y)
+
+
+def test_a_module_output_written_in_place_later_is_measured_as_it_left_the_module() -> None:
+    """The identity ``relu`` returns its quantizer's output: its output error is that point's
+    accumulated error, not the error of the sum ``y += x`` later wrote into the same tensor."""
+    m, data = _prepared(InPlaceResidual())
+    row = layer_errors(m, data).row("relu:input")
+    assert row.output is not None and row.owner == "relu"
+    assert row.output.sqnr_db == pytest.approx(row.accumulated.sqnr_db)
+
+
 def test_a_bypassed_quantizer_adds_no_error() -> None:
     m, data = _prepared(Fragile())
     qdq.quantizers_of(m)["conv2.input_quantizer"].mode = "bypass"

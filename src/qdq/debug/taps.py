@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from qdq.debug.stats import ErrorSums
 from qdq.quant import Quantizer, QuantMode
@@ -21,8 +21,10 @@ class Taps:
     """Forward hooks: the FP32 pass stores tensors, the INT8 pass is compared with them.
 
     Quantizer hooks copy their tensor at once (the tracker of :mod:`qdq.graph.calls` does not
-    count torch calls made inside a quantizer). Module hooks only keep a reference (no torch call
-    there, so the tracker's call ordinals are untouched); they are compared after the forward.
+    count torch calls made inside a quantizer). Module hooks copy theirs with ``__torch_function__``
+    disabled (the tracker does not see the copy, so its call ordinals are untouched): the model
+    may write into a module's output in place afterwards (RepGhostNet's ``x += shortcut`` on an
+    identity ``relu``'s output). They are compared after the forward.
     """
 
     def __init__(
@@ -83,7 +85,7 @@ class Taps:
     def _keep(self, key: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             store = self._fp32 if self.phase == "fp32" else self._int8
-            store.setdefault(key, []).append(output)
+            store.setdefault(key, []).append(_copy(output))
 
         return hook
 
@@ -146,3 +148,9 @@ def int8_modes(quantizers: dict[str, Quantizer]) -> Iterator[None]:
     finally:
         for path, q in quantizers.items():
             q.mode = saved[path]
+
+
+def _copy(output: Any) -> Any:
+    """``output`` with every tensor copied, unseen by any ``__torch_function__`` mode."""
+    with torch._C.DisableTorchFunction():
+        return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, output)
