@@ -2,7 +2,8 @@
 
 Flow: check the model (prepared, calibrated, finite amax) → attach float32 scales (floored, with a
 warning listing dead channels) and int8 zero points to every quantizer → run torch's dynamo or
-TorchScript exporter with quantizers emitting ``QuantizeLinear``/``DequantizeLinear`` → post-process
+TorchScript exporter with quantizers emitting ``QuantizeLinear``/``DequantizeLinear``, on the path
+the model takes in eager mode (:mod:`qdq.export.attempts`, :mod:`qdq.export.paths`) → post-process
 (drop Identity on constants, one DequantizeLinear per consumer, module-path node names) → validate
 (``onnx.checker``, strict shape inference, every planned weighted op really reads DQ'd inputs) →
 check the numbers in ONNX Runtime against torch (:mod:`qdq.export.verify`) → write the ONNX and its
@@ -19,7 +20,7 @@ import importlib.util
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from qdq._io import atomic_move_files, atomic_write_files
 from qdq.api import plan_of, quantizers_of
+from qdq.export.attempts import describe_paths, run_exporters
 from qdq.export.errors import ExportError, ExportRefusedError
-from qdq.export.exporters import run_exporter
-from qdq.export.external import Staging, save_external, sha256_of_file, sidecar_for, too_large
-from qdq.graph.plan import QuantPlan
+from qdq.export.external import sha256_of_file, sidecar_for
 from qdq.ptq.search import recipe_of
 from qdq.qat.distill import has_distill_hooks
 from qdq.qat.prepare import qat_state
-from qdq.quant import MIN_AMAX, Quantizer, QuantMode, ScaleShapeError, scale_from_amax
+from qdq.quant import MIN_AMAX, Quantizer, QuantMode
 from qdq.quant.primitives import check_amax_values
 
 __all__ = ["EXPORTERS", "ExportError", "ExportRefusedError", "ExportResult", "export_onnx"]
@@ -198,14 +198,14 @@ def export_onnx(
     order = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
     staging = contextlib.ExitStack()
     with staging:
-        model_proto, used, counts, staged = _run_exporters(
+        model_proto, used, counts, staged = run_exporters(
             export_model, export_args, order, exporter, opset, dynamic_batch, fp16,
             allow_specialization, plan, branchy, staging, target, dims,
         )  # fmt: skip
         if branchy:
             warnings.warn(
                 f"qdq.prepare saw tensor values decide Python control flow in "
-                f"{_where(plan.control_flow)}, but the {used} export turned no tensor into a "
+                f"{describe_paths(plan.control_flow)}, but the {used} export turned no tensor into a "
                 "Python value: that code takes another path when exported (as torchvision's "
                 "detection heads do), so the ONNX is not specialized on the example's values. "
                 "Verify it on inputs that take other paths (check_inputs)",
@@ -248,83 +248,6 @@ def export_onnx(
         target, manifest_file, used, opset, seconds, counts[0], counts[1], floored,
         sidecar_for(target) if sidecar is not None else None, dims,
     )  # fmt: skip
-
-
-def _run_exporters(
-    export_model: nn.Module,
-    export_args: tuple[Any, ...],
-    order: Sequence[str],
-    exporter: str,
-    opset: int,
-    dynamic_batch: bool,
-    fp16: bool,
-    allow_specialization: bool,
-    plan: QuantPlan,
-    branchy: bool,
-    staging: contextlib.ExitStack,
-    target: Path,
-    dynamic_dims: dict[int, dict[int, str]],
-) -> tuple[Any, str, tuple[int, int], Path | None]:
-    """Try the exporters in ``order``; return the first valid ONNX, the exporter, its Q/DQ
-    counts and, for a model past 2 GB, its staged path (written with external data in a
-    :class:`~qdq.export.external.Staging` directory that ``staging`` removes)."""
-    from qdq.export.postprocess import postprocess
-    from qdq.export.validate import validate_export
-
-    plan_capture_recorded = plan.capture == "recorded" and not branchy
-    errors: list[str] = []
-    for candidate in order:
-        try:
-            symbolic_opset = max(opset, 18) if candidate == "dynamo" else opset
-            scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
-            with (
-                _clean_failure(export_model),
-                _export_state(
-                    export_model, quantizers_of(export_model), symbolic_opset, scale_dtype
-                ),
-                _computed_weights(export_model, export_args),
-            ):
-                proto, call_order = run_exporter(
-                    export_model, export_args, candidate, opset, dynamic_batch,
-                    allow_specialization, recorded=plan_capture_recorded,
-                    value_reads=plan.control_flow_sites, dynamic_dims=dynamic_dims,
-                )  # fmt: skip
-            proto = postprocess(proto, call_order)
-            if fp16:
-                from qdq.export.postprocess import float32_io
-
-                float32_io(proto)
-            staged = None
-            if too_large(proto):  # protobuf cannot serialize it: weights to a file beside it
-                stage = Staging(target)
-                staged = stage.path(target.name)
-                try:
-                    save_external(proto, staged)
-                    counts = validate_export(proto, plan, staged)
-                except BaseException:
-                    stage.close()  # no 2 GB left behind while the next exporter runs
-                    raise
-                staging.callback(stage.close)
-                return proto, candidate, counts, staged
-            # inside the loop: a graph that lost planned Q/DQ (dynamo merges two identical
-            # Q/DQ + Conv chains, as in YOLOv10's freshly copied one2one head) falls back too
-            counts = validate_export(proto, plan)
-            return proto, candidate, counts, None
-        except (ExportRefusedError, ScaleShapeError):
-            raise  # our own refusals: another exporter would not make them right
-        except Exception as err:  # the exporters raise many types; report them all
-            refusal = _refusal_inside(err)
-            if refusal is not None:
-                raise refusal from None
-            if branchy and exporter != "auto":
-                raise _control_flow_refusal(plan.control_flow, candidate, err) from err
-            if exporter != "auto":
-                raise
-            errors.append(f"{candidate}: {type(err).__name__}: {err}")
-            warnings.warn(
-                f"{candidate} export failed ({err}); trying the next exporter", stacklevel=3
-            )
-    raise ExportError("every exporter failed:\n" + "\n".join(errors))
 
 
 def _check_dynamic_dims(
@@ -436,37 +359,6 @@ def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> None:
         prepared.train(was_training)
 
 
-def _where(paths: Sequence[str]) -> str:
-    return ", ".join(p or "<root>" for p in paths)
-
-
-def _control_flow_refusal(
-    paths: Sequence[str], exporter: str, err: BaseException
-) -> ExportRefusedError:
-    """The refusal when an exporter fails on a model whose recording saw tensor-valued control
-    flow: torch.export fails on it rather than specializing; say so before torch's message."""
-    first = " ".join(str(err).split())[:300]
-    return ExportRefusedError(
-        f"tensor values decide Python control flow in {_where(paths)} (a Python boolean or "
-        f"number read from a computed tensor, seen when qdq.prepare recorded the model), and the "
-        f"{exporter} exporter failed on it ({type(err).__name__}: {first}). Make the branch tensor "
-        "code (torch.where), export a model without it, or export with exporter='torchscript' and "
-        "allow_specialization=True if every input takes the same path"
-    )
-
-
-def _refusal_inside(err: BaseException) -> BaseException | None:
-    """Our refusal wrapped by an exporter (torch.export and torch.onnx re-raise with context)."""
-    seen: set[int] = set()
-    cur: BaseException | None = err
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, (ExportRefusedError, ScaleShapeError)):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
 def _check_quantizers(quantizers: dict[str, Quantizer]) -> dict[str, list[int]]:
     """Every quantizer calibrated, finite, exportable; return the channels whose scale is floored."""
     missing = [
@@ -510,87 +402,3 @@ def _half_copy(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, t
         a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )
     return half, cast
-
-
-@contextlib.contextmanager
-def _clean_failure(model: nn.Module) -> Iterator[None]:
-    """Leave no trace of an exporter that fails inside the model.
-
-    A failed ``torch.export`` may leave a torch function mode on the stack and the prepared
-    model's call tracker active (see :meth:`qdq.graph.calls.CallTracker.abandon`); the next
-    exporter would then trace the model without its weight quantizers.
-    """
-    from qdq.graph.runtime import runtime_of
-
-    depth = torch._C._len_torch_function_stack()
-    try:
-        yield
-    except BaseException:
-        while torch._C._len_torch_function_stack() > depth:
-            torch._C._pop_torch_function_stack()
-        runtime = runtime_of(model)
-        if runtime is not None:
-            runtime.abandon()
-        raise
-
-
-@contextlib.contextmanager
-def _computed_weights(model: nn.Module, args: tuple[Any, ...]) -> Iterator[None]:
-    """Weights that ``forward`` computes from parameters (timm's ``StdConv2d``) are exported as
-    the very values torch computed: one eager forward records each such weight quantizer's input
-    and its Quantize reads that constant (``export_weight``), not the ops that computed it (the
-    exporters would fold those with their own arithmetic, a rounding step away from torch's for
-    some weights). Learned rounding (AdaRound's ``export_weight``) is kept as it is."""
-    todo = {
-        q: None
-        for q in quantizers_of(model).values()
-        if getattr(q, "computed_weight", False)
-        and q.mode is QuantMode.QUANTIZE
-        and "export_weight" not in q._buffers
-    }
-    if not todo:
-        yield
-        return
-
-    def seen(q: nn.Module, inputs: tuple[Any, ...]) -> None:
-        todo[q] = inputs[0].detach().clone()  # type: ignore[index]
-
-    hooks = [q.register_forward_pre_hook(seen) for q in todo]
-    try:
-        with torch.no_grad():
-            model(*args)
-    finally:
-        for h in hooks:
-            h.remove()
-    for q, value in todo.items():
-        if value is not None:
-            q.register_buffer("export_weight", value.to(q.export_scale.dtype))
-    yield  # _export_state removes the buffers
-
-
-@contextlib.contextmanager
-def _export_state(
-    model: nn.Module, quantizers: dict[str, Quantizer], opset: int, scale_dtype: torch.dtype
-) -> Iterator[None]:
-    """Attach export scales/zero points (and learned weights, :meth:`Quantizer.export_constants`),
-    eval mode, no grad; undo everything afterwards."""
-    was_training = model.training
-    try:
-        for q in quantizers.values():
-            scale = scale_from_amax(q.amax).detach().clone().to(scale_dtype)
-            q.register_buffer("export_scale", scale)
-            q.register_buffer(
-                "export_zero_point", torch.zeros(scale.shape, dtype=torch.int8, device=scale.device)
-            )
-            for name, value in q.export_constants(scale).items():  # AdaRound: scale·code
-                q.register_buffer(name, value)
-            q.export_opset = opset
-        model.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        for q in quantizers.values():
-            for buf in ("export_scale", "export_zero_point", "export_weight"):
-                if buf in q._buffers:
-                    del q._buffers[buf]
-        model.train(was_training)
