@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,7 @@ from qdq.api import quantizers_of
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.exporters import run_exporter
 from qdq.export.external import Staging, save_external, too_large
-from qdq.export.paths import (
-    CallCounts,
-    count_calls,
-    eager_calls,
-    path_difference,
-    recorded_path,
-)
+from qdq.export.paths import count_calls, path_difference, recorded_path
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, QuantMode, ScaleShapeError, scale_from_amax
 
@@ -45,21 +40,20 @@ def run_exporters(
     staging: contextlib.ExitStack,
     target: Path,
     dynamic_dims: dict[int, dict[int, str]],
+    eager: Counter[str],
 ) -> tuple[Any, str, tuple[int, int], Path | None]:
     """Try the exporters in ``order``; return the first valid ONNX, the exporter, its Q/DQ
     counts and, for a model past 2 GB, its staged path (written with external data in a
-    :class:`~qdq.export.external.Staging` directory that ``staging`` removes)."""
+    :class:`~qdq.export.external.Staging` directory that ``staging`` removes). ``eager``: the
+    planned call sites one eager forward on the example reached (:func:`count_calls`); each
+    trace must reach the same ones."""
     from qdq.export.postprocess import postprocess
     from qdq.export.validate import validate_export
 
     plan_capture_recorded = plan.capture == "recorded" and not branchy
     errors: list[str] = []
-    eager: CallCounts | None = None  # the sites one eager forward reaches
     for candidate in order:
         try:
-            if eager is None:
-                with _export_state(export_model, {}, opset, torch.float32):
-                    eager = eager_calls(export_model, export_args)
             symbolic_opset = max(opset, 18) if candidate == "dynamo" else opset
             scale_dtype = torch.float16 if fp16 and opset >= 19 else torch.float32
             first = None  # how the first trace's path differs from the eager one

@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from qdq.api import plan_of, quantizers_of
 from qdq.export.attempts import describe_paths, run_exporters
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.external import sha256_of_file, sidecar_for
+from qdq.export.paths import count_calls
 from qdq.ptq.search import recipe_of
 from qdq.qat.distill import has_distill_hooks
 from qdq.qat.prepare import qat_state
@@ -188,7 +190,7 @@ def export_onnx(
     dims = _check_dynamic_dims(dynamic_dims, tuple(example_inputs), dynamic_batch)
     quantizers = quantizers_of(prepared)
     floored = _check_quantizers(quantizers)
-    _check_forward(prepared, tuple(example_inputs))
+    reached = _check_forward(prepared, tuple(example_inputs))
     # the exporters trace a CPU model: the ONNX of a CUDA model is the ONNX of its CPU copy (the
     # dynamo exporter traced device copies between CPU scales and CUDA weights and lost Q/DQ)
     export_model, export_args = _on_cpu(prepared, tuple(example_inputs))
@@ -200,7 +202,7 @@ def export_onnx(
     with staging:
         model_proto, used, counts, staged = run_exporters(
             export_model, export_args, order, exporter, opset, dynamic_batch, fp16,
-            allow_specialization, plan, branchy, staging, target, dims,
+            allow_specialization, plan, branchy, staging, target, dims, reached,
         )  # fmt: skip
         if branchy:
             warnings.warn(
@@ -343,14 +345,17 @@ def _on_cpu(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[nn.Module, tupl
     return copy.deepcopy(prepared).cpu(), _to_cpu(args)
 
 
-def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> None:
+def _check_forward(prepared: nn.Module, args: tuple[Any, ...]) -> Counter[str]:
     """One torch forward on the example: a per-channel amax that does not fit its tensor (or any
-    other shape problem) is reported here, naming the quantizer, before an exporter hides it."""
+    other shape problem) is reported here, naming the quantizer, before an exporter hides it.
+    Returns the planned call sites it reached, which every export trace must reach too
+    (:mod:`qdq.export.paths`)."""
     was_training = prepared.training
     prepared.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), count_calls(prepared) as reached:
             prepared(*args)
+        return reached
     except ValueError as err:
         if "quantizer" in str(err):
             raise ValueError(f"cannot export: {err}") from None

@@ -9,10 +9,11 @@ Q/DQ goes missing from the graph (the tensor's quantizer is shared with its othe
 neither the Q/DQ count nor the per-quantizer parity sees it.
 
 :func:`count_calls` counts the hits of every planned call site (the runtime's own counters,
-:mod:`qdq.graph.runtime`); :func:`path_difference` compares the sites the export reached with
-the sites the eager forward reached. On a difference the export is traced again with
-``torch.onnx.is_in_onnx_export()`` answering ``False`` (:func:`recorded_path`), the path qdq
-recorded; if they still differ, the exporter's result is refused.
+:mod:`qdq.graph.runtime`); :func:`path_difference` compares the sites an export trace reached
+with those the eager forward that checks the model before export reached. On a difference the
+export is traced again with ``torch.onnx.is_in_onnx_export()`` answering ``False``
+(:func:`recorded_path`), the path qdq recorded; if they still differ, the exporter's result is
+refused.
 """
 
 from __future__ import annotations
@@ -27,29 +28,22 @@ from torch import nn
 
 from qdq.graph.runtime import runtime_of
 
-__all__ = ["CallCounts", "count_calls", "eager_calls", "path_difference", "recorded_path"]
-
-
-class CallCounts:
-    """Hits of each planned call site (by its plan name) while counting."""
-
-    def __init__(self) -> None:
-        self.hits: Counter[str] = Counter()
+__all__ = ["count_calls", "path_difference", "recorded_path"]
 
 
 @contextlib.contextmanager
-def count_calls(model: nn.Module) -> Iterator[CallCounts]:
-    """Count the hits of every planned site of ``model`` inside (a prepared model: nothing to
-    count without a runtime)."""
-    counts = CallCounts()
+def count_calls(model: nn.Module) -> Iterator[Counter[str]]:
+    """Count the hits of every planned call site of ``model`` inside, by site name (a prepared
+    model: nothing to count without a runtime)."""
+    hits: Counter[str] = Counter()
     runtime = runtime_of(model)
     before = {k: s.hits for k, s in runtime.sites.items()} if runtime is not None else {}
     try:
-        yield counts
+        yield hits
     finally:
         if runtime is not None:
             for key, site in runtime.sites.items():
-                counts.hits[_name(key)] += site.hits - before.get(key, 0)
+                hits[_name(key)] += site.hits - before.get(key, 0)
 
 
 def _name(key: Any) -> str:
@@ -58,20 +52,13 @@ def _name(key: Any) -> str:
     return f"{path or '<model>'}:{family}" + ("" if ordinal is None else f"#{ordinal}")
 
 
-def eager_calls(model: nn.Module, args: tuple[Any, ...]) -> CallCounts:
-    """The site hits of one eager forward of ``model`` on ``args`` (no grad)."""
-    with torch.no_grad(), count_calls(model) as counts:
-        model(*args)
-    return counts
-
-
-def path_difference(eager: CallCounts, export: CallCounts, limit: int = 5) -> str | None:
+def path_difference(eager: Counter[str], export: Counter[str], limit: int = 5) -> str | None:
     """``None`` when the export reached the planned call sites the eager run reached; else
     which sites one of them missed, for an error message. Sites, not counts: the exporter may
     trace another batch size (dynamo's dynamic batch traces two samples), and a loop over the
     samples reaches a site once per sample."""
-    ours = {s for s, n in eager.hits.items() if n}
-    theirs = {s for s, n in export.hits.items() if n}
+    ours = {s for s, n in eager.items() if n}
+    theirs = {s for s, n in export.items() if n}
     if ours == theirs:
         return None
     parts = []
