@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
@@ -52,6 +51,7 @@ from qdq.accuracy.units import Unit, units_of, units_off
 from qdq.api import calibrate, plan_of, prepare
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import QuantConfig
+from qdq.debug.stats import sample_cosines
 
 __all__ = ["AutoQuantResult", "FallbackStep", "LintCost", "agreement_metric", "auto_quantize"]
 
@@ -237,7 +237,7 @@ def agreement_metric(model: nn.Module, eval_data: Iterable[Any]) -> Metric:
                 same = out.argmax(dim=1) == ref.argmax(dim=1)
                 hits, total = hits + float(same.sum()), total + same.numel()
             else:
-                cos = F.cosine_similarity(out.flatten(1).double(), ref.flatten(1).double(), dim=1)
+                cos = sample_cosines(out, ref)  # scale-invariant at any magnitude
                 hits, total = hits + float(cos.sum()), total + cos.numel()
         return hits / total
 

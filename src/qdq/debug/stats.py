@@ -8,7 +8,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ErrorStats", "ErrorSums", "Histogram", "finite", "finite_fields"]
+__all__ = ["ErrorStats", "ErrorSums", "Histogram", "finite", "finite_fields", "sample_cosines"]
+
+#: samples per chunk of :func:`sample_cosines` (bounds its float64 copies on large outputs)
+_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -102,3 +105,47 @@ def finite(value: Any) -> Any:
 def finite_fields(row: Any) -> dict[str, Any]:
     """The fields of dataclass ``row`` as a dict, each through :func:`finite` (JSON-safe)."""
     return {k: finite(v) for k, v in asdict(row).items()}
+
+
+def sample_cosines(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """The cosine of every sample of ``out`` with the same sample of ``reference`` (float64,
+    ``(N,)``; samples along dimension 0, each flattened; a ``(N,)`` tensor's samples are scalars).
+
+    Scale-invariant at any magnitude: each sample is divided by its own largest ``|value|`` in
+    float64 before ``a·b / (|a|·|b|)``, with no ``eps`` floor (``F.cosine_similarity`` clamps
+    the norms at ``eps``, which at magnitudes near 1e-20 and below dominates and gives about 0).
+    Two all-zero samples agree (1.0); an all-zero sample against a non-zero one scores 0.0; a
+    sample holding NaN or an infinity scores NaN.
+
+    Raises:
+        ValueError: the shapes differ.
+
+    Example:
+        >>> a = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
+        >>> [round(c, 9) for c in sample_cosines(a * 1e-30, a * 2e-30).tolist()]
+        [1.0, 1.0]
+        >>> sample_cosines(torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0]])).tolist()
+        [0.0]
+    """
+    if out.shape != reference.shape:
+        raise ValueError(f"shape {tuple(out.shape)} != reference {tuple(reference.shape)}")
+    parts = []
+    for i in range(0, len(out), _CHUNK):
+        a = _unit_scale(out[i : i + _CHUNK])
+        b = _unit_scale(reference[i : i + _CHUNK])
+        norms = torch.linalg.vector_norm(a, dim=1) * torch.linalg.vector_norm(b, dim=1)
+        cos = ((a * b).sum(dim=1) / norms).clamp(-1.0, 1.0)  # NaN stays NaN
+        zero_a, zero_b = (a == 0).all(dim=1), (b == 0).all(dim=1)
+        cos = torch.where(zero_a & zero_b, 1.0, torch.where(zero_a ^ zero_b, 0.0, cos))
+        parts.append(cos)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _unit_scale(x: torch.Tensor) -> torch.Tensor:
+    """Each sample of ``x`` flattened, in float64, divided by its largest ``|value|`` (an
+    all-zero sample stays zero; a NaN or an infinity gives NaN)."""
+    flat = x.detach().reshape(len(x), -1).double()
+    if flat.shape[1] == 0:
+        return torch.zeros(len(x), 1, dtype=torch.float64)  # empty samples: two zero vectors
+    scale = flat.abs().amax(dim=1, keepdim=True)
+    return flat / torch.where(scale > 0, scale, 1.0)

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
+from qdq.debug.stats import sample_cosines
 from qdq.pipeline.detections import Detections, detection_agreement, is_detection_dict, match
 from qdq.pipeline.device import module_device, to_device
 from qdq.pipeline.evaluate import Measured
@@ -140,7 +140,7 @@ def _matched_cosines(
         j = torch.tensor([p[1] for p in m.pairs])
         a = out[key][i].double().flatten()
         b = ref[key][j].double().flatten()
-        values.append(float(F.cosine_similarity(a, b, dim=0, eps=1e-30)))
+        values.append(float(sample_cosines(a[None], b[None])[0]))  # at any magnitude
     return values
 
 
