@@ -124,7 +124,10 @@ def test_every_output_in_report_summary_and_html(inputs, tmp_path: Path, capsys)
     assert rows[0]["onnx_name"] == "output" and all(o["onnx_name"] for o in rows)
 
     assert "box_agreement: FP32 1.0000" in printed
-    assert "headline: box_agreement of output 0 (detections, 7x64) with FP32" in printed
+    assert (
+        "headline: box_agreement of output 0 with FP32; detections: (N, 7, 64), 4 box entries "
+        "+ 3 scores in [0, 1] per anchor (rows)"
+    ) in printed
     assert "every output, INT8 (ONNX Runtime) vs FP32 (4 tensors):" in printed
     assert "  * output[0] (detections, 7x64): box_agreement" in printed
     assert "    output[1]['seg'] (tensor, 5x8x8): cosine" in printed

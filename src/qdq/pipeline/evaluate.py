@@ -15,9 +15,17 @@ The headline metric (``metric_name``; :func:`headline` describes it) is, first t
   ``sentence_embedding``: :data:`qdq.pipeline.outputs.EMBEDDING_NAMES`): ``embedding_cosine``,
   the mean per-sample cosine of that output against FP32 (:func:`embedding_metric`, bound as a
   task metric so that ``--max-drop`` and ``--compare-methods`` score it too);
+* without labels, when the first output's kind is given (``output_kind=``, checked against the
+  output) or guessed as an ``image`` (:mod:`qdq.pipeline.kinds`: that needs the model's input),
+  that kind's figure of output 0 (``psnr`` for an image), also bound as a task metric
+  (:func:`output_metric`);
 * otherwise the figure of the first output's kind (:mod:`qdq.pipeline.outputs`) against FP32:
   ``top1_agreement`` (a class vector), ``pixel_agreement`` (a class map), ``box_agreement`` (a
   YOLO-style detection head) or ``cosine`` (mean per-sample cosine); FP32's own is 1.0.
+
+The FP32 evaluation outputs are also checked for degenerate values
+(:mod:`qdq.pipeline.degenerate`: not finite, below float16's normal range, constant across the
+samples): each problem is a warning and a row of ``fp32["degenerate"]``.
 
 Every score also carries the per-sample cosine (mean and minimum) of the first output against
 FP32, and its top-1 agreement when it is a class vector or map (else ``None``).
@@ -26,6 +34,7 @@ FP32, and its top-1 agreement when it is a class vector or map (else ``None``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +47,18 @@ from torch.utils._pytree import tree_flatten
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.pipeline.data import QuantData
+from qdq.pipeline.degenerate import degenerate_outputs, warning
 from qdq.pipeline.device import module_device, to_device
-from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
-from qdq.pipeline.outputs import (
-    compare,
-    cosines,
-    embedding_output,
-    onnx_output_names,
-    output_kind,
-    output_table,
+from qdq.pipeline.headline import (
+    embedding_metric,
+    headline,
+    metric_name,
+    output_kinds,
+    output_metric,
 )
+from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, call, num_samples
+from qdq.pipeline.kinds import named_kind
+from qdq.pipeline.outputs import compare, cosines, onnx_output_names, output_kind, output_table
 from qdq.pipeline.stages import Stages
 from qdq.zoo.registry import ZooMetric
 
@@ -59,6 +70,7 @@ __all__ = [
     "measure",
     "metric_name",
     "ort_outputs",
+    "output_metric",
     "output_tensors",
     "score",
     "torch_outputs",
@@ -152,88 +164,6 @@ def _layout(x: Inputs) -> ForwardInputs:
     return ForwardInputs("tuple" if isinstance(x, tuple) else "tensor")
 
 
-def metric_name(
-    reference: torch.Tensor, labels: torch.Tensor | None, metric: ZooMetric | None = None
-) -> str:
-    """The headline metric's name: the task (or user) metric's, else ``top1_accuracy``, else the
-    figure of the first output's kind (``top1_agreement``, ``pixel_agreement``,
-    ``box_agreement``, ``cosine``); ``reference`` is FP32's first output."""
-    if metric is not None:
-        return metric.name
-    if labels is not None:
-        return "token_accuracy" if labels.dim() == 2 else "top1_accuracy"
-    return output_kind(reference).figure
-
-
-def headline(
-    reference: torch.Tensor,
-    labels: torch.Tensor | None,
-    metric: ZooMetric | None = None,
-    user: str | None = None,
-) -> dict[str, Any]:
-    """What the headline metric is (``report.json: headline``).
-
-    Args:
-        reference: FP32's first output.
-        labels: the evaluation labels, if any.
-        metric: the task metric (a user metric is bound as one).
-        user: the user metric's spec, when ``metric`` is one.
-
-    Returns:
-        ``name`` (= ``metric_name``), ``source`` (``"user"``, ``"task"``, ``"labels"`` or
-        ``"output"``), ``output`` (the index of the output it scores, ``None`` for a metric of
-        every output), ``kind`` (that output's kind, or ``None``) and ``text`` (one line).
-    """
-    name = metric_name(reference, labels, metric)
-    if metric is not None and metric.text is not None:
-        return {"name": name, "source": "output", "output": metric.output,
-                "kind": "embedding", "text": metric.text}  # fmt: skip
-    if metric is not None:
-        source = "task" if user is None else "user"
-        text = (
-            f"{name}, the dataset's task metric (from every output and its ground truth)"
-            if user is None
-            else f"{name}, from the user metric {user} (every output and the labels)"
-        )
-        return {"name": name, "source": source, "output": None, "kind": None, "text": text}
-    kind = output_kind(reference)
-    shape = "x".join(str(d) for d in reference.shape[1:]) or "scalar"
-    if labels is not None and labels.dim() == 2:
-        text = f"token accuracy of output 0 ({shape}) against the labels (-100 ignored)"
-        source = "labels"
-    elif labels is not None:
-        text = f"top-1 accuracy of output 0 ({kind.name}, {shape}) against the labels"
-        source = "labels"
-    else:
-        text = f"{name} of output 0 ({kind.name}, {shape}) with FP32"
-        source = "output"
-    return {"name": name, "source": source, "output": 0, "kind": kind.name, "text": text}
-
-
-def embedding_metric(
-    names: Sequence[str] | None, references: Sequence[torch.Tensor]
-) -> ZooMetric | None:
-    """``embedding_cosine``: the mean per-sample cosine against FP32 of the first output named as
-    a pooled embedding (``(N, D)``; :func:`qdq.pipeline.outputs.embedding_output`), for an
-    encoder without a head and data without labels; ``None`` when no output is one."""
-    index = embedding_output(names, references)
-    if index is None or names is None:
-        return None
-    i = index
-
-    def scored(
-        outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], _targets: object
-    ) -> dict[str, float]:
-        cos = cosines(outs[i], refs[i])
-        return {"embedding_cosine": float(cos.mean()), "embedding_cosine_min": float(cos.min())}
-
-    width = references[i].shape[1]
-    text = (
-        f"embedding_cosine: cosine of output {i} ({names[i]}, {width}) with FP32, mean per sample"
-    )
-    return ZooMetric("embedding_cosine", scored, lambda outputs: None, output=i, text=text)
-
-
 def check_labels(reference: torch.Tensor, labels: torch.Tensor, source: str) -> None:
     """Labels must fit a classifier's output: ``(N, C)`` logits and labels in ``0..C-1``, or
     ``(N, L, C)`` token logits and ``(N, L)`` labels in ``0..C-1`` or ``-100`` (ignored)."""
@@ -278,6 +208,8 @@ def score(
     """
     out, reference = outs[0], references[0]
     kind = output_kind(reference)
+    if metric is not None and metric.kind is not None and metric.output == 0:
+        kind = named_kind(metric.kind, reference) if metric.kind != kind.name else kind
     cos = cosines(out, reference)
     result: dict[str, Any] = {
         "cosine_mean": float(cos.mean()),
@@ -300,7 +232,7 @@ def score(
         result["metric"] = float((out.argmax(dim=1) == labels).float().mean())
     elif kind.figure == "cosine":
         result["metric"] = result["cosine_mean"]
-    elif kind.figure == "box_agreement":
+    elif kind.figure in ("box_agreement", "psnr"):
         result["metric"] = compare(out, reference, kind)["value"]
     else:
         result["metric"] = result["top1_agreement"]
@@ -360,6 +292,12 @@ def measure(
         )
         fp32 = score(ref, ref, qdata.labels, task, targets)
         st.detail = f"{fp32['metric']:.4f} on {len(ref[0])} samples"
+        kinds = output_kinds(ref, names, qdata.evaluation, task)
+        top = headline(ref[0], qdata.labels, task, user, kinds[0])
+        fp32["degenerate"] = _degenerate(ref, names, top)
+        if fp32["degenerate"]:
+            problems = ", ".join(f"{d['name']} {d['problem']}" for d in fp32["degenerate"])
+            st.detail += f"; the FP32 outputs are DEGENERATE ({problems}): see the warnings"
     with stages("int8_eval") as st:
         ort = ort_outputs(
             onnx_path,
@@ -372,9 +310,8 @@ def measure(
             forward=forward,
         )
         int8 = score(ort, ref, qdata.labels, task, targets)
-        top = headline(ref[0], qdata.labels, task, user)
-        outputs = output_table(ort, ref, names,
-                               onnx_output_names(onnx_path, len(ref)), top["output"])  # fmt: skip
+        outputs = output_table(ort, ref, names, onnx_output_names(onnx_path, len(ref)),
+                               top["output"], kinds)  # fmt: skip
         if not every:  # only the first output is scored from here on
             ref, ort = ref[:1], ort[:1]
         fq = torch_outputs(
@@ -394,3 +331,16 @@ def measure(
             qat[0]["ptq_metric_torch"] = score(fq_ptq, ref, qdata.labels, task, targets)["metric"]
         st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
     return Measured(ref, fp32, int8, int8_torch, outputs, top)
+
+
+def _degenerate(
+    references: Sequence[torch.Tensor], names: Sequence[str] | None, top: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """FP32's degenerate outputs (:mod:`qdq.pipeline.degenerate`) as ``fp32["degenerate"]``
+    rows (``headline``: whether the headline scores that output), each also a warning."""
+    rows = []
+    for found in degenerate_outputs(references, names):
+        scored = top["output"] is None or top["output"] == found.output
+        warnings.warn(warning(found, scored, top["name"]), stacklevel=2)
+        rows.append({**found.to_dict(), "headline": scored})
+    return rows

@@ -3,33 +3,16 @@
 ``qdq quantize`` compares each output tensor of the exported INT8 model (ONNX Runtime) with FP32's
 (torch) and reports one row per tensor (``report.json: outputs``): per-sample cosine (mean and
 minimum), the relative error ``||int8 - fp32|| / ||fp32||`` over the whole tensor, and the figure
-of the tensor's kind. The kind is guessed from the FP32 tensor, samples along dimension 0:
-
-* ``class_vector`` — ``(N, C)`` with ``C >= 2``: ``top1_agreement``, the fraction of samples
-  whose arg-max over ``C`` is FP32's.
-* ``class_map`` — ``(N, C, H, W)`` with ``C >= 2`` as the *first* output (a segmentation head):
-  ``pixel_agreement``, the fraction of pixels whose arg-max over ``C`` is FP32's. A later 4-D
-  output is a ``tensor``: detectors return their feature maps after the head (YOLO's ``feats``),
-  and the arg-max over a feature map's channels means nothing (random-weight yolov8n: "0 %" on
-  a feature map whose cosine is 0.21).
-* ``detections`` — a raw YOLO-style head, ``(N, 4 + K + E, A)`` (YOLOv8 and later) or
-  ``(N, A, 4 + K + E)`` (YOLOv5): 4 box entries, ``K >= 1`` scores — the longest run of entries
-  after the box whose FP32 values all lie in ``[0, 1]`` —, then ``E >= 0`` extra entries (YOLO-seg's
-  32 mask coefficients, YOLO-pose's keypoints), with at least ``4 + K`` anchors ``A``:
-  ``box_agreement`` (:func:`box_agreement`) over the ``K`` scores. When both layouts fit, the one
-  with more anchors wins, and ``(N, 4 + K + E, A)`` on a tie.
-* ``embedding`` — an output *named* as a pooled embedding (its pytree path's last key:
-  Hugging Face's ``pooler_output``, sentence-transformers' ``sentence_embedding``, CLIP's
-  ``text_embeds``/``image_embeds``, ... :data:`EMBEDDING_NAMES`), whatever its shape: ``cosine``.
-  A hidden state (``last_hidden_state``, :data:`HIDDEN_NAMES`) is a ``tensor``. An unnamed
-  ``(N, D)`` embedding cannot be told from logits and is taken for a class vector.
-* ``tensor`` — anything else: ``cosine`` (the mean per-sample cosine).
+of the tensor's kind: ``top1_agreement`` (a class vector), ``pixel_agreement`` (a class map),
+``box_agreement`` (a YOLO-style detection head), ``psnr`` (an image-to-image output, :func:`psnr`)
+or ``cosine`` (anything else). The kind is guessed from the FP32 tensor and the model's input
+(:mod:`qdq.pipeline.kinds`), or given (``output_kind=``).
 
 The guess can be wrong — a raw feature map returned first is called a class map, a ``(N, T, C)``
-sequence of probabilities may be called detections —, and it is wrong safely: every row also
-carries the cosine and the relative error, which mean the same for any tensor, and the kind only
-decides which agreement figure is added (and, without labels or a metric, which figure of the
-first output is the headline).
+sequence of probabilities may be called detections, a 3-class segmentation's logits of an RGB
+image at its size an image —, and it is wrong safely: every row also carries the cosine and the
+relative error, which mean the same for any tensor, and the kind only decides which figure is
+added (and, without labels or a metric, which figure of the first output is the headline).
 
 Example:
     >>> import torch
@@ -50,21 +33,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from qdq.debug.stats import sample_cosines
+from qdq.pipeline.kinds import (
+    EMBEDDING_NAMES,
+    HIDDEN_NAMES,
+    OutputKind,
+    leaf_key,
+    output_kind,
+)
+
 __all__ = [
+    "EMBEDDING_NAMES",
+    "HIDDEN_NAMES",
     "IOU_THRESHOLD",
+    "PSNR_CAP",
     "TOP_K",
     "OutputKind",
     "box_agreement",
     "compare",
     "cosines",
     "describe",
+    "leaf_key",
     "onnx_output_names",
     "output_kind",
     "output_names",
     "output_table",
+    "psnr",
     "recorded_output",
 ]
 
@@ -72,85 +68,8 @@ __all__ = [
 TOP_K = 100
 #: a box agrees when its IoU with FP32's reaches this
 IOU_THRESHOLD = 0.5
-#: samples per chunk of the float64 cosine (bounds its memory on large outputs)
-_CHUNK = 16
-
-
-@dataclass(frozen=True)
-class OutputKind:
-    """What an output tensor looks like, and the figure that compares it with FP32.
-
-    Attributes:
-        name: ``"class_vector"``, ``"class_map"``, ``"detections"`` or ``"tensor"``.
-        figure: ``"top1_agreement"``, ``"pixel_agreement"``, ``"box_agreement"`` or ``"cosine"``.
-        layout: for detections, ``"rows"`` (``(N, 4 + K, A)``) or ``"columns"``
-            (``(N, A, 4 + K)``); else ``None``.
-        classes: for detections, ``K``: the score entries after the 4 box entries (more entries
-            may follow: YOLO-seg's mask coefficients, YOLO-pose's keypoints); else ``None``.
-    """
-
-    name: str
-    figure: str
-    layout: str | None = None
-    classes: int | None = None
-
-
-#: names (a pytree path's last key) of pooled embeddings, compared by cosine
-EMBEDDING_NAMES = frozenset(
-    {
-        "pooler_output",
-        "pooled_output",
-        "sentence_embedding",
-        "sentence_embeddings",
-        "embedding",
-        "embeddings",
-        "text_embeds",
-        "image_embeds",
-    }
-)
-#: names of hidden states: tensors, whatever their values look like
-HIDDEN_NAMES = frozenset({"last_hidden_state", "hidden_states", "encoder_last_hidden_state"})
-
-_CLASS_VECTOR = OutputKind("class_vector", "top1_agreement")
-_EMBEDDING = OutputKind("embedding", "cosine")
-_CLASS_MAP = OutputKind("class_map", "pixel_agreement")
-_TENSOR = OutputKind("tensor", "cosine")
-
-
-def output_kind(
-    reference: torch.Tensor, *, first: bool = True, name: str | None = None
-) -> OutputKind:
-    """The kind of an FP32 output (samples along dimension 0; see the module docstring);
-    ``first``: whether it is the model's first output (only that one can be a class map);
-    ``name``: its pytree path (:func:`output_names`), when known."""
-    key = leaf_key(name)
-    if key in EMBEDDING_NAMES:
-        return _EMBEDDING
-    if key in HIDDEN_NAMES:
-        return _TENSOR
-    if reference.dim() == 2 and reference.shape[1] >= 2:
-        return _CLASS_VECTOR
-    if reference.dim() == 4 and reference.shape[1] >= 2 and first:
-        return _CLASS_MAP
-    if reference.dim() == 3:
-        rows, cols = reference.shape[1], reference.shape[2]
-        fits = []
-        for layout, entries, anchors in (("rows", rows, cols), ("columns", cols, rows)):
-            classes = _score_entries(reference, layout, entries)
-            if classes >= 1 and anchors >= 4 + classes:
-                fits.append((layout, anchors - 4 - classes, classes))
-        if fits:  # more anchors than entries first; "rows" (listed first) on a tie
-            layout, _, classes = max(fits, key=lambda f: f[1])
-            return OutputKind("detections", "box_agreement", layout, classes)
-    return _TENSOR
-
-
-def leaf_key(name: str | None) -> str | None:
-    """The last key of a pytree path: ``"pooler_output"`` of ``"output['pooler_output']"``,
-    ``None`` for an index or no name."""
-    if not name or not name.endswith("']"):
-        return None
-    return name[: -len("']")].rpartition("['")[2]
+#: the PSNR of identical outputs (FP32 against itself), in dB: an error 1e-5 of the peak
+PSNR_CAP = 100.0
 
 
 def embedding_output(names: Sequence[str] | None, references: Sequence[torch.Tensor]) -> int | None:
@@ -162,33 +81,41 @@ def embedding_output(names: Sequence[str] | None, references: Sequence[torch.Ten
     return None
 
 
-def _score_entries(reference: torch.Tensor, layout: str, entries: int) -> int:
-    """How many entries after the 4 box entries are scores: the longest run of them whose FP32
-    values all lie in [0, 1] (YOLO-seg's 32 mask coefficients and YOLO-pose's keypoints follow
-    the class scores and are not)."""
-    if entries < 5 or reference.numel() == 0:
-        return 0
-    scores = reference[:, 4:, :] if layout == "rows" else reference[:, :, 4:].transpose(1, 2)
-    ok = (scores >= 0) & (scores <= 1)  # NaN fails both
-    in_range = ok.transpose(0, 1).reshape(entries - 4, -1).all(dim=1)
-    bad = (~in_range).nonzero()
-    return int(bad[0, 0]) if len(bad) else entries - 4
-
-
 def cosines(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """Per-sample cosine similarity (float64; each sample flattened, a ``(N,)`` output's samples
-    are scalars), in chunks of samples."""
+    are scalars), scale-invariant at any magnitude (:func:`qdq.debug.stats.sample_cosines`)."""
     if out.shape != reference.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
-    parts = []
-    for i in range(0, len(out), _CHUNK):
-        a, b = out[i : i + _CHUNK], reference[i : i + _CHUNK]
-        parts.append(
-            F.cosine_similarity(
-                a.reshape(len(a), -1).double(), b.reshape(len(b), -1).double(), dim=1
-            )
-        )
-    return torch.cat(parts)
+    return sample_cosines(out, reference)
+
+
+def psnr(out: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-sample PSNR of ``out`` against FP32's ``reference``, in dB (float64, ``(N,)``).
+
+    ``10·log10(peak² / MSE)``, each sample flattened: ``MSE`` is the mean of ``(out − FP32)²``
+    and ``peak`` FP32's value range over the sample (``max − min``: 1 for an image in ``[0, 1]``,
+    2 in ``[-1, 1]``, a noise prediction's own spread), or its largest ``|value|`` when the
+    sample is constant. Identical samples (FP32 against itself) score :data:`PSNR_CAP`, and the
+    figure is kept within ``±PSNR_CAP`` (an all-zero FP32 sample against a non-zero one scores
+    ``-PSNR_CAP``); a sample holding NaN or an infinity scores NaN.
+
+    Example:
+        >>> ref = torch.linspace(0, 1, 101).reshape(1, 101)
+        >>> [round(v, 2) for v in psnr(ref + 0.01, ref).tolist()]  # range 1, error 0.01
+        [40.0]
+    """
+    if out.shape != reference.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != FP32 {tuple(reference.shape)}")
+    a = out.detach().reshape(len(out), -1).double()
+    b = reference.detach().reshape(len(reference), -1).double()
+    if b.shape[1] == 0:
+        return torch.full((len(b),), PSNR_CAP, dtype=torch.float64)
+    mse = ((a - b) ** 2).mean(dim=1)
+    peak = b.amax(dim=1) - b.amin(dim=1)
+    peak = torch.where(peak > 0, peak, b.abs().amax(dim=1))
+    db = 10 * torch.log10(peak**2 / mse)  # mse 0: inf (capped); peak 0: -inf (capped)
+    db = torch.where((mse == 0) & (peak == 0), PSNR_CAP, db)
+    return db.clamp(-PSNR_CAP, PSNR_CAP)  # NaN stays NaN
 
 
 def compare(out: torch.Tensor, reference: torch.Tensor, kind: OutputKind) -> dict[str, Any]:
@@ -197,7 +124,8 @@ def compare(out: torch.Tensor, reference: torch.Tensor, kind: OutputKind) -> dic
     Returns:
         ``cosine_mean``, ``cosine_min``, ``relative_error`` (``None`` when FP32 is all zeros and
         the output is not), ``kind``, ``figure`` (its name), ``value`` (its value) and the figure
-        under its own name; detections add ``top_k``, ``topk_overlap`` and ``layout``.
+        under its own name; detections add ``top_k``, ``topk_overlap`` and ``layout``, an image
+        ``psnr_min`` (its figure, ``psnr``, is the mean over samples, in dB).
     """
     cos = cosines(out, reference)
     ref_norm = float(torch.linalg.vector_norm(reference, dtype=torch.float64))
@@ -220,6 +148,9 @@ def compare(out: torch.Tensor, reference: torch.Tensor, kind: OutputKind) -> dic
         assert kind.layout is not None
         row.update(box_agreement(out, reference, kind.layout, classes=kind.classes))
         row["value"] = row["box_agreement"]
+    elif kind.figure == "psnr":
+        db = psnr(out, reference)
+        row["value"], row["psnr_min"] = float(db.mean()), float(db.min())
     row[kind.figure] = row["value"]
     return row
 
@@ -308,17 +239,28 @@ def output_table(
     names: Sequence[str | None] | None = None,
     onnx_names: Sequence[str | None] | None = None,
     headline: int | None = None,
+    kinds: Sequence[OutputKind] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per output tensor (``report.json: outputs``), INT8 ``outs`` against FP32.
 
     Each row: ``index``, ``name`` (its pytree path, :func:`output_names`), ``onnx_name`` (the
     exported graph's output), ``shape`` (one sample's), ``headline`` (whether the headline
-    metric scores this output: ``index == headline``) and :func:`compare`'s figures.
+    metric scores this output: ``index == headline``), ``kind_reason`` (the kind, the shape and
+    why: ``"image: (N, 3, 64, 64), the input's 3 channels at its size"``) and :func:`compare`'s
+    figures. ``kinds``: every output's kind (default: :func:`output_kind`'s guess from FP32's
+    tensor alone).
     """
     if len(outs) != len(references):
         raise ValueError(f"{len(outs)} outputs but {len(references)} FP32 outputs")
+    if kinds is not None and len(kinds) != len(references):
+        raise ValueError(f"{len(kinds)} kinds for {len(references)} outputs")
     rows = []
     for i, (out, ref) in enumerate(zip(outs, references, strict=True)):
+        kind = (
+            kinds[i]
+            if kinds is not None
+            else output_kind(ref, first=i == 0, name=row_name(names, i))
+        )
         rows.append(
             {
                 "index": i,
@@ -326,7 +268,8 @@ def output_table(
                 "onnx_name": None if onnx_names is None else onnx_names[i],
                 "shape": list(ref.shape[1:]),
                 "headline": i == headline,
-                **compare(out, ref, output_kind(ref, first=i == 0, name=row_name(names, i))),
+                "kind_reason": kind.describe(ref.shape[1:]),
+                **compare(out, ref, kind),
             }
         )
     return rows
@@ -386,12 +329,15 @@ def onnx_output_names(path: str | Path, count: int) -> list[str | None]:
 
 
 def describe(row: dict[str, Any]) -> str:
-    """One line of a row, e.g. ``"output[0] (detections, 84x2100): box_agreement 0.9700, ..."``."""
+    """One line of a row, e.g. ``"output[0] (detections, 84x2100): box_agreement 0.9700, ..."``
+    (a PSNR in dB: ``"psnr 41.20 dB (min 38.02)"``)."""
     name = row["name"] or f"output {row['index']}"
     shape = "x".join(str(d) for d in row["shape"]) or "scalar"
     rel = row["relative_error"]
     text = f"{name} ({row['kind']}, {shape}): "
-    if row["figure"] != "cosine":
+    if row["figure"] == "psnr":
+        text += f"psnr {row['value']:.2f} dB (min {row['psnr_min']:.2f}), "
+    elif row["figure"] != "cosine":
         text += f"{row['figure']} {row['value']:.4f}, "
     text += f"cosine {row['cosine_mean']:.6f} (min {row['cosine_min']:.6f})"
     text += ", relative error " + ("-" if rel is None or not math.isfinite(rel) else f"{rel:.4f}")

@@ -7,7 +7,10 @@ Conv/ConvTranspose/Linear left in float: ``name``, ``type``, ``rule``, ``reason`
 (seconds per stage). Also: ``schema``, ``qdq_version``, ``model``, ``data``, ``settings``,
 ``export``, ``fp32``/``int8``/``int8_torch`` (the headline ``metric``; the first output's
 ``top1_agreement`` — ``null`` unless it is a class vector or map — and per-sample
-``cosine_mean``/``cosine_min`` vs FP32; a task or user metric's named ``figures``),
+``cosine_mean``/``cosine_min`` vs FP32; a task or user metric's named ``figures``; ``fp32`` also
+``degenerate``: every problem of FP32's own outputs — ``output``, ``name``, ``problem``
+(``non_finite``, ``underflow``, ``constant``), ``detail``, ``headline`` —, each also a warning
+that the INT8 figures mean nothing, :mod:`qdq.pipeline.degenerate`; ``[]`` when none),
 ``calibration_methods`` (per method, torch fake-quant; ``null`` unless asked), ``layers`` (every
 weighted layer: status, rule, reason), ``quantizers`` (each quantizer's rule, scale group,
 calibration method and amax, per-channel weights as min/max; ``below_floor`` when it saw only
@@ -39,13 +42,17 @@ What the headline is, and every output (issue 31):
 * ``outputs``: one row per output tensor, in pytree order (= the ONNX's output order), the
   exported INT8 in ONNX Runtime against FP32 (:func:`qdq.pipeline.outputs.output_table`):
   ``index``; ``name`` (its pytree path, e.g. ``output[1]['boxes']``); ``onnx_name``; ``shape`` (of
-  one sample); ``kind`` (``class_vector``, ``class_map``, ``detections`` or ``tensor``, guessed
-  from FP32's tensor, :mod:`qdq.pipeline.outputs`); ``figure`` (the kind's agreement figure:
-  ``top1_agreement``, ``pixel_agreement``, ``box_agreement`` or ``cosine``) and ``value`` (also
-  under the figure's own name); ``cosine_mean``, ``cosine_min`` (per sample);
+  one sample); ``kind`` (``class_vector``, ``class_map``, ``detections``, ``embedding``,
+  ``image`` or ``tensor``, guessed from FP32's tensor and the model's input, or given by
+  ``output_kind=``: :mod:`qdq.pipeline.kinds`); ``kind_reason`` (the kind, the shape and why:
+  ``"image: (N, 3, 64, 64), the input's 3 channels at its size"``); ``figure`` (the kind's
+  figure: ``top1_agreement``, ``pixel_agreement``, ``box_agreement``, ``psnr`` in dB, or
+  ``cosine``) and ``value`` (also under the figure's own name); ``cosine_mean``, ``cosine_min``
+  (per sample);
   ``relative_error`` (``||int8 - fp32|| / ||fp32||`` over the tensor; ``null`` when FP32 is all
   zeros and INT8 is not); ``headline`` (whether the headline scores this output: its figure, or
-  top-1 accuracy against the labels); detections add ``top_k``, ``topk_overlap`` and ``layout``.
+  top-1 accuracy against the labels); detections add ``top_k``, ``topk_overlap`` and ``layout``,
+  an image ``psnr_min``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 from qdq._io import atomic_write_text
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
+from qdq.pipeline.outputs import PSNR_CAP
 from qdq.pipeline.report import STAGE_LABELS, stage_error
 from qdq.ptq.step import STEPS
 
@@ -27,6 +28,10 @@ _PERCENT_METRICS = (
     "detection_f1",
 )
 _SEVERITY_ORDER = ("ERROR", "WARN", "INFO")
+#: headline metrics in dB (the PSNR of an image output, at most PSNR_CAP)
+_DB_METRICS = ("psnr",)
+#: an INT8 PSNR below this is shown as bad
+_PSNR_BAD_DB = 30.0
 
 
 def check_dependencies() -> None:
@@ -238,7 +243,8 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
         "fp32": fmt(fp32),
         "int8": fmt(int8),
         "delta": _delta(metric, int8 - fp32),
-        "delta_bad": int8 - fp32 < -0.01 if metric in _PERCENT_METRICS else int8 < 0.99,
+        "delta_bad": _delta_bad(metric, fp32, int8),
+        "degenerate": (r.get("fp32") or {}).get("degenerate") or [],
         "coverage": f"{lint['int8_weighted_layers']}/{lint['weighted_layers']}",
         "verdict": r["lint_verdict"],
         "methods": _methods(r, fmt),
@@ -274,11 +280,23 @@ def _ptq_steps(r: Mapping[str, Any]) -> list[str]:
 def _metric_formatter(metric: str) -> Any:
     if metric in _PERCENT_METRICS:
         return lambda v: "-" if v is None else f"{100 * v:.2f} %"
+    if metric in _DB_METRICS:
+        return lambda v: "-" if v is None else f"{v:.2f} dB"
     return lambda v: "-" if v is None else f"{v:.5f}"
 
 
 def _delta(metric: str, d: float) -> str:
+    if metric in _DB_METRICS:
+        return f"{d:+.2f} dB"
     return f"{100 * d:+.2f} pt" if metric in _PERCENT_METRICS else f"{d:+.5f}"
+
+
+def _delta_bad(metric: str, fp32: float, int8: float) -> bool:
+    """Whether the INT8 figure is shown as bad: a point of agreement lost, a PSNR below 30 dB
+    (FP32's own is the cap), a cosine-like figure below 0.99."""
+    if metric in _PERCENT_METRICS:
+        return int8 - fp32 < -0.01
+    return int8 < _PSNR_BAD_DB if metric in _DB_METRICS else int8 < 0.99
 
 
 def _num(value: Any, digits: int = 2) -> str:
@@ -330,6 +348,10 @@ def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
                 "kind": "used" if method == used else "method",
             }
         )
+    if metric in _DB_METRICS:  # dB up to the cap (FP32's own)
+        for row in rows:
+            row["bar"] = max(2.0, 100 * min(max(row["raw"], 0.0), PSNR_CAP) / PSNR_CAP)
+        return rows
     low = min(min(row["raw"] for row in rows), fp32)
     floor = max(0.0, low - 0.1 * (1.0 - low) - 0.02) if low > 0.5 else 0.0
     for row in rows:
@@ -342,13 +364,17 @@ def _outputs(r: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for row in r.get("outputs") or []:
         value = row["value"]
-        shown = _pct(value, 2) if row["figure"] in _PERCENT_METRICS else _num(value, 6)
+        if row["figure"] in _DB_METRICS:
+            shown = f"{_num(value, 2)} dB (min {_num(row.get('psnr_min'), 2)})"
+        else:
+            shown = _pct(value, 2) if row["figure"] in _PERCENT_METRICS else _num(value, 6)
         rows.append(
             {
                 **row,
                 "label": row["name"] or f"output {row['index']}",
                 "shape_text": "×".join(str(d) for d in row["shape"]) or "scalar",
                 "figure_label": str(row["figure"]).replace("_", " "),
+                "reason": row.get("kind_reason") or "",
                 "shown": shown,
             }
         )

@@ -76,6 +76,8 @@ class ZooMetric:
         output: the one output it scores, when it scores one (the pooled-embedding cosine of an
             encoder without a head, :func:`qdq.pipeline.evaluate.embedding_metric`).
         text: how the report says what it is, when not the dataset's task metric.
+        kind: the kind of the one output it scores (``"embedding"``, ``"image"``, or the kind
+            given by ``output_kind=``; :mod:`qdq.pipeline.kinds`), when it scores one.
     """
 
     name: str
@@ -83,6 +85,7 @@ class ZooMetric:
     check: Callable[[Sequence[torch.Tensor]], None]
     output: int | None = None
     text: str | None = None
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
