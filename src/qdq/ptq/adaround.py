@@ -64,8 +64,8 @@ from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import quantizers_of
 from qdq.graph.calls import SiteKey
-from qdq.graph.runtime import Call, Site
-from qdq.ptq import _layers
+from qdq.graph.runtime import ArgRef, Call, Site
+from qdq.ptq import _layers, _lockstep
 from qdq.ptq._layers import Layer
 from qdq.ptq.step import StepReport
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
@@ -209,10 +209,14 @@ def adaround(
     unreached = [x.name for x in layers if x.order is None]
     if unreached:
         notes.append(f"{len(unreached)} layer(s) were not called on this data: {unreached[:5]}")
+    found = _in_lockstep(prepared, reached, batches, samples, iters, notes, show_progress)
     rows = []
-    for i, layer in enumerate(reached):
-        desc = f"adaround {i + 1}/{len(reached)} {layer.name}"
-        row = _round_layer(prepared, layer, batches, samples, iters, desc, show_progress)
+    for i, layer in enumerate(reached):  # layer by layer: what the lockstep passes could not do
+        if layer.path not in found:
+            desc = f"adaround {i + 1}/{len(reached)} {layer.name}"
+            found[layer.path] = _round_layer(prepared, layer, batches, samples, iters, desc,
+                                             show_progress)  # fmt: skip
+        row = found[layer.path]
         if isinstance(row, str):
             notes.append(row)
         else:
@@ -247,6 +251,91 @@ def _settings(samples: int, iters: int, rows: int) -> dict[str, Any]:
     return out
 
 
+def _in_lockstep(
+    prepared: nn.Module,
+    ordered: list[Layer],
+    batches: list[Any],
+    samples: int,
+    iters: int,
+    notes: list[str],
+    show_progress: bool,
+) -> dict[str, RoundingRow | str]:
+    """Round the layers in forward order in lockstep passes (:mod:`qdq.ptq._lockstep`), as
+    :func:`qdq.ptq.bias._in_lockstep` corrects them: the batches joined into one forward of the
+    FP32 twin and one of the INT8 model; each layer learns its rounding when the INT8 forward
+    reaches it (the twin waiting), from rows sampled at the positions the layer-by-layer path
+    samples (the joined input split back into the batches), and its rounded output goes on
+    downstream. A layer called several times per forward ends a pass and is rounded on its own.
+    Returns each layer done by path (a row, or a note); the caller rounds the others layer by
+    layer."""
+    joined = _lockstep.join_batches(batches)
+    if joined is None or not ordered:
+        return {}
+    twin = _lockstep.twin_of(prepared)
+    index = _layers.index_of(ordered)
+    sizes = [_layers.batch_size(b) for b in batches]
+    found: dict[str, RoundingRow | str] = {}
+    several: list[Layer] = []
+
+    def sampled(x: Any, w: torch.Tensor, layer: Layer, call: Call, per_sample: int) -> Any:
+        gen = torch.Generator().manual_seed(SEED)  # as _capture draws them, batch by batch
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != sum(sizes):
+            return None
+        parts = [_rows(p, w, layer.family, call, per_sample, gen) for p in x.split(sizes)]
+        return torch.cat(parts).to(torch.float32).transpose(0, 1).contiguous()
+
+    def visit(layer: Layer, ref: ArgRef, fp: _lockstep.Handed, func: Any, raw: Call,
+              applied: Call) -> Any:  # fmt: skip
+        if layer.path in found:
+            return _layers.invoke(func, applied)
+        if layer.calls > 1:
+            several.append(layer)
+            raise _layers.Stop
+        weight = _layers.weight_of(raw, ref)
+        per_sample = max(1, math.ceil(MAX_ROWS / samples))
+        x_fp = sampled(_input(fp.raw), weight, layer, fp.raw, per_sample)
+        x_q = sampled(_input(applied), weight, layer, applied, per_sample)
+        i = len(found)
+        desc = f"adaround {i + 1}/{len(ordered)} {layer.name}"
+        if x_fp is None or x_q is None or x_fp.shape != x_q.shape:
+            found[layer.path] = _differ(layer)
+            return _layers.invoke(func, applied)
+        row = _fit(layer, x_fp, x_q, weight, samples, iters, desc, show_progress)
+        found[layer.path] = row
+        if not row.applied:
+            return _layers.invoke(func, applied)
+        q = layer.quantizer  # the call again, with the learned codes (and no bias correction)
+        redone = _layers.replace_weight_bias(applied, ref, q(weight),
+                                             q.corrected_bias(_layers.bias_of(raw), weight))  # fmt: skip
+        return _layers.invoke(func, redone)
+
+    while len(found) < len(ordered):
+        several.clear()
+        try:
+            if not _lockstep.lockstep(prepared, twin, joined, index, visit):
+                break
+        except _lockstep.Mismatch as err:
+            notes.append(f"the FP32 and INT8 forwards called different layers ({err}): the "
+                         "layers after it were rounded one at a time")  # fmt: skip
+            break
+        if not several:
+            break
+        layer = several[0]
+        desc = f"adaround {len(found) + 1}/{len(ordered)} {layer.name}"
+        found[layer.path] = _round_layer(prepared, layer, batches, samples, iters, desc,
+                                         show_progress)  # fmt: skip
+    return found
+
+
+def _input(call: Call) -> Any:
+    """The input argument of an ``F.conv*``/``F.linear`` call."""
+    return call[0][0] if call[0] else call[1].get("input")
+
+
+def _differ(layer: Layer) -> str:
+    return f"{layer.name}: its calls differ between the FP32 and INT8 runs; left as it was"
+
+
 def _round_layer(
     prepared: nn.Module,
     layer: Layer,
@@ -256,14 +345,30 @@ def _round_layer(
     desc: str,
     show_progress: bool,
 ) -> RoundingRow | str:
-    """Learn one layer's rounding; a note instead when its calls differ between the passes."""
+    """Learn one layer's rounding on its own (two forwards per batch, each stopped after the
+    layer); a note instead when its calls differ between the passes."""
     per_sample = max(1, math.ceil(MAX_ROWS / (samples * max(1, layer.calls))))
     with eval_no_grad(prepared):
         with quantizer_mode(prepared, QuantMode.BYPASS):
             x_fp, weight = _capture(prepared, layer, batches, per_sample)
         x_q, _ = _capture(prepared, layer, batches, per_sample)
     if weight is None or x_fp.shape != x_q.shape:
-        return f"{layer.name}: its calls differ between the FP32 and INT8 runs; left as it was"
+        return _differ(layer)
+    return _fit(layer, x_fp, x_q, weight, samples, iters, desc, show_progress)
+
+
+def _fit(
+    layer: Layer,
+    x_fp: torch.Tensor,
+    x_q: torch.Tensor,
+    weight: torch.Tensor,
+    samples: int,
+    iters: int,
+    desc: str,
+    show_progress: bool,
+) -> RoundingRow:
+    """Learn the layer's rounding from its sampled input rows ``(groups, rows, K)`` in the FP32
+    and the INT8 model; set the codes when they lower the output error."""
     q = layer.quantizer
     w = weight.detach().to(torch.float32)
     groups = x_q.shape[0]

@@ -57,7 +57,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -69,8 +69,8 @@ from qdq._progress import progress
 from qdq.api import quantizers_of
 from qdq.debug.stats import finite_fields
 from qdq.graph.calls import SiteKey
-from qdq.graph.runtime import Call, Site
-from qdq.ptq import _layers
+from qdq.graph.runtime import ArgRef, Call, Site
+from qdq.ptq import _layers, _lockstep
 from qdq.ptq._layers import Layer
 from qdq.ptq.step import StepReport
 from qdq.quant import QuantMode, quantizer_mode
@@ -210,14 +210,19 @@ def correct_bias(
         with eval_no_grad(prepared):
             _layers.survey(prepared, batches[0], layers)
         ordered = sorted((x for x in layers if x.order is not None), key=lambda x: x.order or 0)
+        ticks = iter(progress(ordered, total=len(ordered), desc="bias correction",
+                              enabled=show_progress))  # fmt: skip
+        found = _in_lockstep(prepared, ordered, batches, settings, notes, ticks)
         rows = []
-        for layer in progress(ordered, total=len(ordered), desc="bias correction",
-                              enabled=show_progress):  # fmt: skip
-            s = _output_error(prepared, layer, batches)
-            if s.count is None:
-                notes.append(f"{layer.name}: its calls differ between the FP32 and INT8 runs")
-                continue
-            rows.append(_apply(layer, s, settings, len(batches)))
+        for layer in ordered:  # layer by layer: what the lockstep passes could not do
+            if layer.path not in found:
+                next(ticks, None)
+                found[layer.path] = _corrected(prepared, layer, batches, settings, notes)
+            row = found[layer.path]
+            if row is not None:
+                rows.append(row)
+        for _ in ticks:  # close the progress bar
+            pass
     done = {r.quantizer for r in rows}
     unreached = [layer.name for layer in layers if layer.path not in done]
     if unreached:
@@ -250,6 +255,86 @@ def _weight_pass(
                               enabled=show_progress):  # fmt: skip
             _layers.run_batches(prepared, [batch])
     return list(sums.values())
+
+
+def _corrected(
+    prepared: nn.Module,
+    layer: Layer,
+    batches: list[Any],
+    settings: dict[str, Any],
+    notes: list[str],
+) -> BiasRow | None:
+    """Correct one layer on its own (two forwards per batch, each stopped after the layer); a
+    note instead of a row when its calls differ between the FP32 and the INT8 forward."""
+    sums = _output_error(prepared, layer, batches)
+    if sums.count is None:
+        notes.append(f"{layer.name}: its calls differ between the FP32 and INT8 runs")
+        return None
+    return _apply(layer, sums, settings, len(batches))
+
+
+def _in_lockstep(
+    prepared: nn.Module,
+    ordered: list[Layer],
+    batches: list[Any],
+    settings: dict[str, Any],
+    notes: list[str],
+    ticks: Iterator[Layer],
+) -> dict[str, BiasRow | None]:
+    """Correct the layers in forward order in lockstep passes (:mod:`qdq.ptq._lockstep`): the
+    batches joined into one forward of the FP32 twin and one of the INT8 model, each layer
+    corrected when the INT8 forward reaches it, its corrected output going on downstream. A pass
+    ends at a layer called several times per forward (its correction needs all its calls, and
+    the layers called in between would see it uncorrected): that layer is corrected on its own,
+    then the next pass runs on. Returns the rows of the layers done by path (``None``: a note
+    says why not); the caller corrects the others layer by layer (batches that cannot be
+    joined, a forward that fails on the joined batch before its first layer, forwards that call
+    different layers)."""
+    joined = _lockstep.join_batches(batches)
+    if joined is None or not ordered:
+        return {}
+    twin = _lockstep.twin_of(prepared)
+    index = _layers.index_of(ordered)
+    rows: dict[str, BiasRow | None] = {}
+    several: list[Layer] = []
+
+    def visit(layer: Layer, ref: ArgRef, fp: _lockstep.Handed, func: Any, raw: Call,
+              applied: Call) -> Any:  # fmt: skip
+        if layer.path in rows:
+            return _layers.invoke(func, applied)
+        if layer.calls > 1:
+            several.append(layer)
+            raise _layers.Stop
+        weight, bias = _layers.weight_of(raw, ref), _layers.bias_of(raw)
+        w_q = _layers.weight_of(applied, ref)
+        plain = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q, bias))
+        sums = _ChannelSums()
+        if isinstance(fp.out, torch.Tensor) and plain.shape == fp.out.shape:
+            sums.add(plain - fp.out, fp.out, layer, weight, bias)
+        next(ticks, None)
+        if sums.count is None:
+            notes.append(f"{layer.name}: its calls differ between the FP32 and INT8 runs")
+            rows[layer.path] = None
+            return _layers.invoke(func, applied)
+        rows[layer.path] = _apply(layer, sums, settings, 1)
+        corrected = layer.quantizer.corrected_bias(bias, weight)
+        return _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q, corrected))
+
+    while len(rows) < len(ordered):
+        several.clear()
+        try:
+            if not _lockstep.lockstep(prepared, twin, joined, index, visit):
+                break
+        except _lockstep.Mismatch as err:
+            notes.append(f"the FP32 and INT8 forwards called different layers ({err}): the "
+                         "layers after it were corrected one at a time")  # fmt: skip
+            break
+        if not several:
+            break
+        layer = several[0]
+        next(ticks, None)
+        rows[layer.path] = _corrected(prepared, layer, batches, settings, notes)
+    return rows
 
 
 def _output_error(prepared: nn.Module, layer: Layer, batches: list[Any]) -> _ChannelSums:
@@ -311,7 +396,7 @@ class _ChannelSums:
         self.count: torch.Tensor | None = None
         self.sum: torch.Tensor | None = None
         self.sq: torch.Tensor | None = None
-        self.ref_sq = 0.0
+        self.ref_sq: torch.Tensor | float = 0.0
         self.old_delta: torch.Tensor | None = None
         self.added_bias = False
         self.weight: torch.Tensor | None = None
@@ -322,23 +407,29 @@ class _ChannelSums:
     ) -> None:
         """Add one call: its error, its FP32 reference output, and the layer's float weight and
         bias as passed to the call."""
-        dim = _layers.channel_dim(err, weight, layer.family)
-        e = err.detach().to(torch.float64).movedim(dim, 0).reshape(err.shape[dim], -1)
-        count = torch.full((e.shape[0],), float(e.shape[1]), dtype=torch.float64)
-        part = (count, e.sum(dim=1).cpu(), (e * e).sum(dim=1).cpu())
+        dim = _layers.channel_dim(err, weight, layer.family) % err.dim()
+        e = err.detach()
+        # float32 reductions over every dimension but the channel's (torch sums in cascades:
+        # relative error ~1e-7, where converting the whole output to float64 first cost 4x
+        # the time), accumulated over calls in float64 on the model's device; no host sync here
+        dims = [d for d in range(e.dim()) if d != dim]
+        count = torch.full((e.shape[dim],), float(e.numel() // e.shape[dim]),
+                           dtype=torch.float64, device=e.device)  # fmt: skip
+        sq = torch.linalg.vector_norm(e, dim=dims).double() ** 2
+        part = (count, e.sum(dim=dims).double(), sq)
         if self.count is None or self.sum is None or self.sq is None:
             self.count, self.sum, self.sq = part
         else:
             self.count, self.sum, self.sq = (
                 a + b for a, b in zip((self.count, self.sum, self.sq), part, strict=True)
             )
-        self.ref_sq += float((ref.detach().to(torch.float64) ** 2).sum())
+        self.ref_sq = self.ref_sq + torch.linalg.vector_norm(ref.detach()).double() ** 2
         self.added_bias = bias is None
         self.weight = weight
         self.calls += 1
         delta = layer.quantizer._buffers.get("bias_delta")
         self.old_delta = (
-            delta.detach().to(torch.float64).cpu() if isinstance(delta, torch.Tensor) else None
+            delta.detach().to(torch.float64) if isinstance(delta, torch.Tensor) else None
         )
 
 
@@ -361,8 +452,8 @@ def _apply(layer: Layer, sums: _ChannelSums, settings: dict[str, Any], batches: 
         channels=int(delta.numel()),
         mean_abs_delta=float(delta.abs().mean()),
         max_abs_delta=float(delta.abs().max()),
-        sqnr_before_db=_sqnr(sums.ref_sq, energy(old)),
-        sqnr_after_db=_sqnr(sums.ref_sq, max(energy(delta), 0.0)),
+        sqnr_before_db=_sqnr(float(sums.ref_sq), energy(old)),
+        sqnr_after_db=_sqnr(float(sums.ref_sq), max(energy(delta), 0.0)),
         added_bias=sums.added_bias,
         calls=max(1, sums.calls // batches),
     )
