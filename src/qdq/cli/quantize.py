@@ -90,6 +90,12 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "(the first is the headline); --max-drop then scores with it",
     )
     p.add_argument(
+        "--output-kind",
+        metavar="KIND",
+        help="the kind of the first output instead of the guess, whose figure is then the "
+        "headline: class_vector, class_map, detections, embedding, image (PSNR) or tensor",
+    )
+    p.add_argument(
         "--search-budget",
         type=float,
         metavar="SECONDS",
@@ -247,6 +253,11 @@ def one_line(err: BaseException) -> str:
     return text if isinstance(err, ours) else f"{type(err).__name__}: {text}"
 
 
+def _figure_delta(name: str, delta: float) -> str:
+    """INT8 − FP32 of the headline: in dB for a PSNR, else in points (hundredths)."""
+    return f"{delta:+.2f} dB" if name == "psnr" else f"{100 * delta:+.2f} points"
+
+
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
     from qdq.pipeline.device import resolve_device
@@ -305,6 +316,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             engine_profile=args.engine_profile,
             metric=args.metric,
             device=device,
+            output_kind=args.output_kind,
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)
@@ -327,11 +339,14 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     fp32, int8 = r["fp32_metric"], r["int8_metric"]
     print(
         f"{name}: FP32 {fp32:.4f} (torch)  INT8 {int8:.4f} (exported ONNX in ONNX Runtime; "
-        f"{100 * (int8 - fp32):+.2f} points)"
+        f"{_figure_delta(name, int8 - fp32)})"
     )
     top = r.get("headline")
     if top:
         print(f"  headline: {top['text']}")
+    for d in r["fp32"].get("degenerate") or []:
+        print(f"  WARNING: FP32 {d['name']} {d['problem']}: {d['detail']}; the INT8 figures "
+              f"{'mean nothing' if d['headline'] else 'of that output mean nothing'}")  # fmt: skip
     if r.get("per_image"):
         print("  per-image detection lists: calibrated, evaluated and exported at batch 1")
     i8 = r["int8"]
@@ -349,11 +364,12 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     methods = r.get("calibration_methods")
     if methods:
         print(f"  {'method':<11}{'INT8 (torch)':>13}{'drop':>8}{'agree':>8}{'cosine':>10}")
+        scale = 1 if name == "psnr" else 100  # the drop in dB, else in points
         for m, s in methods.items():
             ag = "-" if s["top1_agreement"] is None else f"{s['top1_agreement']:.4f}"
             mark = "  <- exported" if m == r["settings"]["method"] else ""
             print(
-                f"  {m:<11}{s['metric']:>13.4f}{100 * (s['metric'] - fp32):>+8.2f}{ag:>8}"
+                f"  {m:<11}{s['metric']:>13.4f}{scale * (s['metric'] - fp32):>+8.2f}{ag:>8}"
                 f"{s['cosine_mean']:>10.5f}{mark}"
             )
     ptq = r.get("ptq")

@@ -29,9 +29,10 @@ from qdq.lint.engine_report import EngineReport
 from qdq.pipeline import per_image
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
-from qdq.pipeline.evaluate import check_labels, embedding_metric, measure, score, torch_outputs
+from qdq.pipeline.evaluate import check_labels, measure, output_metric, score, torch_outputs
 from qdq.pipeline.exporting import export_model
 from qdq.pipeline.fallback import fallback_search
+from qdq.pipeline.headline import kind_refused
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
     ForwardInputs,
@@ -42,6 +43,7 @@ from qdq.pipeline.inputs import (
     summary,
     take,
 )
+from qdq.pipeline.kinds import check_kind_name
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
 from qdq.pipeline.outdir import check_out_dir, staged_dir
@@ -137,6 +139,7 @@ def quantize(
     engine_profile: str | Path | None = None,
     metric: str | MetricFn | None = None,
     device: str | torch.device | None = None,
+    output_kind: str | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -193,6 +196,9 @@ def quantize(
             when available, else the CPU; :mod:`qdq.pipeline.device`). A model elsewhere is
             copied there (yours is not moved); export and ONNX Runtime run on the CPU.
             ``report.json["settings"]["device"]`` records it.
+        output_kind: the kind of the first output instead of the guess (``"image"``,
+            ``"class_map"``, ...: :data:`qdq.pipeline.kinds.KINDS`); its figure is the headline.
+            Not with labels, a metric or per-image detection lists (they decide the headline).
 
     Returns:
         The :class:`QuantizeResult`.
@@ -227,6 +233,8 @@ def quantize(
             f"('kernel-sum+bias', 'none') or a PtqOptions; got {type(ptq).__name__}"
         )
     user = load_metric(metric)  # a bad metric spec fails before anything runs
+    if output_kind is not None:
+        check_kind_name(output_kind)  # nor an unknown output kind
     if calib not in CALIBRATION_METHODS:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
@@ -290,10 +298,12 @@ def quantize(
                 qdata = user.bind(qdata, sample_outs)
             elif qdata.labels is not None and keys is None:
                 check_labels(sample_out, qdata.labels, qdata.source)
-            elif qdata.metric is None and keys is None:  # an encoder's pooled embedding
-                embedding = embedding_metric(names, sample_outs)
-                if embedding is not None:
-                    qdata = replace(qdata, metric=embedding)
+            elif qdata.metric is None and keys is None:  # output_kind, an embedding, an image
+                bound = output_metric(names, sample_outs, sample, output_kind)
+                if bound is not None:
+                    qdata = replace(qdata, metric=bound)
+            if output_kind is not None and (qdata.metric is None or qdata.metric.kind is None):
+                raise ValueError(kind_refused(output_kind, qdata, user is not None, keys))
             if qdata.metric is not None:
                 try:
                     qdata.metric.check(sample_outs)
