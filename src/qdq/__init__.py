@@ -14,7 +14,16 @@ from __future__ import annotations
 from qdq import debug, lint, nn, qat
 from qdq._version import __version__
 from qdq.accuracy import AutoQuantResult, Sensitivity, auto_quantize, sensitivity
-from qdq.api import calibrate, copy_prepared, plan_of, prepare, quantizers_of, recompute_amax
+from qdq.api import (
+    calibrate,
+    calibrate_from,
+    calibrate_parts,
+    copy_prepared,
+    plan_of,
+    prepare,
+    quantizers_of,
+    recompute_amax,
+)
 from qdq.calib import (
     CalibrationError,
     Calibrator,
@@ -46,6 +55,8 @@ __all__ = [
     "__version__",
     "auto_quantize",
     "calibrate",
+    "calibrate_from",
+    "calibrate_parts",
     "copy_prepared",
     "debug",
     "export_onnx",

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from qdq._progress import progress
-from qdq.calib import CalibrationError
+from qdq.calib import CalibrationError, Calibrator
 from qdq.calib.batches import expected_inputs, run_batch
+from qdq.calib.parts import CalibrationParts
 from qdq.config import CALIBRATION_METHODS, QuantConfig
 from qdq.graph.capture import CaptureError, ForwardError
 from qdq.graph.insert import materialize
@@ -25,7 +26,16 @@ from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import MIN_AMAX, Quantizer, QuantMode
 
-__all__ = ["calibrate", "copy_prepared", "plan_of", "prepare", "quantizers_of", "recompute_amax"]
+__all__ = [
+    "calibrate",
+    "calibrate_from",
+    "calibrate_parts",
+    "copy_prepared",
+    "plan_of",
+    "prepare",
+    "quantizers_of",
+    "recompute_amax",
+]
 
 _log = logging.getLogger("qdq")
 _PLAN_ATTR = "qdq_plan"
@@ -215,21 +225,10 @@ def calibrate(
     quantizers = quantizers_of(prepared)
     acts = _activation_quantizers(prepared)
     _check_method(acts, method, percentile)
-    expected = expected_inputs(prepared)
     for q in acts.values():
         q.calibrator.reset()
-    seen = 0
     with _calibration_mode(prepared, quantizers, acts):
-        if callable(data) and not isinstance(data, Iterable):
-            data(prepared)
-            seen = max((q.calibrator.num_batches for q in acts.values()), default=0)
-        else:
-            total = num_batches if num_batches is not None else _len_or_none(data)
-            for batch in progress(data, total=total, desc="calibrating", enabled=show_progress):
-                run_batch(prepared, batch, seen, expected)
-                seen += 1
-                if num_batches is not None and seen >= num_batches:
-                    break
+        seen = _collect(prepared, acts, data, num_batches, show_progress)
     if sync:
         from qdq.calib.base import all_reduce, distributed_active
         from qdq.qat.distributed import sync_calibration
@@ -239,6 +238,126 @@ def calibrate(
             sync_calibration(prepared)
     if seen == 0:
         raise CalibrationError("calibration saw no batches: the data is empty")
+    return recompute_amax(prepared, method, percentile=percentile)
+
+
+def _collect(
+    prepared: nn.Module,
+    acts: dict[str, Quantizer],
+    data: Data,
+    num_batches: int | None,
+    show_progress: bool,
+    first: int = 0,
+    desc: str = "calibrating",
+) -> int:
+    """Run ``data``'s batches (numbered from ``first`` in error messages) through ``prepared`` in
+    calibration mode; return how many ran."""
+    if callable(data) and not isinstance(data, Iterable):
+        data(prepared)
+        return max((q.calibrator.num_batches for q in acts.values()), default=0)
+    expected = expected_inputs(prepared)
+    seen = 0
+    total = num_batches if num_batches is not None else _len_or_none(data)
+    for batch in progress(data, total=total, desc=desc, enabled=show_progress):
+        run_batch(prepared, batch, first + seen, expected)
+        seen += 1
+        if num_batches is not None and seen >= num_batches:
+            break
+    return seen
+
+
+def calibrate_parts(
+    prepared: nn.Module,
+    parts: Sequence[Iterable[Any]],
+    method: str | None = None,
+    *,
+    percentile: float | None = None,
+    show_progress: bool = True,
+) -> CalibrationParts:
+    """Calibrate ``prepared`` as :func:`calibrate` does on all of ``parts``' batches, keeping each
+    part's statistics apart (:mod:`qdq.calib.parts`): :func:`calibrate_from` then calibrates a
+    copy on any union of the parts without running a batch again, with the amax a calibration
+    on those batches alone gives, bit for bit.
+
+    Args:
+        prepared: a model from :func:`prepare`; calibrated on every part on return.
+        parts: lists of batches (as :func:`calibrate` takes them; each part may be empty).
+        method / percentile: as :func:`calibrate`.
+        show_progress: one progress bar over every part's batches.
+
+    Raises:
+        ValueError / TypeError / CalibrationError: as :func:`calibrate`; no batch in any part.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
+        >>> m = prepare(net, (torch.randn(1, 3, 8, 8),))
+        >>> data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+        >>> parts = calibrate_parts(m, [data[:1], data[1:]], show_progress=False)
+        >>> one = calibrate_from(copy_prepared(m), parts, keep=[1])
+        >>> two = calibrate(copy_prepared(m), data[1:], show_progress=False)
+        >>> bool(one[0].input_quantizer.amax == two[0].input_quantizer.amax)
+        True
+    """
+    plan_of(prepared)
+    quantizers = quantizers_of(prepared)
+    acts = _activation_quantizers(prepared)
+    _check_method(acts, method, percentile)
+    stats: list[dict[str, Calibrator]] = []
+    counts: list[int] = []
+    chained = [list(part) for part in parts]
+    bar = iter(progress(range(sum(map(len, chained))), total=sum(map(len, chained)),
+                        desc="calibrating", enabled=show_progress))  # fmt: skip
+    with _calibration_mode(prepared, quantizers, acts):
+        for part in chained:
+            for q in acts.values():
+                q.calibrator.reset()
+            counts.append(_collect(prepared, acts, _ticking(part, bar), None, False, sum(counts)))
+            stats.append({path: copy.deepcopy(q.calibrator) for path, q in acts.items()})
+    if not sum(counts):
+        raise CalibrationError("calibration saw no batches: the data is empty")
+    collected = CalibrationParts(tuple(stats), tuple(counts))
+    calibrate_from(prepared, collected, None, method, percentile=percentile)
+    return collected
+
+
+def _ticking(items: list[Any], bar: Iterator[Any]) -> Iterator[Any]:
+    for item in items:
+        next(bar, None)
+        yield item
+
+
+def calibrate_from(
+    prepared: nn.Module,
+    collected: CalibrationParts,
+    keep: Iterable[int] | None = None,
+    method: str | None = None,
+    *,
+    percentile: float | None = None,
+) -> nn.Module:
+    """Calibrate ``prepared`` (in place) on the union of the parts ``keep`` (default: all) of a
+    :func:`calibrate_parts` collection, without running data: its calibrators get the merged
+    statistics and amax is computed as :func:`calibrate` computes it. ``prepared`` must have the
+    plan (the quantizer paths) of the model the parts were collected on (a
+    :func:`copy_prepared` copy of it).
+
+    Raises:
+        ValueError: ``keep`` names no part or a missing one, the quantizers differ, no batch ran
+            in the kept parts, or ``method``/``percentile`` as :func:`calibrate`.
+    """
+    acts = _activation_quantizers(prepared)
+    _check_method(acts, method, percentile)
+    chosen = sorted(set(range(len(collected.parts)) if keep is None else keep))
+    merged = collected.merged(chosen)
+    if merged.keys() != acts.keys():
+        raise ValueError(
+            "these calibration parts were collected on a model with other quantizers "
+            f"({sorted(merged.keys() ^ acts.keys())[:5]} differ); calibrate_from needs a copy "
+            "of the model calibrate_parts ran on"
+        )
+    if not sum(collected.batches[i] for i in chosen):
+        raise CalibrationError(f"the calibration parts {chosen} ran no batch")
+    for path, q in acts.items():
+        q.calibrator = merged[path]
     return recompute_amax(prepared, method, percentile=percentile)
 
 

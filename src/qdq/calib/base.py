@@ -70,6 +70,22 @@ class Calibrator(abc.ABC):
     def _sync(self, group: object) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot be synchronised across ranks")
 
+    def absorb(self, other: Calibrator) -> None:
+        """Add ``other``'s statistics to these, exactly as if its batches had been collected
+        here too (the union of two sets of batches; :func:`qdq.calib.parts.calibrate_parts`).
+
+        Raises:
+            TypeError: ``other`` is another kind of calibrator, or has other settings.
+            CalibrationError: the two collected tensors of different channel counts.
+        """
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
+        self._absorb(other)
+        self._num_batches += other._num_batches
+
+    def _absorb(self, other: Calibrator) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot merge statistics")
+
     @abc.abstractmethod
     def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
         """Return ``amax`` (float32, on the device of the collected data) by ``method``."""

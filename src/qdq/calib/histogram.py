@@ -272,17 +272,46 @@ class HistogramCalibrator(Calibrator):
         """Double the range until it reaches ``2**exp``, merging bins exactly."""
         if exp <= self._exp or self._counts is None:
             return
-        shift = exp - self._exp
+        self._counts = self._regrid(self._counts, exp - self._exp)
         self._exp = exp
+
+    def _regrid(self, counts: torch.Tensor, shift: int) -> torch.Tensor:
+        """``counts`` on a grid ``2**shift`` times as wide (every ``2**shift`` bins merged into
+        one, exactly), in place."""
+        if shift <= 0:
+            return counts
         if shift >= self._log2_grid:
-            total = self._counts.sum()
-            self._counts.zero_()
-            self._counts[0] = total
-            return
-        group = 1 << shift
-        merged = self._counts.view(-1, group).sum(dim=1)
-        self._counts.zero_()
-        self._counts[: merged.numel()] = merged
+            total = counts.sum()
+            counts.zero_()
+            counts[0] = total
+            return counts
+        merged = counts.view(-1, 1 << shift).sum(dim=1)
+        counts.zero_()
+        counts[: merged.numel()] = merged
+        return counts
+
+    def _absorb(self, other: Calibrator) -> None:
+        assert isinstance(other, HistogramCalibrator)
+        if (other.num_bins, other.num_bits, other.unsigned) != (
+            self.num_bins,
+            self.num_bits,
+            self.unsigned,
+        ):
+            raise TypeError(
+                f"cannot merge a histogram of {other.num_bins} bins / {other.num_bits} bits into "
+                f"one of {self.num_bins} bins / {self.num_bits} bits"
+            )
+        self._merge_pending()
+        other._merge_pending()
+        if other._counts is not None:
+            theirs = other._regrid(other._counts.clone(), self._exp - other._exp)
+            if self._counts is None:
+                self._counts, self._exp = theirs, max(self._exp, other._exp)
+            else:
+                self._grow(other._exp)
+                self._counts += theirs.to(self._counts.device)
+        self._max = max(self._max, other._max)
+        self._numel += other._numel
 
     def _reset(self) -> None:
         self._pending = []

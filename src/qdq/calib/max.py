@@ -95,6 +95,26 @@ class MaxCalibrator(Calibrator):
             shape = torch.Size([]) if self.axis is None else torch.Size([largest])
         self._amax = reduced.reshape(shape)
 
+    def _absorb(self, other: Calibrator) -> None:
+        assert isinstance(other, MaxCalibrator)
+        if other.axis != self.axis:
+            raise TypeError(
+                f"cannot merge a max along axis {other.axis} into one along {self.axis}"
+            )
+        self._check_finite()
+        other._check_finite()
+        if other._amax is None:
+            return
+        if self._amax is None:
+            self._amax = other._amax.clone()
+        elif self._amax.shape != other._amax.shape:
+            raise CalibrationError(
+                f"cannot merge a max over {other._amax.numel()} channels into one over "
+                f"{self._amax.numel()}"
+            )
+        else:
+            self._amax = torch.maximum(self._amax, other._amax.to(self._amax.device))
+
     def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:
         """Return the running abs-max (``method`` must be ``"max"``)."""
         self._check_method(method, percentile)
