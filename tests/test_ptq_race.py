@@ -129,33 +129,33 @@ CLOSE = {"none": 1.01e-4, "bias": 1.0e-4, "kernel-sum": 1.02e-4}
 def _tagged_race(
     costs: dict[str, float], limit: float, errors: dict[str, float] = CLOSE
 ) -> tuple[dict[str, Runs], int]:
-    """:func:`race` over three candidates whose first-fold runs took ``costs`` seconds."""
-    from torch import nn
-
+    """:func:`race` over three candidates whose steps were measured at ``costs`` seconds per
+    fold (none has no step), within a search budget of ``limit`` seconds."""
+    from qdq.ptq.costs import Costs
     from qdq.ptq.race import race
-    from qdq.ptq.search import Recipe
+    from qdq.ptq.schedule import Schedule
+    from qdq.ptq.search import recipe
 
-    def build(r: Recipe, fold: int) -> tuple[nn.Module, tuple]:
-        m = nn.Identity()
-        m.tag = r.name
-        return m, ()
+    def scores(name: str, fold: int) -> torch.Tensor:  # independent noise per recipe and fold,
+        seed = 10 * fold + list(errors).index(name)  # far above their gaps
+        return _cos(errors[name], n=16, jitter=1e-4, seed=seed)
 
-    def scorer(fold: int):  # independent noise per recipe and fold, far above their gaps
-        return lambda m: _cos(
-            errors[m.tag], n=16, jitter=1e-4, seed=10 * fold + list(errors).index(m.tag)
-        )
+    measured = {"bias_correction": (costs["bias"], 8), "kernel_sum": (costs["kernel-sum"], 8)}
+    schedule = Schedule(limit, Costs(forward=0.0, calibration=0.0, params=0, layers=0,
+                                     flops=1e9, measured=measured), fit=[8] * 3, held=[16] * 3)  # fmt: skip
+    recipes = [recipe(name) for name in errors]
+    runs_of = {name: _runs(scores(name, 0)) for name in errors}
 
-    recipes = [Recipe(name, ()) for name in errors]
-    runs_of = {}
-    for name in errors:
-        runs_of[name] = _runs(_cos(errors[name], n=16, jitter=1e-4, seed=list(errors).index(name)))
-        runs_of[name].seconds = costs[name]
-    used = race(recipes, runs_of, 3, build, [scorer(k) for k in range(3)], Margin(), limit, False)
+    def run(r, fold: int, admitted) -> bool:
+        runs_of[r.name].scores.append(scores(r.name, fold))
+        return True
+
+    used, _ = race(recipes, runs_of, 3, run, Margin(), schedule, False)
     return runs_of, used
 
 
-def test_a_contender_too_costly_for_a_folds_budget_leaves_the_race() -> None:
-    """Measured on the first fold, kernel-sum would take 100 s of a 10 s fold budget: it leaves
+def test_a_contender_too_costly_for_the_budget_leaves_the_race() -> None:
+    """Measured on the first fold, kernel-sum would take 100 s of a 10 s budget: it leaves
     the race instead of starting, and the others race on. The best so far leaves too when it is
     that costly and not measurably better than the rest; when it is, the race ends at once."""
     runs_of, used = _tagged_race({"none": 0.0, "bias": 0.0, "kernel-sum": 100.0}, limit=10.0)

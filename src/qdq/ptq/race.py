@@ -27,19 +27,20 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from qdq._deadline import DeadlinePassed
 from qdq._progress import progress
 
 if TYPE_CHECKING:
+    from qdq.ptq.schedule import Admission, Schedule
     from qdq.ptq.search import Recipe, Trial
     from qdq.ptq.step import StepReport
 
-__all__ = ["RACE", "Margin", "Runs", "choose", "describe", "race", "run_one"]
+__all__ = ["RACE", "Margin", "Runs", "choose", "contenders", "describe", "race", "run_one"]
 
 #: a candidate leaves the race over further folds once the best is measurably better than it at
 #: this many standard errors (the final choice uses :class:`Margin`'s ``significance``)
@@ -85,6 +86,17 @@ class Margin:
         gap = (top.value() or 0.0) - (other.value() or 0.0)
         return gap > self.tie, f"{gap:.2e} (one number each; tie {self.tie:g})"
 
+    def out_of_reach(self, other: Runs, simplest: Runs, z: float) -> bool:
+        """Whether ``other`` cannot plausibly become measurably better than ``simplest``: even
+        its mean per-sample gain plus ``z`` standard errors stays below the effect floor (the
+        share ``effect`` of ``simplest``'s error). Only for per-sample scores with a ceiling."""
+        mine, base = other.per_sample(), simplest.per_sample()
+        if self.ceiling is None or mine is None or base is None or mine.shape != base.shape:
+            return False
+        gain = mine - base
+        upper = float(gain.mean()) + z * float(gain.std() / math.sqrt(gain.numel()))
+        return upper <= self.effect * (self.ceiling - float(base.mean()))
+
 
 class Runs:
     """One candidate's runs: its score on each fold it completed, its seconds and status."""
@@ -92,9 +104,10 @@ class Runs:
     def __init__(self) -> None:
         self.scores: list[torch.Tensor | float] = []
         self.seconds = 0.0
-        self.status = ""  # "" while it runs well, else "skipped (budget)" or "failed: ..."
+        self.status = ""  # "" while it runs well, else "skipped (budget ...)" or "failed: ..."
         self.left = ""  # why it stopped before the last fold: "left the race" or "budget"
         self.steps: tuple[str, ...] = ()
+        self.stopped = False  # its last run was stopped by the deadline (qdq._deadline)
 
     @property
     def folds(self) -> int:
@@ -121,13 +134,13 @@ class Runs:
         value = self.value()
         return not self.status and value is not None and math.isfinite(value)
 
-    def trial(self, name: str, used: int) -> Trial:
+    def trial(self, name: str, used: int, iters: int | None = None) -> Trial:
         from qdq.ptq.search import Trial
 
         status = self.status or "scored"
         if status == "scored" and self.folds < used:
             status = f"scored on {self.folds} of {used} folds ({self.left or 'left the race'})"
-        return Trial(name, self.value(), self.seconds, status, self.steps, self.folds)
+        return Trial(name, self.value(), self.seconds, status, self.steps, self.folds, iters)
 
 
 def run_one(
@@ -136,6 +149,7 @@ def run_one(
     """Build one candidate on one fold and score it; record the score (a failure is its status,
     not the end of the search). Returns the mean score, the model and its step reports."""
     start = time.perf_counter()
+    runs.stopped = False
     try:
         prepared, done = make()
         got = scorer(prepared)
@@ -146,6 +160,9 @@ def run_one(
             value = float(got)
         runs.scores.append(value)
         runs.steps = runs.steps or tuple(d.summary() for d in done)
+    except DeadlinePassed:  # the caller says what it means (qdq._deadline)
+        runs.stopped = True
+        return None
     except Exception as err:  # a failing candidate is a row, not the end of the search
         runs.status = f"failed: {type(err).__name__}: {err}"[:300]
         return None
@@ -159,39 +176,47 @@ def race(
     recipes: Sequence[Recipe],
     runs_of: dict[str, Runs],
     folds: int,
-    build: Callable[[Recipe, int], tuple[nn.Module, tuple[StepReport, ...]]],
-    scorers: Sequence[Scorer],
+    run: Callable[[Recipe, int, Admission], bool],
     margin: Margin,
-    limit: float,
+    schedule: Schedule,
     show_progress: bool,
-) -> int:
-    """Run the candidates still in contention on folds 1 … ``folds`` − 1 in turn, each fold with
-    ``limit`` seconds (as the first pass had; the candidate running when it is spent finishes);
-    return how many folds the choice is made on (those every remaining candidate completed).
+) -> tuple[int, str]:
+    """Run the candidates still in contention on folds 1 … ``folds`` − 1 in turn, within the
+    search's budget (``schedule``); return how many folds the choice is made on (those every
+    remaining candidate completed) and, when the race ended early, why.
 
-    A contender whose measured cost per fold would overrun what is left of the fold's budget
-    leaves the race (``budget``) instead of starting (an AdaRound that took 109 s of a 30 s
-    budget on the first fold is not run three times more). When the best so far costs more than
-    a whole fold's budget, the race ends there if it is measurably better than every other
-    contender; else it leaves the race and the others race on."""
+    ``run(recipe, fold, admission)`` runs one candidate on one fold and returns ``False`` when
+    the deadline stopped it. A contender whose estimate (its measured cost, AdaRound with the
+    iterations it ran on the first fold) does not fit in what is left leaves the race
+    (``budget``) instead of starting. When the best so far does not fit, the race ends there if
+    it is measurably better than every other contender; else it leaves and the others race on.
+    The race also ends when it is **decided**: no contender can plausibly become measurably
+    better than the simplest one (:meth:`Margin.out_of_reach`), so more folds would keep the
+    simplest whatever they show."""
     used = 1
     for fold in range(1, folds):
-        spent = 0.0
         alive = [r for r in recipes if runs_of[r.name].folds == fold and runs_of[r.name].scored()]
-        alive = _contenders(alive, runs_of, margin)
+        alive = contenders(alive, runs_of, margin)
         if len(alive) < 2:
             break
         for r in recipes:
             if runs_of[r.name].folds == fold and r not in alive and not runs_of[r.name].left:
                 runs_of[r.name].left = "left the race"
+        simplest = min(alive, key=lambda r: (len(r.steps), list(recipes).index(r)))
+        if all(margin.out_of_reach(runs_of[r.name], runs_of[simplest.name], RACE)
+               for r in alive if r is not simplest):  # fmt: skip
+            return used, (
+                f"the race ended after {used} fold(s): no contender can become measurably "
+                f"better than the simplest, {simplest.name}"
+            )
         top = _best(alive, runs_of)
-        while _cost(runs_of[top.name]) > limit and len(alive) > 1:
-            # the best so far cannot run once more within a fold's budget: when it is measurably
+        while not _fits(schedule, top, fold, alive) and len(alive) > 1:
+            # the best so far cannot run once more within the budget: when it is measurably
             # better than every other contender the choice needs no race; else it leaves the
             # race and the others race on (its one fold cannot be weighed against their folds)
             rest = [r for r in alive if r is not top]
             if all(margin.better(runs_of[top.name], runs_of[r.name])[0] for r in rest):
-                return used
+                return used, ""
             runs_of[top.name].left = "budget"
             alive = rest
             top = _best(alive, runs_of)
@@ -200,16 +225,15 @@ def race(
         cut = False
         for r in progress(alive, total=len(alive), desc=f"recipe search, fold {fold + 1}",
                           enabled=show_progress):  # fmt: skip
-            if spent > limit:
+            admitted = schedule.admit(r, fold, held_back=alive, shorten=False)
+            if cut or not admitted.run:
+                if r is top or cut:
+                    cut = True
+                else:
+                    runs_of[r.name].left = "budget"  # its run would overrun what is left
+                continue
+            if not run(r, fold, admitted):
                 cut = True
-                continue
-            if r is not top and spent + _cost(runs_of[r.name]) > limit:
-                # its measured cost would overrun this fold's budget: it leaves the race
-                runs_of[r.name].left = "budget"
-                continue
-            before = runs_of[r.name].seconds
-            run_one(runs_of[r.name], partial(build, r, fold), scorers[fold])
-            spent += runs_of[r.name].seconds - before
         alive = [r for r in alive if runs_of[r.name].folds > fold or runs_of[r.name].status]
         finished = [r for r in alive if runs_of[r.name].scored()]
         if cut or len(finished) < 2:
@@ -223,12 +247,11 @@ def race(
                 )
             break
         used = fold + 1
-    return used
+    return used, ""
 
 
-def _cost(runs: Runs) -> float:
-    """A candidate's measured seconds per fold run."""
-    return runs.seconds / max(runs.folds, 1)
+def _fits(schedule: Schedule, r: Recipe, fold: int, alive: list[Recipe]) -> bool:
+    return schedule.admit(r, fold, held_back=alive, shorten=False).run
 
 
 def _best(alive: list[Recipe], runs_of: dict[str, Runs]) -> Recipe:
@@ -236,7 +259,7 @@ def _best(alive: list[Recipe], runs_of: dict[str, Runs]) -> Recipe:
     return max(alive, key=lambda r: runs_of[r.name].value() or 0.0)
 
 
-def _contenders(alive: list[Recipe], runs_of: dict[str, Runs], margin: Margin) -> list[Recipe]:
+def contenders(alive: list[Recipe], runs_of: dict[str, Runs], margin: Margin) -> list[Recipe]:
     """The candidates the best so far is not measurably better than at :data:`RACE` standard
     errors (with the margin's effect size), the best included."""
     if not alive:

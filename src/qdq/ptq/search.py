@@ -48,10 +48,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from qdq._deadline import deadline
 from qdq._modes import eval_no_grad
 from qdq._progress import progress
-from qdq.calib.batches import expected_inputs, run_batch
-from qdq.ptq.race import Margin, Runs, choose, describe, race, run_one
+from qdq.api import quantizers_of as qdq_quantizers
+from qdq.calib.batches import batch_samples, expected_inputs, run_batch
+from qdq.debug.stats import sample_cosines
+from qdq.ptq.costs import Costs, matmul_flops
+from qdq.ptq.race import Margin, Runs, choose, contenders, describe, race, run_one
+from qdq.ptq.schedule import Admission, Schedule
 from qdq.ptq.step import STEPS, StepReport, step_runs
 
 __all__ = [
@@ -94,9 +99,9 @@ CANDIDATES: tuple[str, ...] = (
 
 
 def default_budget(calibration_seconds: float) -> float:
-    """The search's default time budget: 10 × one prepare + calibrate, at least 30 s (the
-    data-free and the cheap candidates of a small model run within it; on EfficientNet-Lite0
-    the third candidate, kernel-sum + bias, starts within it)."""
+    """:func:`search`'s default time budget when it is called alone (``qdq quantize`` gives it
+    what its own time budget leaves, :mod:`qdq.pipeline.budget`): 10 × one prepare + calibrate,
+    at least 30 s, for the whole search."""
     return max(30.0, 10.0 * calibration_seconds)
 
 
@@ -175,9 +180,11 @@ class Trial:
         score: its held-out score (higher is better); ``None`` when it did not run.
         seconds: the time its steps and its scoring took (the shared calibrations not counted).
         status: ``"scored"``, ``"scored on k of n folds (left the race)"`` (or ``(budget)``),
-            ``"skipped (budget)"`` or ``"failed: <error>"``.
+            ``"skipped (budget: needs ~X s, Y s left)"``, ``"stopped (budget: ...)"`` (it ran past
+            the budget's end and its estimate) or ``"failed: <error>"``.
         steps: each step's one-line summary.
         folds: the folds it was scored on (:func:`search`'s ``folds``; 1: the first split only).
+        iters: AdaRound's iterations, when the budget shortened them (else ``None``).
     """
 
     recipe: str
@@ -186,6 +193,7 @@ class Trial:
     status: str
     steps: tuple[str, ...] = ()
     folds: int = 1
+    iters: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable (a non-finite score is ``null``)."""
@@ -205,9 +213,16 @@ class SearchResult(StepReport):
         kept: the recipe kept.
         reason: why it was kept.
         score_name: what the score is (``"output cosine"`` or the caller's name).
-        budget: the time budget in seconds; ``calibration_seconds``: one prepare + calibrate.
+        budget: the time budget in seconds (the whole search: every fold);
+            ``calibration_seconds``: one prepare + calibrate.
         held_out: held-out batches the choice was made on (over ``folds`` folds).
         folds: the folds the choice was made on (1: the first split only).
+        spent: the seconds the search took.
+        order: the candidates in the order they ran (the first, then cheapest first).
+        iters: the AdaRound iterations of the kept recipe (``None``: no AdaRound); the budget
+            may have shortened them, and a refit runs as many.
+        refit_estimate: the estimated seconds to run the kept recipe's steps on every
+            calibration sample (0 without ``refit``).
         model: the kept prepared model (calibrated, its steps applied); not in the JSON.
         float_model: the float model the kept model was prepared from (the equalized copy when
             the kept recipe equalizes, else the model searched); not in the JSON.
@@ -228,6 +243,10 @@ class SearchResult(StepReport):
     reports: tuple[StepReport, ...] = field(default=(), repr=False, compare=False)
     folds: int = 1
     margin: dict[str, Any] = field(default_factory=dict)
+    spent: float = 0.0
+    order: tuple[str, ...] = ()
+    iters: int | None = None
+    refit_estimate: float = 0.0
 
     key: ClassVar[str] = "recipe_search"
     columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
@@ -257,6 +276,9 @@ class SearchResult(StepReport):
             "reason": self.reason,
             "score": self.score_name,
             "budget_seconds": self.budget,
+            "seconds": round(self.spent, 3),
+            "order": list(self.order),
+            "adaround_iters": self.iters,
             "calibration_seconds": self.calibration_seconds,
             "held_out_batches": self.held_out,
             "folds": self.folds,
@@ -278,11 +300,16 @@ class Fold:
             ``held``, nor evaluation samples.
         score: ``score(prepared)`` on ``held``, as :func:`search`'s ``score`` (required when that
             is given; default: the output cosine with FP32 on ``held``).
+        calibrated: ``calibrated()`` returns the model prepared and calibrated on ``calib`` (with
+            the search's method), made without running data — e.g. by :func:`qdq.calibrate_from`
+            from statistics collected once per part (:mod:`qdq.calib.parts`); ``None``: the
+            search prepares and calibrates it.
     """
 
     calib: Sequence[Any]
     held: Sequence[Any]
     score: Callable[[nn.Module], float | torch.Tensor] | None = None
+    calibrated: Callable[[], nn.Module] | None = None
 
 
 def search(
@@ -307,6 +334,7 @@ def search(
     calibration_seconds: float | None = None,
     folds: Sequence[Fold] = (),
     show_progress: bool = False,
+    refit: float = 0.0,
 ) -> SearchResult:
     """Try PTQ recipes and keep the best on held-out data (module docstring).
 
@@ -322,9 +350,12 @@ def search(
         method / percentile: the calibration method (:func:`qdq.calibrate`).
         config: the :class:`qdq.QuantConfig` for :func:`qdq.prepare`.
         candidates: recipe names (:func:`recipe`), tried in this order.
-        budget: seconds for the candidates (default: :func:`default_budget` of one prepare +
-            calibrate). The first candidate always runs; the rest are skipped once the budget is
-            spent. Each fold of the race over ``folds`` has the same budget once more.
+        budget: seconds for the whole search, the race over ``folds`` included (default:
+            :func:`default_budget` of one prepare + calibrate), counted from the call. The first
+            candidate always runs; the others run cheapest first, each only when its estimate
+            fits in what is left (:mod:`qdq.ptq.schedule`), AdaRound with fewer iterations when
+            that fits; a candidate that runs past the budget's end by more than its estimate is
+            stopped.
         tie: for a score of one number: a recipe with fewer steps within ``tie`` of the best is
             kept instead.
         significance: for per-sample scores: a recipe with fewer steps is kept instead of the
@@ -345,6 +376,9 @@ def search(
             turn, calibrated on its ``calib`` and scored on its ``held``; the choice is then made
             on all the held-out samples of the folds the remaining candidates completed, so that
             a few held-out samples do not decide alone.
+        refit: the caller will run the kept recipe again on ``refit`` times the samples of
+            ``calib_data`` (every calibration sample): its estimated cost is kept out of
+            ``budget`` (0: no refit).
 
     Raises:
         ValueError: no candidates, an unknown recipe, empty calibration or held-out data (of a
@@ -363,7 +397,7 @@ def search(
     recipes = [recipe(c) for c in candidates]
     if not recipes:
         raise ValueError("search needs at least one candidate recipe")
-    splits = [Fold(list(f.calib), list(f.held), f.score)
+    splits = [Fold(list(f.calib), list(f.held), f.score, f.calibrated)
               for f in (Fold(list(calib_data), list(held_out), score), *folds)]  # fmt: skip
     if any(not f.calib or not f.held for f in splits):
         raise ValueError("search needs calibration batches and held-out batches (neither empty)")
@@ -371,89 +405,158 @@ def search(
         raise ValueError(
             "with a score given, every fold needs its own score (on its held-out data)"
         )
-    if (budget is not None and budget < 0) or min(tie, significance, effect) < 0:
+    if (budget is not None and budget < 0) or min(tie, significance, effect, refit) < 0:
         raise ValueError(
-            f"budget, tie, significance and effect must be >= 0, got budget={budget!r}, "
-            f"tie={tie!r}, significance={significance!r}, effect={effect!r}"
+            f"budget, tie, significance, effect and refit must be >= 0, got budget={budget!r}, "
+            f"tie={tie!r}, significance={significance!r}, effect={effect!r}, refit={refit!r}"
         )
     margin = Margin(significance, tie, effect, 1.0 if score is None else None)
     if score is None:
         score_name = "output cosine"
     scorers = [f.score or _output_cosine(model, list(f.held)) for f in splits]
+    fit = [sum(batch_samples(b) for b in f.calib) for f in splits]
+    held = [sum(batch_samples(b) for b in f.held) for f in splits]
     # per fold and base (equalized or not): its float model, its calibrated prepared model and
     # the equalization report; calibrated once each, copied for every candidate
     bases: dict[tuple[int, bool], tuple[nn.Module, nn.Module, StepReport | None]] = {}
     if calibrated is not None:
         bases[0, False] = (model, calibrated, None)
     seconds: list[float] = [] if calibration_seconds is None else [float(calibration_seconds)]
+    clock = time.perf_counter()  # the budget counts from here
 
     def base(fold: int, equalized: bool) -> tuple[nn.Module, nn.Module, StepReport | None]:
         if (fold, equalized) not in bases:
             start = time.perf_counter()
             data = list(splits[fold].calib)
+            make = splits[fold].calibrated
             float_model, report = model, None
-            if equalized:
-                from qdq.ptq.equalize import equalize
+            if make is not None and not equalized:  # from statistics already collected
+                prepared = make()
+            else:
+                if equalized:
+                    from qdq.ptq.equalize import equalize
 
-                report = equalize(model, example_inputs, data)
-                float_model = report.model
-            prepared = qdq.prepare(float_model, example_inputs, config)
-            qdq.calibrate(prepared, data, method=method, percentile=percentile,
-                          show_progress=False)  # fmt: skip
+                    report = equalize(model, example_inputs, data)
+                    float_model = report.model
+                prepared = qdq.prepare(float_model, example_inputs, config)
+                qdq.calibrate(prepared, data, method=method, percentile=percentile,
+                              show_progress=False)  # fmt: skip
             bases[fold, equalized] = (float_model, prepared, report)
+            if equalized and schedule is not None:
+                schedule.costs.record("equalize", time.perf_counter() - start, fit[fold])
             if (fold, equalized) == (0, False):
                 seconds.append(time.perf_counter() - start)
+        if schedule is not None:
+            schedule.built.add((fold, equalized))
         return bases[fold, equalized]
 
-    runs = [step_runs(list(f.calib), adaround_samples=adaround_samples,
-                      adaround_iters=adaround_iters) for f in splits]  # fmt: skip
+    schedule: Schedule | None = None
+    base(0, False)
+    params, layers = _size(bases[0, False][1])
+    costs = Costs(forward=seconds[0] / max(fit[0], 1), calibration=seconds[0], params=params,
+                  layers=layers, flops=matmul_flops())  # fmt: skip
+    schedule = Schedule(budget if budget is not None else default_budget(seconds[0]), costs,
+                        fit, held, refit, adaround_iters, adaround_samples, start=clock)  # fmt: skip
+    schedule.built.add((0, False))
 
-    def build(r: Recipe, fold: int = 0) -> tuple[nn.Module, tuple[StepReport, ...]]:
+    def build(r: Recipe, fold: int = 0, iters: int | None = None
+              ) -> tuple[nn.Module, tuple[StepReport, ...]]:  # fmt: skip
         """A copy of the recipe's calibrated base with its steps applied, and their reports."""
         _, calibrated_base, eq = base(fold, r.equalize)
         prepared = qdq.copy_prepared(calibrated_base)
-        done = tuple(runs[fold][s](prepared) for s in r.steps if s != "equalize")
-        return prepared, done if eq is None else (eq, *done)
+        n = iters or adaround_iters
+        steps = step_runs(list(splits[fold].calib), adaround_samples=adaround_samples,
+                          adaround_iters=n)  # fmt: skip
+        done = []
+        for key in r.steps:
+            if key != "equalize":
+                start = time.perf_counter()
+                done.append(steps[key](prepared))
+                costs.record(key, time.perf_counter() - start, fit[fold], iters=n)
+        return prepared, tuple(done) if eq is None else (eq, *done)
 
-    base(0, False)
-    limit = budget if budget is not None else default_budget(seconds[0])
+    def timed(fold: int) -> Callable[[nn.Module], float | torch.Tensor]:
+        def score(prepared: nn.Module) -> float | torch.Tensor:
+            start = time.perf_counter()
+            got = scorers[fold](prepared)
+            costs.forward = (time.perf_counter() - start) / max(held[fold], 1)
+            costs.forward_measured = True
+            return got
+
+        return score
+
     runs_of = {r.name: Runs() for r in recipes}
-    # the best score on the first split, its recipe, model and step reports
-    best: tuple[float, str, nn.Module, tuple[StepReport, ...]] | None = None
-    spent = 0.0
-    for i, r in enumerate(progress(recipes, total=len(recipes), desc="recipe search",
-                                   enabled=show_progress)):  # fmt: skip
-        if i and spent > limit:
-            runs_of[r.name].status = "skipped (budget)"
+    kept_models: dict[str, tuple[nn.Module, tuple[StepReport, ...]]] = {}  # fold 0's, by recipe
+    order: list[str] = []
+
+    def run(r: Recipe, fold: int, admitted: Admission) -> bool:
+        """Run ``r`` on ``fold`` under the deadline; ``False`` when the deadline stopped it."""
+        if fold == 0:
+            order.append(r.name)
+        with deadline(schedule.deadline + admitted.estimate):
+            got = run_one(runs_of[r.name], partial(build, r, fold, admitted.iters), timed(fold))
+        if runs_of[r.name].stopped:
+            if fold == 0:
+                runs_of[r.name].status = (f"stopped (budget: ran past the budget's end and its "
+                                          f"estimate of {admitted.estimate:.1f} s)")  # fmt: skip
+            return False
+        if got is not None and fold == 0:
+            kept_models[r.name] = got[1], got[2]
+        return True
+
+    run(recipes[0], 0, schedule.admit(recipes[0], 0, first=True))
+    rest = sorted(recipes[1:], key=schedule.estimate)  # cheapest first, a forward now measured
+    for r in progress(rest, total=len(rest), enabled=show_progress,
+                      desc=f"recipe search (ends by {_clock(schedule.deadline)})"):  # fmt: skip
+        scored = [c for c in recipes if runs_of[c.name].scored()]
+        admitted = schedule.admit(r, 0, held_back=scored)
+        if not admitted.run:
+            runs_of[r.name].status = admitted.why
             continue
-        got = run_one(runs_of[r.name], partial(build, r, 0), scorers[0])
-        spent += runs_of[r.name].seconds
-        if got is not None:
-            value, prepared, done = got
-            if math.isfinite(value) and (best is None or value > best[0]):
-                best = (value, r.name, prepared, done)
-    used = race(recipes, runs_of, len(splits), build, scorers, margin, limit, show_progress)
-    trials = [runs_of[r.name].trial(r.name, used) for r in recipes]
+        run(r, 0, admitted)
+        alive = contenders([c for c in recipes if runs_of[c.name].scored()], runs_of, margin)
+        for name in [n for n in kept_models if n not in {c.name for c in alive}]:
+            del kept_models[name]  # out of contention: its copy of the model is not kept
+    used, race_note = race(recipes, runs_of, len(splits), run, margin, schedule, show_progress)
+    trials = [runs_of[r.name].trial(r.name, used, schedule.iters_of.get(r.name))
+              for r in recipes]  # fmt: skip
     kept, reason = choose(recipes, runs_of, used, margin)
-    # only the first split's best-scoring model was kept: another recipe is made again
-    kept_model, reports = (
-        (best[2], best[3]) if best is not None and best[1] == kept.name else build(kept)
+    # only the first split's models of candidates in contention were kept: else made again
+    kept_model, reports = kept_models.get(kept.name) or build(
+        kept, 0, schedule.iters_of.get(kept.name)
     )
     record_recipe(kept_model, kept.name, "search")
+    notes = tuple(n for n in (race_note,) if n)
     return SearchResult(
         rows=tuple(trials),
         kept=kept,
         reason=reason,
         score_name=score_name,
-        budget=float(limit),
+        budget=float(schedule.budget),
         calibration_seconds=seconds[0],
         held_out=sum(len(f.held) for f in splits[:used]),
         model=kept_model,
+        notes=notes,
         float_model=base(0, kept.equalize)[0],
         reports=reports,
         folds=used,
         margin=describe(margin),
+        spent=schedule.spent(),
+        order=tuple(order),
+        iters=schedule.iters_of.get(kept.name),
+        refit_estimate=schedule.refit_estimate(kept, schedule.iters_of.get(kept.name)),
     )
+
+
+def _size(prepared: nn.Module) -> tuple[int, int]:
+    """The parameters of a prepared model and its weight quantizers (for :class:`Costs`)."""
+    weights = [q for q in qdq_quantizers(prepared).values() if q.name.endswith(":weight")]
+    return sum(p.numel() for p in prepared.parameters()), len(weights)
+
+
+def _clock(at: float) -> str:
+    """The wall-clock time ``at`` (a ``time.perf_counter()`` value) falls on, as HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(time.time() + at - time.perf_counter()))
 
 
 def _floats(output: Any) -> list[torch.Tensor]:
@@ -466,7 +569,8 @@ def _floats(output: Any) -> list[torch.Tensor]:
 
 def _output_cosine(model: nn.Module, held: list[Any]) -> Callable[[nn.Module], torch.Tensor]:
     """``score(prepared)``: per held-out sample, the cosine similarity of each float output
-    tensor with the FP32 model's, averaged over the output tensors (the FP32 outputs computed
+    tensor with the FP32 model's (scale-invariant: :func:`qdq.debug.stats.sample_cosines`),
+    averaged over the output tensors (the FP32 outputs computed
     once); one number (the mean over samples, then outputs) when the outputs do not all have one
     row per sample. Every output counts alike, so that a detector's box head weighs as much as
     its class scores."""
@@ -489,7 +593,7 @@ def _output_cosine(model: nn.Module, held: list[Any]) -> Callable[[nn.Module], t
             if len(got) != len(ref):
                 raise ValueError(f"{len(got)} float outputs where the FP32 model has {len(ref)}")
             for sims, g, r in zip(per_output, got, ref, strict=True):
-                sims.append(torch.nn.functional.cosine_similarity(g, r, dim=1, eps=1e-12))
+                sims.append(sample_cosines(g, r))
         columns = [torch.cat(sims).double().cpu() for sims in per_output]
         if len({len(c) for c in columns}) == 1:  # batch-major outputs: one score per sample
             return torch.stack(columns).mean(0)
