@@ -86,11 +86,15 @@ def test_without_refit_the_searched_model_is_exported(tmp_path: Path) -> None:
     assert "from 16 samples" in refit["ptq"]["bias_correction"]["summary"]
 
 
-def test_the_budget_stops_the_search_after_the_first_candidate(tmp_path: Path) -> None:
+def test_a_search_budget_of_nothing_skips_the_search_and_says_why(tmp_path: Path) -> None:
     found = _run(tmp_path, SearchOptions(budget=0, candidates=("none", "bias", "kernel-sum")))
-    rows = found["ptq"]["recipe_search"]["rows"]
-    assert [t["status"] for t in rows] == ["scored", "skipped (budget)", "skipped (budget)"]
-    assert found["ptq"]["recipe_search"]["kept"] == "none"
+    search = found["ptq"]["recipe_search"]
+    assert search["rows"] == [] and search["kept"] == "none" == found["ptq"]["recipe"]
+    assert search["reason"].startswith("not run: --search-budget 0 s less than scoring one")
+    assert {"stage": "recipe_search", "what": "every candidate", "why": search["reason"]} in (
+        found["budget"]["skipped"]
+    )
+    assert "recipe_search" not in found["timings_s"] and "refit" not in found["timings_s"]
 
 
 def test_too_few_samples_skip_the_search_and_say_why(tmp_path: Path) -> None:

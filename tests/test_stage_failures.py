@@ -62,8 +62,8 @@ def _inject(monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
     import qdq.report.plots
 
     targets = {
-        "layer_errors": [(qdq.pipeline.run, "_layer_errors")],
-        "compare_methods": [(qdq.pipeline.run, "_compare_methods")],
+        "layer_errors": [(qdq.pipeline.run, "layer_errors")],
+        "compare_methods": [(qdq.pipeline.run, "compare_methods")],
         "lint": [(qdq.lint, "lint")],
         "drawing": [(qdq.lint.engine_pages, "predicted_svg")],
         "plots": [(qdq.report.plots, "histogram_svg"), (qdq.report.plots, "sqnr_profile_svg")],

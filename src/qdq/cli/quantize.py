@@ -96,15 +96,22 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "headline: class_vector, class_map, detections, embedding, image (PSNR) or tensor",
     )
     p.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="seconds for the whole job, from capture to the written report (default: 1.5x the "
+        "estimated cost of the stages every job runs, set after calibration; printed). The "
+        "recipe search, the refit, --compare-methods and the per-layer errors fit in it; "
+        "report.json's budget says what was left out",
+    )
+    p.add_argument(
         "--search-budget",
         type=float,
         metavar="SECONDS",
-        help="time for the recipe search, which by default (no --recipe and none of the four PTQ "
-        "switches below) holds out a quarter of the calibration samples (a seeded draw), scores "
-        "every candidate PTQ recipe on it, races the close ones over the other quarters, and keeps "
-        "the best (default budget: 10x the capture + calibration time, at least 30 s, for the "
-        "first quarter and again for each quarter of the race; the candidate running when it is "
-        "spent finishes)",
+        help="at most this much of the time budget for the recipe search, which by default (no "
+        "--recipe and none of the four PTQ switches below) holds out a quarter of the "
+        "calibration samples (a seeded draw), scores the candidate PTQ recipes on it, cheapest "
+        "first, races the close ones over the other quarters, and keeps the best",
     )
     p.add_argument(
         "--equalize",
@@ -317,6 +324,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             metric=args.metric,
             device=device,
             output_kind=args.output_kind,
+            time_budget=args.time_budget,
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written", file=sys.stderr)
@@ -419,7 +427,21 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
         )
     times = ", ".join(f"{k} {v:.1f}" for k, v in r["timings_s"].items())
     print(f"time: {r['total_s']:.1f} s ({times})")
+    _print_budget(r.get("budget"))
     print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")
+
+
+def _print_budget(b: dict[str, Any] | None) -> None:
+    """The time budget: spent of planned, and what it left out."""
+    if not b or b.get("seconds") is None:
+        return
+    how = "given" if b["given"] else "default"
+    state = "within it" if b["within"] else "OVER it"
+    print(
+        f"time budget: {b['seconds']:.0f} s ({how}), capture to report {b['spent']:.1f} s, {state}"
+    )
+    for skip in b["skipped"]:
+        print(f"  left out by the budget: {skip['stage']}: {skip['what']} ({skip['why']})")
 
 
 def _print_outputs(rows: list[dict[str, Any]]) -> None:

@@ -26,14 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
+from qdq._modes import eval_no_grad
+from qdq.calib.batches import batch_samples, expected_inputs, run_batch
+from qdq.calib.parts import CalibrationParts
+from qdq.pipeline.budget import Budget
 from qdq.pipeline.device import to_device
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
@@ -47,6 +54,7 @@ __all__ = [
     "SearchOptions",
     "calibrate_and_improve",
     "held_out_folds",
+    "held_out_parts",
     "held_out_split",
     "run_search",
     "skipped",
@@ -139,18 +147,31 @@ def held_out_folds(cal: Inputs, options: SearchOptions) -> list[tuple[Inputs, In
     ``k`` holds out the ``k``-th share of ``options.held_out`` of the samples in the order of a
     permutation seeded with :data:`HELD_OUT_SEED` (disjoint shares, at least one sample each)
     and fits on the rest; both keep the samples' order."""
+    parts = _part_indices(cal, options)
+    out = []
+    for k in range(len(parts) - 1):
+        rest = torch.cat([p for i, p in enumerate(parts) if i != k])
+        out.append((take(cal, rest.sort().values), take(cal, parts[k])))
+    return out
+
+
+def held_out_parts(cal: Inputs, options: SearchOptions) -> list[Inputs]:
+    """The calibration samples in the parts the folds are made of: each fold's held-out share
+    (:func:`held_out_folds`), then the samples no fold holds out (possibly none); fold ``k``
+    fits on every part but the ``k``-th."""
+    return [take(cal, p) for p in _part_indices(cal, options)]
+
+
+def _part_indices(cal: Inputs, options: SearchOptions) -> list[torch.Tensor]:
     n = num_samples(cal)
     held = min(n - 1, max(1, round(n * options.held_out)))
     # a seeded draw, not the last samples: calibration data is often ordered (by class, by
     # source file), and the last quarter of MTCNN's crops (faces first) held out non-faces only,
     # which ranked the recipes unlike the evaluation crops did
     order = torch.randperm(n, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
-    out = []
-    for k in range(min(options.folds, n // held)):
-        part = order[k * held : (k + 1) * held]
-        rest = torch.cat([order[: k * held], order[(k + 1) * held :]])
-        out.append((take(cal, rest.sort().values), take(cal, part.sort().values)))
-    return out
+    folds = min(options.folds, n // held)
+    parts = [order[k * held : (k + 1) * held].sort().values for k in range(folds)]
+    return [*parts, order[folds * held :].sort().values]
 
 
 def skipped(why: str) -> dict[str, Any]:
@@ -176,12 +197,18 @@ def run_search(
     options: SearchOptions,
     per_image: tuple[str, ...] | None,
     show_progress: bool,
-    folds: list[tuple[Inputs, Inputs]] | None = None,
+    folds: list[tuple[Inputs, Inputs, Callable[[], nn.Module] | None]] | None = None,
+    budget: float | None = None,
+    refit: float = 0.0,
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
-    still in contention, on each further ``(fit, held)`` of ``folds``; the result's ``model`` is
-    the kept one, with its recipe recorded (:func:`qdq.ptq.search.recipe_of`)."""
+    still in contention, on each further ``(fit, held, calibrated)`` of ``folds``
+    (``calibrated()``: the model calibrated on ``fit`` without running data, or ``None``), in
+    ``budget`` seconds (default: ``options.budget``, else :func:`qdq.ptq.search.default_budget`);
+    ``refit``: the share of the samples the kept recipe is refitted on (its cost is held back).
+    The result's ``model`` is the kept one, with its recipe recorded
+    (:func:`qdq.ptq.search.recipe_of`)."""
 
     def scorer(samples: Inputs) -> Callable[[nn.Module], float] | None:
         if per_image is None:
@@ -200,7 +227,9 @@ def run_search(
     def batched(x: Inputs) -> list[Any]:
         return _device_batches(x, inputs, size, static, device)
 
-    more = [Fold(batched(fit), batched(out), scorer(out)) for fit, out in folds or []]
+    more = [Fold(batched(fit), batched(out), scorer(out), make) for fit, out, make in folds or []]
+    if budget is None:
+        budget = options.budget if options.budget is not None else default_budget(seconds)
     return search(
         float_model,
         example,
@@ -211,13 +240,14 @@ def run_search(
         method=method,
         percentile=percentile,
         candidates=options.candidates,
-        budget=options.budget if options.budget is not None else default_budget(seconds),
+        budget=budget,
         adaround_samples=options.adaround_samples,
         adaround_iters=options.adaround_iters,
         calibrated=calibrated,
         calibration_seconds=seconds,
         folds=more,
         show_progress=show_progress,
+        refit=refit,
     )
 
 
@@ -260,14 +290,24 @@ def calibrate_and_improve(
     ptq: PtqOptions | SearchOptions | None,
     per_image: tuple[str, ...] | None,
     show_progress: bool,
+    budget: Budget | None = None,
 ) -> Calibrated:
     """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
     (a given recipe's steps) or ``recipe_search`` → ``refit`` (``ptq`` a :class:`SearchOptions`
     or ``None``).
 
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
-    they meet ``model.forward``; ``example``: one forward's positional inputs.
+    they meet ``model.forward``; ``example``: one forward's positional inputs; ``budget``: the
+    job's time budget, planned after calibration (:meth:`Budget.plan`), whose share the search
+    and the refit get.
+
+    With the search, calibration collects the statistics of each part of the calibration
+    samples the folds are made of apart (:func:`qdq.calibrate_parts`): the model the search
+    starts from (calibrated without the first fold's held-out share), every further fold's and
+    the refit's (every sample) come from them without running a batch again
+    (:func:`qdq.calibrate_from`).
     """
+    import qdq
 
     options = ptq if isinstance(ptq, PtqOptions) else None  # a recipe given: no search
     searching = ptq if isinstance(ptq, SearchOptions) else None if options else SearchOptions()
@@ -278,38 +318,97 @@ def calibrate_and_improve(
                             "give --recipe, e.g. the one a single-process run kept")  # fmt: skip
         else:
             cal, held, not_searched = held_out_split(cal, searching)
-    calib_batches = _device_batches(cal, inputs, size, static, device)
     options = options or PtqOptions()
+    parts = None
+    if held is not None and searching is not None and not options.equalize:
+        parts = [_device_batches(x, inputs, size, static, device)
+                 for x in held_out_parts(every, searching)]  # fmt: skip
+    calib_batches = _device_batches(cal, inputs, size, static, device)
     held_note = "" if held is None else f"; {num_samples(held)} more held out for the recipe search"
-    prepared, equalized = _calibrated(stages, model, example, calib_batches, options, calib=calib,
-                                      percentile=percentile, samples=num_samples(cal),
-                                      note=held_note, show_progress=show_progress)  # fmt: skip
+    prepared, equalized, collected = _calibrated(
+        stages, model, example, calib_batches, options, calib=calib, percentile=percentile,
+        samples=num_samples(cal), note=held_note, show_progress=show_progress, parts=parts,
+    )  # fmt: skip
+    calibration = stages.timings["calibrate"]
+    if budget is not None:  # the stages to come, estimated: the search gets what they leave
+        with stages("budget") as st:
+            batch = calib_batches[0]
+            budget.plan(capture=stages.timings["capture_plan"],
+                        fp32=_per_sample(model, batch, not static),
+                        int8=_per_sample(prepared, batch, not static))  # fmt: skip
+            st.detail = budget.describe()
     float_model = model if equalized is None else equalized.model  # what gets quantized
-    found = None
+    found, refit_share = None, num_samples(every) / max(num_samples(cal), 1)
+    if searching is not None and held is not None:
+        seconds = stages.timings["capture_plan"] + calibration * num_samples(cal) / max(
+            num_samples(every), 1
+        )  # one prepare + calibrate on a fold's samples
+        allowed = _search_seconds(budget, searching)
+        need = 2 * (budget.per_sample if budget else 0.0) * num_samples(held)  # score one
+        if allowed is not None and allowed <= need:
+            given = searching.budget is not None and allowed == searching.budget
+            source = (
+                f"--search-budget {allowed:g} s"
+                if given
+                else (f"the time budget leaves it {allowed:.1f} s,")
+            )
+            not_searched = (
+                f"not run: {source} less than scoring one recipe takes (~{need:.1f} s); give "
+                f"a larger {'--search-budget' if given else '--time-budget'}, or --recipe NAME"
+            )
+            if budget is not None:
+                budget.skip("recipe_search", "every candidate", not_searched)
+            held = None
     if searching is not None and held is not None:
         with stages("recipe_search") as st:
+            folds: list[tuple[Inputs, Inputs, Callable[[], nn.Module] | None]] = []
+            for k, (fit, out) in enumerate(held_out_folds(every, searching)[1:], start=1):
+                make: Callable[[], nn.Module] | None = None
+                if collected is not None:
+                    make = partial(_from_parts, prepared, collected, k, calib, percentile)
+                folds.append((fit, out, make))
             found = run_search(model, example, prepared, calib_batches, held, inputs=inputs,
                                size=size, static=static, device=device, method=calib,
-                               percentile=percentile,
-                               seconds=stages.timings["capture_plan"] + stages.timings["calibrate"],
-                               options=searching, per_image=per_image,
-                               show_progress=show_progress,
-                               folds=held_out_folds(every, searching)[1:])  # fmt: skip
+                               percentile=percentile, seconds=seconds, options=searching,
+                               per_image=per_image, show_progress=show_progress, folds=folds,
+                               budget=allowed, refit=refit_share if searching.refit else 0.0)  # fmt: skip
             assert found.model is not None and found.float_model is not None
-            prepared, float_model = found.model, found.float_model
-            options = PtqOptions.from_recipe(found.kept.name,
-                                             adaround_samples=searching.adaround_samples,
-                                             adaround_iters=searching.adaround_iters)  # fmt: skip
-            st.detail = f"{found.summary()} in {sum(t.seconds for t in found.rows):.1f} s"
+            prepared, float_model = (found.model, found.float_model) if collected is None else (
+                prepared, found.float_model)  # fmt: skip
+            options = PtqOptions.from_recipe(
+                found.kept.name,
+                adaround_samples=searching.adaround_samples,
+                adaround_iters=found.iters or searching.adaround_iters,
+            )
+            st.detail = f"{found.summary()} in {found.spent:.1f} s"
+            if budget is not None:
+                st.detail += f" (budget {found.budget:.0f} s)"
     refit = found is not None and searching is not None and searching.refit
+    if refit and budget is not None and found is not None:
+        room = budget.left() - budget.reserved()
+        if found.refit_estimate > room:
+            refit = False
+            budget.skip("refit", found.kept.name,
+                        f"its estimate ({found.refit_estimate:.1f} s) exceeds what the budget "
+                        f"leaves ({max(room, 0):.1f} s): the searched model is exported, "
+                        "calibrated without the held-out samples")  # fmt: skip
+    if found is not None and not refit:
+        assert found.model is not None
+        prepared = found.model
     if refit:  # the kept recipe again, on every calibration sample (none held out)
         with stages("refit") as st:
             calib_batches = _device_batches(every, inputs, size, static, device)
-            prepared, equalized = _calibrated(_unstaged, model, example, calib_batches, options,
-                                              calib=calib, percentile=percentile,
-                                              samples=num_samples(every), note="",
-                                              show_progress=False)  # fmt: skip
-            float_model = model if equalized is None else equalized.model
+            if collected is not None and not options.equalize:  # no batch runs again
+                prepared = qdq.calibrate_from(prepared, collected, None, calib,
+                                              percentile=percentile)  # fmt: skip
+                float_model = model
+            else:
+                prepared, equalized, _ = _calibrated(
+                    _unstaged, model, example, calib_batches, options, calib=calib,
+                    percentile=percentile, samples=num_samples(every), note="",
+                    show_progress=False,
+                )  # fmt: skip
+                float_model = model if equalized is None else equalized.model
             improve, reports = improver(options, calib_batches, show_progress)
             improve(prepared)
             st.detail = f"{options.recipe} on all {num_samples(every)} calibration samples"
@@ -340,6 +439,48 @@ def calibrate_and_improve(
     )
 
 
+def _per_sample(model: nn.Module, batch: Any, warm: bool) -> float:
+    """Seconds per sample of a forward of ``model`` on ``batch`` (eval mode, no autograd), after
+    a forward of its first two samples when ``warm`` (first calls pay one-time costs: kernel
+    checks, caches)."""
+    expected = expected_inputs(model)
+    with eval_no_grad(model):
+        if warm:
+            run_batch(model, tree_map(lambda t: t[:2] if _batched(t) else t, batch), 0, expected)
+        start = time.perf_counter()
+        run_batch(model, batch, 0, expected)
+        return (time.perf_counter() - start) / max(batch_samples(batch), 1)
+
+
+def _batched(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() > 0
+
+
+def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | None:
+    """The search's seconds: what the job's budget leaves it, and at most ``--search-budget``
+    (``None``: neither; the search's own default)."""
+    given = options.budget
+    if budget is None:
+        return given
+    allowed = budget.search_seconds()
+    return allowed if given is None else min(allowed, given)
+
+
+def _from_parts(
+    prepared: nn.Module,
+    collected: CalibrationParts,
+    fold: int,
+    calib: str,
+    percentile: float | None,
+) -> nn.Module:
+    """A copy of ``prepared`` calibrated on every part but the ``fold``-th."""
+    import qdq
+
+    keep = [i for i in range(len(collected.parts)) if i != fold]
+    return qdq.calibrate_from(qdq.copy_prepared(prepared), collected, keep, calib,
+                              percentile=percentile)  # fmt: skip
+
+
 def _device_batches(
     x: Inputs, inputs: ForwardInputs, size: int, static: bool, device: torch.device
 ) -> list[Any]:
@@ -366,10 +507,14 @@ def _calibrated(
     samples: int,
     note: str,
     show_progress: bool,
-) -> tuple[nn.Module, Any]:
-    """``(prepared, equalized)``: the stages ``equalize`` (when ``options`` has it; its report or
-    ``None``) → ``capture_plan`` → ``calibrate`` on ``calib_batches`` (``samples`` of them;
-    ``note`` ends the calibrate stage's detail)."""
+    parts: list[list[Any]] | None = None,
+) -> tuple[nn.Module, Any, CalibrationParts | None]:
+    """``(prepared, equalized, collected)``: the stages ``equalize`` (when ``options`` has it;
+    its report or ``None``) → ``capture_plan`` → ``calibrate`` on ``calib_batches`` (``samples``
+    of them; ``note`` ends the calibrate stage's detail). With ``parts`` (the batches of the
+    parts the search's folds are made of: the held-out shares, then the rest), calibration runs
+    every part's batches once, keeping their statistics apart (``collected``), and the model is
+    calibrated on every part but the first (``calib_batches``' samples)."""
     import qdq
 
     float_model, equalized = model, None
@@ -383,13 +528,25 @@ def _calibrated(
     with stage("capture_plan") as st:
         prepared = qdq.prepare(float_model, example)
         st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
+    collected = None
     with stage("calibrate") as st:
-        qdq.calibrate(
-            prepared,
-            calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
-            method=calib,
-            percentile=percentile,
-            show_progress=show_progress,
-        )
-        st.detail = f"{calib} on {samples} samples (one histogram pass){note}"
-    return prepared, equalized
+        if parts is not None:
+            collected = qdq.calibrate_parts(prepared, parts, calib, percentile=percentile,
+                                            show_progress=show_progress)  # fmt: skip
+            qdq.calibrate_from(prepared, collected, range(1, len(parts)), calib,
+                               percentile=percentile)  # fmt: skip
+            total = sum(map(len, parts))
+            st.detail = (
+                f"{calib} on {samples} samples (one histogram pass over all {total} batches, "
+                f"each fold's share kept apart){note}"
+            )
+        else:
+            qdq.calibrate(
+                prepared,
+                calib_batches[dist.rank() :: dist.world_size()],  # torchrun: a share per rank
+                method=calib,
+                percentile=percentile,
+                show_progress=show_progress,
+            )
+            st.detail = f"{calib} on {samples} samples (one histogram pass){note}"
+    return prepared, equalized, collected

@@ -84,6 +84,7 @@ STAGE_LABELS = {
     "equalize": "cross-layer equalization",
     "capture_plan": "capture + plan",
     "calibrate": "calibrate",
+    "budget": "time budget",
     "recipe_search": "recipe search",
     "refit": "refit, all samples",
     "export": "export",

@@ -25,12 +25,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.config import CALIBRATION_METHODS
 from qdq.lint.engine_report import EngineReport
 from qdq.pipeline import per_image
+from qdq.pipeline.budget import Budget, check_budget
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.device import module_on, resolve_device, to_device
-from qdq.pipeline.evaluate import check_labels, measure, output_metric, score, torch_outputs
+from qdq.pipeline.evaluate import check_labels, measure, output_metric
 from qdq.pipeline.exporting import export_model
+from qdq.pipeline.extras import (
+    LAYER_ERROR_SAMPLES,
+    compare_methods,
+    layer_error_count,
+    layer_errors,
+)
 from qdq.pipeline.fallback import fallback_search
 from qdq.pipeline.headline import kind_refused
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
@@ -74,8 +82,6 @@ REPORT_FILE = "report.json"
 HTML_FILE = "report.html"
 #: calibration images the export of a per-image model is checked on (:mod:`qdq.pipeline.per_image`)
 VERIFY_IMAGES = 1
-#: evaluation samples (and the largest batch) of the per-layer error stage
-LAYER_ERROR_SAMPLES, LAYER_ERROR_BATCH = 64, 16
 
 #: stages that cannot fail the job (what comes after the INT8 measurement): an error there is
 #: recorded in ``report.json`` ``stage_errors`` and the page, and everything is still written. The
@@ -140,6 +146,7 @@ def quantize(
     metric: str | MetricFn | None = None,
     device: str | torch.device | None = None,
     output_kind: str | None = None,
+    time_budget: float | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -199,6 +206,11 @@ def quantize(
         output_kind: the kind of the first output instead of the guess (``"image"``,
             ``"class_map"``, ...: :data:`qdq.pipeline.kinds.KINDS`); its figure is the headline.
             Not with labels, a metric or per-image detection lists (they decide the headline).
+        time_budget: seconds for the job from capture to the written report
+            (:mod:`qdq.pipeline.budget`); ``None``: the default, set after calibration from
+            the estimated cost of the stages every job runs. The recipe search, the refit,
+            ``compare_methods`` and the per-layer errors fit in it; ``report.json["budget"]``
+            says what was planned, spent and left out.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -217,8 +229,6 @@ def quantize(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    from qdq.config import CALIBRATION_METHODS
-
     if max_drop is not None and (
         isinstance(max_drop, bool)
         or not isinstance(max_drop, (int, float))
@@ -233,6 +243,7 @@ def quantize(
             f"('kernel-sum+bias', 'none') or a PtqOptions; got {type(ptq).__name__}"
         )
     user = load_metric(metric)  # a bad metric spec fails before anything runs
+    given_budget = check_budget(time_budget)
     if output_kind is not None:
         check_kind_name(output_kind)  # nor an unknown output kind
     if calib not in CALIBRATION_METHODS:
@@ -313,10 +324,14 @@ def quantize(
             if keys is not None:
                 st.detail = (f"{summary(sample)} → per-image detection lists ({', '.join(keys)}): "
                              "batch 1 for calibration, evaluation and export")  # fmt: skip
+        n_eval = num_samples(qdata.evaluation)
+        budget = Budget(given_budget, eval_samples=n_eval,
+                        layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
+                        methods=len(CALIBRATION_METHODS) if compare_methods else 0)  # fmt: skip
         done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
-                                     show_progress=show_progress)  # fmt: skip
+                                     show_progress=show_progress, budget=budget)  # fmt: skip
         prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
         fallback = None
         if max_drop is not None:
@@ -372,6 +387,7 @@ def quantize(
                 done.ptq,
                 qat_run,
                 take(cal, slice(0, VERIFY_IMAGES)) if keys is not None else None,
+                budget,
             )
         finally:
             dist.barrier()  # the other ranks wait for the files (nothing in one process)
@@ -411,8 +427,11 @@ def _export_and_measure(
     ptq: dict[str, Any] | None = None,
     qat: tuple[dict[str, Any], nn.Module] | None = None,
     checks: Inputs | None = None,
+    budget: Budget | None = None,
 ) -> QuantizeResult:
     from qdq.lint import lint
+
+    budget = budget or Budget()
 
     show, size = s.show_progress, s.batch_size
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
@@ -440,16 +459,20 @@ def _export_and_measure(
         ref, fp32, int8, int8_torch, outputs, top = (
             m.reference, m.fp32, m.int8, m.int8_torch, m.outputs, m.headline)  # fmt: skip
         errors = None
-        with stages.optional("layer_errors") as st:
-            errors = _layer_errors(prepared, qdata, s)
-            st.detail = f"{len(errors.rows)} quantizers on {errors.samples} samples"
-            if errors.rows:
-                worst = errors.rows[0]
-                st.detail += f"; worst {worst.name} {worst.score:.1f} dB"
+        # what one evaluation sample cost in torch, the unit of the optional stages' estimates
+        forward = stages.timings.get("fp32_eval", 0.0) / max(num_samples(qdata.evaluation), 1)
+        count = layer_error_count(budget, forward, s)
+        if count:
+            with stages.optional("layer_errors") as st:
+                errors = layer_errors(prepared, qdata, s, count)
+                st.detail = f"{len(errors.rows)} quantizers on {errors.samples} samples"
+                if errors.rows:
+                    worst = errors.rows[0]
+                    st.detail += f"; worst {worst.name} {worst.score:.1f} dB"
         methods = None
         if s.compare_methods:
             with stages.optional("compare_methods") as st:
-                methods = _compare_methods(prepared, qdata, ref, s)
+                methods = compare_methods(prepared, qdata, ref, s, budget, forward)
                 st.detail = ", ".join(f"{m} {r['metric']:.4f}" for m, r in methods.items())
         report_lint = None
         with stages.optional("lint") as st:
@@ -500,6 +523,7 @@ def _export_and_measure(
         )
         from qdq.report import write_html
 
+        report["budget"] = budget.to_report()
         # the page first: its own parts that fail (drawing, plots, engine views) are recorded
         # in report.json too, and the page lists every stage that failed
         report = json.loads(json.dumps(report, default=str))
@@ -542,49 +566,6 @@ def _written_by_rank0(out_dir: Path, prepared: nn.Module) -> QuantizeResult:
         prepared=prepared,
         html_path=out_dir / HTML_FILE,
     )
-
-
-def _layer_errors(prepared: nn.Module, qdata: QuantData, s: _Settings) -> Any:
-    """:func:`qdq.debug.layer_errors` on the first evaluation samples, in small batches."""
-    from qdq.debug import layer_errors
-
-    size = s.batch_size if s.static else min(s.batch_size, LAYER_ERROR_BATCH)
-    count = 1 if s.per_image else max(LAYER_ERROR_SAMPLES, size if s.static else 0)
-    samples = take(qdata.evaluation, slice(0, count))  # per image: one (a forward per image)
-    data = [
-        to_device(b if s.inputs is None else s.inputs.arguments(b), torch.device(s.device))
-        for b, _ in batches(samples, size, s.static)
-    ]
-    return layer_errors(prepared, data, num_batches=len(data))
-
-
-def _compare_methods(
-    prepared: nn.Module, qdata: QuantData, ref: list[Any], s: _Settings
-) -> dict[str, dict[str, Any]]:
-    """Every calibration method's metric in torch fake-quant, amax recomputed on a copy of
-    ``prepared`` (recomputing the exported model's amax would undo a per-quantizer choice)."""
-    import qdq
-    from qdq.config import CALIBRATION_METHODS
-
-    model = qdq.copy_prepared(prepared)
-    out = {}
-    for method in CALIBRATION_METHODS:
-        qdq.recompute_amax(model, method)
-        if s.per_image is not None:
-            out[method] = per_image.score_model(model, qdata.evaluation, ref, s.per_image,
-                                                f"INT8 {method} (torch)", s.show_progress)  # fmt: skip
-            continue
-        fq = torch_outputs(
-            model,
-            qdata.evaluation,
-            s.batch_size,
-            static=s.static,
-            desc=f"INT8 {method} (torch)",
-            show=s.show_progress,
-            every=qdata.metric is not None,
-        )
-        out[method] = score(fq, ref, qdata.labels, qdata.metric, qdata.targets)
-    return out
 
 
 def _params(module: nn.Module) -> int:

@@ -251,6 +251,7 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
         "headline": r.get("headline"),
         "outputs": _outputs(r),
         "timings": _timings(r),
+        "budget": r.get("budget"),
         "errors": errors,
         "error_rows": [] if errors is None else [_error_row(e) for e in errors["rows"]],
         "profile_svg": _guarded("plots", failed, _profile, errors),
