@@ -130,6 +130,7 @@ def test_a_failing_core_stage_still_fails_the_job(
     import qdq
 
     monkeypatch.setattr(qdq, "calibrate", _boom)
+    monkeypatch.setattr(qdq, "calibrate_parts", _boom)  # the search's calibration
     out = tmp_path / "out"
     argv = ["quantize", "--model", f"{inputs['py']}:build", "--data", str(inputs["npy"])]
     assert main([*argv, "--out", str(out), "--exporter", "torchscript", "--no-progress"]) == 2
