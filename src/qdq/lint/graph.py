@@ -250,6 +250,31 @@ class LintGraph:
                 return None
             cur = nxt
 
+    def reorder_source(self, concat: Any) -> str | None:
+        """The one tensor a Concat reorders, or ``None``: every data input is a Slice or Split of
+        that tensor, or another such Concat of it. A cyclic shift (``torch.roll``, which both
+        exporters write as two Slices and a Concat per rolled axis: Swin's shifted windows) is
+        one. It is data movement: TensorRT splits a Quantize after the Concat into its inputs
+        (SplitQAcrossPrecedingFanIn), swaps each with its Slice (VanillaSwapWithFollowingQ) and
+        merges the copies on the source (HorizontalMergeQNodes): one Quantize on the source."""
+        sources: set[str] = set()
+        for i in concat.input:
+            if not i or self.is_const(i):
+                continue
+            node = self.producer.get(i)
+            if node is None:
+                return None
+            if node.op_type in ("Slice", "Split") and node.input:
+                sources.add(node.input[0])
+            elif node.op_type == "Concat" and node is not concat:
+                inner = self.reorder_source(node)
+                if inner is None:
+                    return None
+                sources.add(inner)
+            else:
+                return None
+        return next(iter(sources)) if len(sources) == 1 else None
+
     def _epilogue_input(self, node: Any) -> str | None:
         op = node.op_type
         if op in ("BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish") or op in COPY_OPS:

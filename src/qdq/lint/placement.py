@@ -262,6 +262,8 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
 
 def _concat(g: LintGraph, node: Any) -> list[Finding]:
     name = g.name(node)
+    if g.reorder_source(node) is not None:
+        return []  # a cyclic shift (Slices of one tensor): the Quantize moves back to its source
     out_scales = {s for _, _, s in _uses_through(g, node.output[0])}
     if not out_scales or len(node.input) < 2:
         return []  # a one-input Concat (torch.stack of one image) copies: one Quantize either way
@@ -422,12 +424,30 @@ def _silu_behind_one_q(g: LintGraph, sigmoid: Any) -> bool:
 
 
 def _uses_through(g: LintGraph, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
-    """Quantized uses of ``tensor``, looking through copy ops (TensorRT moves Q backward)."""
+    """Quantized uses of ``tensor``, looking through copy ops and reorders of it (a cyclic
+    shift's Slices and Concat, :meth:`LintGraph.reorder_source`): TensorRT moves Q backward."""
     out = list(g.quantized_uses(tensor))
     for c in g.consumers.get(tensor, []):
         if c.op_type in COPY_OPS:
             out.extend(_uses_through(g, c.output[0]))
+    for concat in _reorders_of(g, tensor):
+        out.extend(_uses_through(g, concat.output[0]))
     return out
+
+
+def _reorders_of(g: LintGraph, tensor: str) -> list[Any]:
+    """The Concats reordering ``tensor`` that read its Slices directly (a roll's last Concat
+    reads the first one's Slices: reached from that Concat's output)."""
+    found: list[Any] = []
+    for c in g.consumers.get(tensor, []):
+        if c.op_type not in ("Slice", "Split"):
+            continue
+        for o in c.output:
+            for concat in g.consumers.get(o, []):
+                reorder = concat.op_type == "Concat" and g.reorder_source(concat) == tensor
+                if reorder and concat not in found:
+                    found.append(concat)
+    return found
 
 
 def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
@@ -496,9 +516,12 @@ def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
 
 
 def _quantized_through(g: LintGraph, consumer: Any) -> bool:
-    """A commuting/copy consumer (MaxPool, Reshape, nearest Resize, ...) whose outputs are read only
-    through Q (TensorRT moves the Q backward across it): a quantized use, not a float one."""
-    if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize", "Split", "Slice"}:
+    """A commuting/copy consumer (MaxPool, Reshape, nearest Resize, a reorder's Slice or Concat,
+    ...) whose outputs are read only through Q (TensorRT moves the Q backward across it): a
+    quantized use, not a float one."""
+    if consumer.op_type not in COPY_OPS | {"MaxPool", "Resize", "Split", "Slice"} and not (
+        consumer.op_type == "Concat" and g.reorder_source(consumer) is not None
+    ):
         return False
     readers = [
         c

@@ -123,8 +123,15 @@ _NORMS = frozenset({"LayerNormalization", "GroupNormalization", "InstanceNormali
 
 
 def _norm_reader(g: LintGraph, add: Any) -> Any:
-    """A normalization reading the Add's output or one of its operands (through copy ops)."""
+    """A normalization reading the Add's output or one of its operands, or a copy of them
+    (through copy ops either way: the TorchScript exporter cancels ``permute(permute(y))``, so
+    a channels-last LayerNorm may read the tensor the operand is a transpose of)."""
     stack, seen = [add.output[0], *add.input], set()
+    for t in list(stack[1:]):
+        node = g.producer.get(t)
+        while node is not None and node.op_type in COPY_OPS and node.input:
+            stack.append(node.input[0])
+            node = g.producer.get(node.input[0])
     while stack:
         t = stack.pop()
         if t in seen:
