@@ -160,6 +160,13 @@ def quantize_input(
     )
     calib = calib_o if calib_o is not None else ctx.config.activation_calib
     label = input_label(node, pos)
+    roll = _rolled(ctx, producer)
+    if roll is not None:
+        reason = (
+            f"{reason}; read through the cyclic shift {ctx.owners[roll]} (torch.roll: Slices and "
+            "a Concat in ONNX), data movement TensorRT moves this Quantize back across to the "
+            "rolled tensor (S03)"
+        )
     if (
         ctx.kinds[producer] == "pad"
         and len(producer.users) == 1
@@ -204,6 +211,20 @@ def quantize_input(
             calib=calib,
         )
     )
+
+
+def _rolled(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
+    """The ``torch.roll`` call ``node`` is data movement of (through pass-through ops), if any."""
+    seen: set[fx.Node] = set()
+    while ctx.kinds.get(node) in PASS_THROUGH_KINDS and node not in seen:
+        if ctx.kinds[node] == "roll":
+            return node
+        seen.add(node)
+        ins = tensor_inputs(node)
+        if len(ins) != 1:
+            return None
+        node = ins[0][1]
+    return None
 
 
 def skip_input(

@@ -30,8 +30,10 @@ __all__ = [
 WEIGHTED_KINDS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 #: data movement: TensorRT moves Q/DQ across these (no arithmetic on values)
 COPY_KINDS = frozenset({"copy", "identity"})
-#: ops Q/DQ commute with, so scales on both sides must be shared
-PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize"})
+#: ops Q/DQ commute with, so scales on both sides must be shared; ``roll`` (a cyclic shift:
+#: Swin's shifted windows) is data movement too, but a Slice + Concat in ONNX, which TensorRT
+#: moves a Quantize across without fusing it into a layer's epilogue (so not a copy kind)
+PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize", "roll"})
 #: ...and a ReLU-family activation, which TensorRT fuses into the PointWise layer before it
 #: (an Add's, a gating Mul's): that layer's output is what the activation's reader quantizes
 THROUGH_ACT_KINDS = PASS_THROUGH_KINDS | {"act"}
@@ -118,6 +120,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     torch.split: "copy",
     operator.getitem: "copy",
     F.pixel_shuffle: "copy",
+    torch.roll: "roll",
     F.dropout: "identity",
     F.interpolate: "resize",
     F.softmax: "softmax",
@@ -149,6 +152,7 @@ _METHOD_KINDS: dict[str, str] = {
     ),
     **dict.fromkeys(("relu", "relu_", "clamp", "clamp_", "clip"), "act"),
     "sigmoid": "sigmoid",
+    "roll": "roll",
     "add": "add",
     "add_": "add",
     "mul": "mul",

@@ -2,8 +2,9 @@
 
 Steps, each citing its rule id (``qdq.rules``):
 
-1. weighted ops (P01, V12, P08, H02, P14): quantize activation input + weight, or skip with a reason
-   (:mod:`qdq.graph.weighted`);
+1. weighted ops (P01, V12, P08, H02, P14, P15): quantize activation input + weight, or skip with a
+   reason (:mod:`qdq.graph.weighted`; P15: the input is a float stream a normalization reads,
+   :mod:`qdq.graph.streams`);
 2. residual Adds (P03, P05): quantize only the skip operand (:mod:`qdq.graph.residual`);
 3. average pools (P06) and Concats (S02): quantize the input(s) when the output feeds a quantized
    op (:mod:`qdq.graph.pools`);
@@ -159,6 +160,8 @@ def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
             continue
         plan_weighted(ctx, n, performance=False)
         point = ctx.points[f"{ctx.owners[n]}:{input_label(n, pos)}"]
+        if not point.quantized:  # float for another rule (P15: a normalization reads its input)
+            continue
         ctx.add(replace(point, reason=f"{point.reason}; small conv (H02) whose input is {why}"))
         if gate is not None:
             _plan_gating_mul(ctx, gate)

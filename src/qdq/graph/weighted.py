@@ -1,4 +1,4 @@
-"""Rule step 1: weighted ops (P01, V12, P08, H02, P14) and attention MatMuls (P16)."""
+"""Rule step 1: weighted ops (P01, V12, P08, H02, P14, P15) and attention MatMuls (P16)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from qdq.graph.patterns import (
     weight_arg,
 )
 from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
+from qdq.graph.streams import stream_norm
 
 __all__ = ["FOLDED_REASON", "performance_skip", "plan_weighted"]
 
@@ -169,6 +170,8 @@ def plan_weighted(ctx: PlanContext, node: fx.Node, *, performance: bool = True) 
         # so no Q/DQ can sit on its input, and TensorRT folds the layer at build time anyway
         skip = ("P01", FOLDED_REASON)
     x_pos, x = acts[0] if acts else (0, None)
+    if skip is None and x is not None:
+        skip = _float_stream_skip(ctx, x)
     if skip is not None:
         rule, reason = skip
         ctx.add(
@@ -202,6 +205,24 @@ def plan_weighted(ctx: PlanContext, node: fx.Node, *, performance: bool = True) 
     )
     if x is not None:
         quantize_input(ctx, node, x_pos, x, "P01", f"activation input of {kind}", calib_o, bits_o)
+
+
+def _float_stream_skip(ctx: PlanContext, x: fx.Node) -> tuple[str, str] | None:
+    """P15: ``(rule, reason)`` when a normalization reads the input ``x`` too (directly or
+    through data movement, :func:`qdq.graph.streams.stream_norm`): ``x`` is written in float for
+    it, so an INT8 read here would cost a standalone Quantize (P04); the layer stays float. Off
+    with the ``residual`` family (P15's)."""
+    if not ctx.config.family_enabled("residual"):
+        return None
+    norm = stream_norm(ctx, x)
+    if norm is None:
+        return None
+    return (
+        "P15",
+        f"its input is a float stream: {ctx.owners[norm]} ({ctx.kinds[norm]}, no INT8 path) "
+        "reads it in float, so an INT8 read here would cost a standalone Quantize beside it "
+        "(P04); kept float, the tensor is read in one precision",
+    )
 
 
 def _weight_point(

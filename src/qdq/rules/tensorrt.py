@@ -79,12 +79,15 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "P15",
         "residual",
-        "Pre-norm residual stream: an Add whose skip operand is also read by a LayerNorm/"
-        "GroupNorm stays float (transformer blocks)",
-        "The normalization runs in float, so a quantized skip would need a standalone Quantize "
-        "beside the float reader and the fused GEMM+Add would write INT8 only to be dequantized; "
-        "TensorRT keeps the residual stream in FP16 and fuses the Add into the GEMM's float "
-        "epilogue. qdq's rule (not in the reference table), from the P04 findings on ViT.",
+        "Float stream: a tensor a LayerNorm/GroupNorm reads is read in float by all its readers: "
+        "a pre-norm block's residual Add (transformers, diffusion ResNet blocks) and a Conv/"
+        "Linear reading it directly (diffusers' 1x1 conv_shortcut) stay float",
+        "The normalization runs in float, so the tensor is written in float; a quantized skip or "
+        "shortcut input would need a standalone Quantize beside the float reader (P04: all "
+        "readers or none), and the fused GEMM+Add would write INT8 only to be dequantized. "
+        "TensorRT keeps the stream in FP16 and fuses the Add into the GEMM's float epilogue. "
+        "qdq's rule (not in the reference table), from the P04 findings on ViT and diffusion "
+        "UNets; NVIDIA's diffusion INT8 recipes leave conv_shortcut float too.",
     ),
     Rule(
         "P17",
@@ -118,9 +121,11 @@ RULES: tuple[Rule, ...] = (
         "S03",
         "pooling",
         "MaxPool and data-movement ops (Reshape, Flatten, Transpose, Slice, zero Pad, nearest "
-        "Resize) share one scale across them",
+        "Resize, a cyclic shift torch.roll) share one scale across them",
         "Q/DQ commute with these ops; TensorRT moves Q backward and DQ forward across them and "
-        "keeps them INT8 when the scales on both sides are equal.",
+        "keeps them INT8 when the scales on both sides are equal. A roll is Slices and a Concat "
+        "in ONNX: the Quantize is split into the Concat's inputs, swapped with each Slice and "
+        "merged on the rolled tensor.",
     ),
     Rule(
         "P06",
