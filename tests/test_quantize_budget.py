@@ -103,7 +103,7 @@ def test_bad_budgets_are_named(bad: object) -> None:
 def test_the_plan_reserves_the_stages_to_come() -> None:
     b = Budget(None, eval_samples=100, layer_error_samples=10, methods=4)
     assert b.left() == float("inf")
-    b.plan(capture=0.1, fp32=0.01, int8=0.02)
+    b.plan(points=10, fp32=0.01, int8=0.02)
     assert b.planned["fp32_eval"] == pytest.approx(1.2) and b.planned["int8_eval"] == pytest.approx(
         6
     )
@@ -114,5 +114,5 @@ def test_the_plan_reserves_the_stages_to_come() -> None:
     assert b.search_seconds() == pytest.approx(b.left() - core, abs=0.01)
     assert b.fits("layer_errors", 0.0) and not b.fits("layer_errors", b.total)
     given = Budget(30.0)
-    given.plan(capture=0.1, fp32=0.01, int8=0.02)
+    given.plan(points=10, fp32=0.01, int8=0.02)
     assert given.total == 30.0 and given.to_report()["given"] is True

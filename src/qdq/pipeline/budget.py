@@ -11,8 +11,8 @@ in it). Its stages fall in two kinds:
   kept recipe), ``--compare-methods`` and the per-layer errors.
 
 After calibration, :meth:`Budget.plan` estimates the stages still to come from what one sample
-costs in a forward of the float and of the fake-quant model (timed on a calibration batch) and
-how long capture took, sets
+costs in a forward of the float and of the fake-quant model (timed on a few calibration
+samples) and the plan's size (the export), sets
 the total when none was given — :data:`SHARE` × the core's estimate, at least the core plus
 :data:`MIN_SEARCH` seconds, so that a small model ends in about a minute on a 2-core CPU — and
 gives the search what is left after the stages to come (:meth:`Budget.search_seconds`). Later,
@@ -38,8 +38,10 @@ __all__ = ["MIN_SEARCH", "SHARE", "Budget", "check_budget"]
 SHARE = 1.4
 #: seconds the default budget leaves the flexible stages at least (a tiny model's search)
 MIN_SEARCH = 5.0
-#: the export: a fixed cost (tracing, ONNX Runtime's session) plus a multiple of capture's
-EXPORT_FIXED, EXPORT_PER_CAPTURE = 3.0, 40.0
+#: the export: a fixed cost (tracing, ONNX Runtime's session) plus seconds per point of the plan
+#: (dynamo's tracing and translation grow with the graph: 0.05-0.18 s per point on this
+#: project's real-model rows, EfficientNet-Lite0 0.053, YOLOv8n 0.13)
+EXPORT_FIXED, EXPORT_PER_POINT = 2.0, 0.1
 #: per evaluation sample: the FP32 evaluation in FP32 forwards (the metric besides); the INT8
 #: evaluation in fake-quant forwards: ONNX Runtime at ORT_ENABLE_BASIC (unfused Q/DQ) and the
 #: torch fake-quant model
@@ -108,12 +110,12 @@ class Budget:
         """Seconds left of the budget (negative past it; infinite before :meth:`plan`)."""
         return math.inf if self.total is None else self.total - self.elapsed()
 
-    def plan(self, *, capture: float, fp32: float, int8: float) -> None:
-        """Estimate the stages to come from what capture + plan took (``capture`` seconds) and
-        what one sample costs in a forward of the float model (``fp32``) and of the fake-quant
-        model (``int8``) at the job's batch size; set the total when none was given."""
+    def plan(self, *, points: int, fp32: float, int8: float) -> None:
+        """Estimate the stages to come from the plan's size (``points``) and what one sample
+        costs in a forward of the float model (``fp32``) and of the fake-quant model (``int8``);
+        set the total when none was given."""
         self.per_sample = int8
-        export = EXPORT_FIXED + EXPORT_PER_CAPTURE * capture
+        export = EXPORT_FIXED + EXPORT_PER_POINT * points
         self.planned = {
             "export": export,
             "fp32_eval": FP32_FORWARDS * fp32 * self.eval_samples,

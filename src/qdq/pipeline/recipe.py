@@ -62,6 +62,8 @@ __all__ = [
 
 #: the fewest calibration samples the search splits (below, the recipe is ``none``)
 MIN_SAMPLES = 8
+#: calibration samples the time budget's forwards are timed on (:mod:`qdq.pipeline.budget`)
+TIMED = 8
 #: the seed of the draw of the held-out samples (:func:`held_out_split`)
 HELD_OUT_SEED = 0
 
@@ -332,8 +334,8 @@ def calibrate_and_improve(
     calibration = stages.timings["calibrate"]
     if budget is not None:  # the stages to come, estimated: the search gets what they leave
         with stages("budget") as st:
-            batch = calib_batches[0]
-            budget.plan(capture=stages.timings["capture_plan"],
+            batch = calib_batches[0] if static else tree_map(_head(TIMED), calib_batches[0])
+            budget.plan(points=len(qdq.plan_of(prepared).points),
                         fp32=_per_sample(model, batch, not static),
                         int8=_per_sample(prepared, batch, not static))  # fmt: skip
             st.detail = budget.describe()
@@ -441,19 +443,20 @@ def calibrate_and_improve(
 
 def _per_sample(model: nn.Module, batch: Any, warm: bool) -> float:
     """Seconds per sample of a forward of ``model`` on ``batch`` (eval mode, no autograd), after
-    a forward of its first two samples when ``warm`` (first calls pay one-time costs: kernel
-    checks, caches)."""
+    a forward of its first sample when ``warm`` (first calls pay one-time costs: kernel checks,
+    caches)."""
     expected = expected_inputs(model)
     with eval_no_grad(model):
         if warm:
-            run_batch(model, tree_map(lambda t: t[:2] if _batched(t) else t, batch), 0, expected)
+            run_batch(model, tree_map(_head(1), batch), 0, expected)
         start = time.perf_counter()
         run_batch(model, batch, 0, expected)
         return (time.perf_counter() - start) / max(batch_samples(batch), 1)
 
 
-def _batched(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.dim() > 0
+def _head(n: int) -> Callable[[Any], Any]:
+    """The first ``n`` samples of a batch's tensor (other leaves as they are)."""
+    return lambda t: t[:n] if isinstance(t, torch.Tensor) and t.dim() > 0 else t
 
 
 def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | None:
