@@ -22,8 +22,10 @@ input Q/DQ applied — and ``x_fp`` the same input in the FP32 model (every quan
 layer thus also learns to compensate upstream error. Both are sampled at the same positions: from
 each of ``num_samples`` samples a few output positions (im2col rows of the convolution, or rows of
 a Linear input), at most :data:`MAX_ROWS` rows per layer; each iteration uses
-:data:`BATCH_ROWS` of them. Each layer costs two forwards over the samples (stopped after the
-layer) and ``iters`` small GEMMs.
+:data:`BATCH_ROWS` of them. The layers are learned in lockstep passes (:mod:`qdq.ptq._lockstep`):
+one forward of the INT8 model and one of its FP32 twin for all of them, each layer learning when
+the INT8 forward reaches it (where the passes cannot run, two forwards per layer, stopped after
+it); then ``iters`` small GEMMs per layer.
 
 A layer keeps nearest rounding when the learned codes do not lower its output error on the samples
 (the row says so). The codes are kept on the weight quantizer (``rounding_codes``, see

@@ -14,7 +14,9 @@ variants (``error=``), both empirical (measured on ``num_batches`` batches):
   ``x_fp`` is the layer's input in the FP32 model (every quantizer bypassed), ``x_q`` in the INT8
   model (upstream quantized and already corrected, the layer's input Q/DQ applied). Layers are
   corrected one after the other in forward order, each on the INT8 model with every upstream
-  correction in place (two forwards per layer and batch, stopped after the layer). This is the
+  correction in place: in lockstep passes (:mod:`qdq.ptq._lockstep`), one forward of the INT8
+  model and one of its FP32 twin for all the layers (the layer-by-layer path, two forwards per
+  layer and batch stopped after the layer, where the passes cannot run). This is the
   error AdaRound's objective measures too, so the two compose.
 * ``"weight"`` (Nagel et al. 2019, "Data-Free Quantization Through Weight Equalization and Bias
   Correction", empirical form): only the error of the weight quantization, on the layer's own
