@@ -102,6 +102,18 @@ def test_degenerate_fp32_is_warned_about(files, tmp_path: Path, head, scale, pro
     assert "The FP32 model is degenerate: the INT8 figures mean nothing" in page
 
 
+def test_degenerate_fp32_on_the_first_sample_skips_the_recipe_search(files, tmp_path) -> None:
+    """Logits that underflow on the check sample: no recipe can be chosen against them, so the
+    search does not run (it ran to its end before, then reported top-1 agreement 5 %)."""
+    res = quantize(_net(files, "logits", 1e-41), _data(), out=tmp_path / "o",
+                   exporter="torchscript", show_progress=False)  # fmt: skip
+    search = res.report["ptq"]["recipe_search"]
+    assert search["rows"] == [] and res.report["ptq"]["recipe"] == "none"
+    assert search["reason"].startswith("not run: the FP32 outputs are degenerate on the first "
+                                       "sample (output underflow: its largest |value| is")  # fmt: skip
+    assert "recipe_search" not in res.report["timings_s"]
+
+
 def test_cosine_of_tiny_outputs_is_the_cosine_at_unit_scale(files, tmp_path: Path) -> None:
     unit = _quantize(_net(files, "logits"), tmp_path / "unit")
     tiny = _quantize(_net(files, "logits", 2.0**-100), tmp_path / "tiny")  # about 7.9e-31

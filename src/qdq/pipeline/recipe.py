@@ -293,6 +293,7 @@ def calibrate_and_improve(
     per_image: tuple[str, ...] | None,
     show_progress: bool,
     budget: Budget | None = None,
+    no_search: str = "",
 ) -> Calibrated:
     """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
     (a given recipe's steps) or ``recipe_search`` → ``refit`` (``ptq`` a :class:`SearchOptions`
@@ -301,7 +302,8 @@ def calibrate_and_improve(
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
     they meet ``model.forward``; ``example``: one forward's positional inputs; ``budget``: the
     job's time budget, planned after calibration (:meth:`Budget.plan`), whose share the search
-    and the refit get.
+    and the refit get; ``no_search``: why the search must not run (recipe ``none``), if it must
+    not.
 
     With the search, calibration collects the statistics of each part of the calibration
     samples the folds are made of apart (:func:`qdq.calibrate_parts`): the model the search
@@ -315,7 +317,9 @@ def calibrate_and_improve(
     searching = ptq if isinstance(ptq, SearchOptions) else None if options else SearchOptions()
     held, not_searched, every = None, "", cal
     if searching is not None:
-        if dist.world_size() > 1:
+        if no_search:
+            not_searched = no_search
+        elif dist.world_size() > 1:
             not_searched = ("not run under torchrun (every rank would have to choose alike): "
                             "give --recipe, e.g. the one a single-process run kept")  # fmt: skip
         else:

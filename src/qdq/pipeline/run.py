@@ -30,6 +30,7 @@ from qdq.lint.engine_report import EngineReport
 from qdq.pipeline import per_image
 from qdq.pipeline.budget import Budget, check_budget
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
+from qdq.pipeline.degenerate import degenerate_outputs
 from qdq.pipeline.device import module_on, resolve_device, to_device
 from qdq.pipeline.evaluate import check_labels, measure, output_metric
 from qdq.pipeline.exporting import export_model
@@ -324,6 +325,19 @@ def quantize(
             if keys is not None:
                 st.detail = (f"{summary(sample)} → per-image detection lists ({', '.join(keys)}): "
                              "batch 1 for calibration, evaluation and export")  # fmt: skip
+        # FP32 outputs that underflow or are not finite on the first sample: no recipe can be
+        # chosen against them (the FP32 evaluation reports every problem, :mod:`.degenerate`)
+        early = [] if keys is not None else [
+            d for d in degenerate_outputs(sample_outs, names) if d.problem != "constant"]  # fmt: skip
+        no_search = (
+            ""
+            if not early
+            else (
+                "not run: the FP32 outputs are degenerate on the first sample ("
+                + "; ".join(f"{d.name} {d.problem}: {d.detail}" for d in early)
+                + "), so no recipe can be chosen against them"
+            )
+        )
         n_eval = num_samples(qdata.evaluation)
         budget = Budget(given_budget, eval_samples=n_eval,
                         layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
@@ -331,7 +345,8 @@ def quantize(
         done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
-                                     show_progress=show_progress, budget=budget)  # fmt: skip
+                                     show_progress=show_progress, budget=budget,
+                                     no_search=no_search)  # fmt: skip
         prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
         fallback = None
         if max_drop is not None:
