@@ -130,7 +130,7 @@ def export_cells(prepared: Any, rm: RealModel, exporter: str, folder: Path) -> d
             path,
             exporter=exporter,
             overwrite=True,
-            verify=not ARCHS[rm.name].ranked_outputs,
+            verify=ARCHS[rm.name].end_to_end,
         ),
     )
     if res is None:

@@ -12,7 +12,11 @@ Rows, named ``source:model`` (random weights, eval mode, batch 1, the smallest i
 * ``smp``: every segmentation-models-pytorch architecture with a ``resnet18`` encoder (DPT takes
   only timm ViT encoders: ``tu-test_vit``), 64x64 or 128x128;
 * ``ultralytics``: the detect, segment, pose, obb and classify heads of the newest family's nano
-  yaml in ultralytics' own ONNX-export form (as ``tests/models/real.py``), 64x64 or 128x128.
+  yaml in ultralytics' own ONNX-export form (as ``tests/models/real.py``), 64x64 or 128x128;
+* ``diffusers``: a text-conditioned ``UNet2DConditionModel``, a ``UNet2DModel`` and
+  ``AutoencoderKL``'s decoder, tiny configs (two levels of 32 and 64 channels) on 32x32 latents,
+  built as the real-model suite's ``*_tiny`` diffusers rows (the UNets take the timestep, and
+  the text UNet its encoder hidden states, as inputs).
 
 A row is ``real_models.bench`` (fx / torch.export probes, ``qdq.prepare`` and its capture path,
 plan counts, ``qdq.calibrate``, ``qdq.export_onnx`` per exporter, ORT parity, ``qdq.lint``) in a
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -78,7 +83,13 @@ from zoo_sweep_table import (  # noqa: F401  (the table's names, also for the te
 #: the rows ``real_models.bench`` looks up (its ``BENCH_ARCHS``): a sweep row is entered there
 ARCHS = real_models.ARCHS
 
-SOURCES = ("timm", "torchvision", "smp", "ultralytics")
+SOURCES = ("timm", "torchvision", "smp", "ultralytics", "diffusers")
+#: the diffusers rows and the real-model suite's rows that build them
+DIFFUSERS_ROWS = {
+    "diffusers:UNet2DConditionModel": "unet2d_cond_tiny",
+    "diffusers:UNet2DModel": "unet2d_tiny",
+    "diffusers:AutoencoderKL.decoder": "vae_decoder_tiny",
+}
 _DOWNLOAD = re.compile(r"offline|download|hf_hub|huggingface|urlopen|connectionerror", re.I)
 _YOLO_TASKS = {"detect": "", "segment": "-seg", "pose": "-pose", "obb": "-obb", "classify": "-cls"}
 _YOLO_CLASSES = {"detect": "DetectionModel", "segment": "SegmentationModel", "pose": "PoseModel"}
@@ -91,7 +102,7 @@ Row = dict[str, Any]
 def list_rows(sources: list[str]) -> list[str]:
     """The row names of ``sources``, in order (a source that does not import: ``source:*``)."""
     listers = {"timm": timm_rows, "torchvision": torchvision_rows, "smp": smp_rows}
-    listers["ultralytics"] = ultralytics_rows
+    listers.update(ultralytics=ultralytics_rows, diffusers=diffusers_rows)
     rows: list[str] = []
     for source in sources:
         try:
@@ -156,6 +167,13 @@ def ultralytics_rows() -> list[str]:
     return [f"ultralytics:yolo{v}n{suffix}" for suffix in tasks]
 
 
+def diffusers_rows() -> list[str]:
+    """The diffusers rows (:data:`DIFFUSERS_ROWS`); ``ImportError`` without diffusers."""
+    import diffusers  # noqa: F401  (the rows need it: a missing package is one skipped row)
+
+    return list(DIFFUSERS_ROWS)
+
+
 # -------------------------------------------------------------------------------------- builders
 def arch_for(name: str) -> Arch:
     """The :class:`Arch` (family = source) that builds row ``name`` at its smallest input."""
@@ -171,6 +189,8 @@ def arch_for(name: str) -> Arch:
     if source == "ultralytics":
         builder = _smallest_input(functools.partial(_yolo_model, model), (64, 128))
         return Arch(name, source, ("ultralytics",), builder, note="ultralytics ONNX-export form")
+    if name in DIFFUSERS_ROWS:  # several inputs (timestep, text states): the suite's builders
+        return dataclasses.replace(ARCHS[DIFFUSERS_ROWS[name]], name=name, family=source)
     raise ValueError(f"row {name!r}: the source must be one of {', '.join(SOURCES)}")
 
 
@@ -269,7 +289,7 @@ def _yolo_model(stem: str, size: int) -> nn.Module:
 def run_row(name: str, folder: Path) -> Row:
     """Every cell of one row in this process: ``real_models.bench``, then :func:`lint_extra`.
 
-    ``real_models.export_cells`` reads ``ARCHS[name].ranked_outputs``: the row's :class:`Arch` is
+    ``real_models.export_cells`` reads ``ARCHS[name].end_to_end``: the row's :class:`Arch` is
     entered in ``ARCHS`` while it runs (this process only).
     """
     row: Row = {"name": name, "family": name.partition(":")[0]}

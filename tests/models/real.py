@@ -1,10 +1,12 @@
 """Real architectures of issue 10, built from their packages with random weights (no downloads).
 
 Each architecture is an :class:`Arch`: a name, a family (``"yolo"``, ``"timm"``, ``"torchvision"``,
-``"smp"``), the packages it needs and a builder. ``Arch.available`` checks the packages with
-:mod:`importlib` without importing them, so a missing package skips cleanly; ``Arch.build()`` returns
-a :class:`RealModel` with the model in eval mode and its example inputs (batch 1, the smallest input
-the model takes sensibly, to keep CPU time low).
+``"smp"``, ``"transformers"``, ``"diffusers"``), the packages it needs and a builder.
+``Arch.available`` checks the packages with :mod:`importlib` without importing them, so a missing
+package skips cleanly; ``Arch.build()`` returns a :class:`RealModel` with the model in eval mode
+and its example inputs (batch 1, the smallest input the model takes sensibly, to keep CPU time
+low; the diffusers UNets take their timestep, and the text UNet its encoder hidden states, as
+further inputs).
 
 The ``*_deploy`` YOLO rows reproduce the preparation steps of ultralytics' own ONNX export
 (``ultralytics/engine/exporter.py`` in 8.4): ``requires_grad=False``, ``eval()``, ``float()``,
@@ -61,7 +63,8 @@ class Arch:
 
     Attributes:
         name: row name (``"yolov8n_deploy"``).
-        family: ``"yolo"``, ``"timm"``, ``"torchvision"``, ``"smp"`` or ``"transformers"``.
+        family: ``"yolo"``, ``"timm"``, ``"torchvision"``, ``"smp"``, ``"transformers"`` or
+            ``"diffusers"``.
         requires: top-level packages the builder imports.
         builder: returns ``(model, example_inputs)``.
         slow: prepare/export take long enough to mark the test ``slow``.
@@ -70,6 +73,12 @@ class Arch:
             scores tie near 1, so any rounding difference reorders them and an end-to-end
             comparison of the outputs cannot decide; export with ``verify=False`` and compare
             per quantizer (ORT parity) instead.
+        cascades: with random weights one code flipped at a rounding boundary (ONNX Runtime's
+            GroupNorm accumulates in another order than torch's) cascades through every later
+            GroupNorm block until the two outputs differ by about as much as quantization
+            itself (cosine 0.998 to 1.0, by seed), beyond what the end-to-end check can tell
+            from a wrong graph; export with ``verify=False`` and compare per quantizer, where
+            every differing code must be explained by accumulation order.
     """
 
     name: str
@@ -79,6 +88,13 @@ class Arch:
     slow: bool = False
     note: str = ""
     ranked_outputs: bool = False
+    cascades: bool = False
+
+    @property
+    def end_to_end(self) -> bool:
+        """Whether the export's end-to-end check (``export_onnx(verify=True)``) applies: not for
+        :attr:`ranked_outputs`, nor for :attr:`cascades` (compared per quantizer instead)."""
+        return not (self.ranked_outputs or self.cascades)
 
     @property
     def available(self) -> bool:
@@ -292,6 +308,87 @@ def _unet() -> tuple[nn.Module, Inputs]:
     return smp.Unet("resnet34", encoder_weights=None, classes=1), _image(DETECTOR_SIZE)
 
 
+# ------------------------------------------------------------------------------------- diffusers
+#: latent (and pixel) size of the diffusion rows: 32x32, attention at the 16x16 level (256 keys)
+LATENT_SIZE = 32
+
+
+class Denoiser(nn.Module):
+    """A diffusers UNet as a denoiser: ``forward(sample, timestep[, encoder_hidden_states])``
+    returns the predicted noise tensor (the UNet's ``.sample``). The timestep is an input, a
+    float per sample, as diffusion pipelines pass it."""
+
+    def __init__(self, unet: nn.Module) -> None:
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        return self.unet(sample, timestep, return_dict=False)[0]
+
+
+class CrossAttentionDenoiser(Denoiser):
+    """:class:`Denoiser` of a text-conditioned UNet: the encoder hidden states (the text
+    encoder's output) are a third input."""
+
+    def forward(  # type: ignore[override]
+        self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        return self.unet(sample, timestep, encoder_hidden_states, return_dict=False)[0]
+
+
+class VAEDecoder(nn.Module):
+    """``AutoencoderKL``'s decoding: ``post_quant_conv`` then the decoder, one latent tensor in,
+    one image tensor out (the encoder is not kept)."""
+
+    def __init__(self, vae: nn.Module) -> None:
+        super().__init__()
+        self.post_quant_conv = vae.post_quant_conv
+        self.decoder = vae.decoder
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.post_quant_conv(latent))
+
+
+def _gaussian(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _unet_cond() -> tuple[nn.Module, Inputs]:
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel(
+        sample_size=LATENT_SIZE, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
+        attention_head_dim=8, norm_num_groups=8,
+    )  # fmt: skip
+    size = LATENT_SIZE
+    inputs = (_gaussian(1, 4, size, size), torch.tensor([10.0]), _gaussian(1, 8, 32, seed=2))
+    return CrossAttentionDenoiser(unet), inputs
+
+
+def _unet() -> tuple[nn.Module, Inputs]:
+    from diffusers import UNet2DModel
+
+    unet = UNet2DModel(
+        sample_size=LATENT_SIZE, in_channels=3, out_channels=3, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
+    )  # fmt: skip
+    return Denoiser(unet), (_gaussian(1, 3, LATENT_SIZE, LATENT_SIZE), torch.tensor([10.0]))
+
+
+def _vae_decoder() -> tuple[nn.Module, Inputs]:
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(32, 64), norm_num_groups=8,
+    )  # fmt: skip
+    return VAEDecoder(vae), (_gaussian(1, 4, LATENT_SIZE, LATENT_SIZE),)
+
+
 # ----------------------------------------------------------------------------------- torchvision
 class RetinaNetHead(nn.Module):
     """RetinaNet without its anchor decoding and NMS: ``backbone`` (ResNet-50 + FPN) then ``head``.
@@ -399,6 +496,14 @@ _ROWS: tuple[Arch, ...] = (
          note="token classification"),
     Arch("meanpool_tiny", "transformers", ("transformers",), _mean_pooled(),
          note="BERT + mask-weighted mean pooling ({'sentence_embedding': ...})"),
+    Arch("unet2d_cond_tiny", "diffusers", ("diffusers",), _unet_cond, cascades=True,
+         note="UNet2DConditionModel, 2 levels (32, 64), cross-attention at 16x16; inputs: "
+              "latent 4x32x32, timestep, 8 text tokens of 32"),
+    Arch("unet2d_tiny", "diffusers", ("diffusers",), _unet, cascades=True,
+         note="UNet2DModel, 2 levels (32, 64), self-attention at 16x16; inputs: 3x32x32, "
+              "timestep"),
+    Arch("vae_decoder_tiny", "diffusers", ("diffusers",), _vae_decoder, cascades=True,
+         note="AutoencoderKL's post_quant_conv + decoder, 2 levels (64, 32); latent 4x32x32"),
 )  # fmt: skip
 
 #: base-size encoders: rows of benchmarks/real_models.py only (minutes each on a CPU)
