@@ -61,15 +61,29 @@ def data() -> list[torch.Tensor]:
     return [torch.randn(4, 3, 10, 10, generator=g) for _ in range(8)]
 
 
-def test_the_first_candidate_runs_first_then_the_cheapest(data: list[torch.Tensor]) -> None:
-    found = search(_net(), (data[0][:1],), data[:2], data[2:3], budget=60.0,
-                   candidates=("none", "adaround", "kernel-sum", "bias"),
-                   adaround_iters=100)  # fmt: skip
-    assert found.order[0] == "none" and found.order[-1] == "adaround"
-    assert sorted(found.order) == ["adaround", "bias", "kernel-sum", "none"]
+def test_the_first_candidate_runs_first_and_an_expensive_one_is_skipped_with_its_estimate(
+    monkeypatch, data: list[torch.Tensor]
+) -> None:
+    """On a machine that multiplies matrices at 1 Mflop/s, AdaRound's 500 iterations are
+    estimated far beyond a 20 s budget: it is skipped (its estimate said) and the cheap ones
+    run, the first one first."""
+    monkeypatch.setattr(search_module, "matmul_flops", lambda: 1e6)
+    found = search(_net(), (data[0][:1],), data[:2], data[2:3], budget=20.0,
+                   candidates=("none", "adaround", "kernel-sum", "bias"))  # fmt: skip
+    assert found.order[0] == "none" and sorted(found.order) == ["bias", "kernel-sum", "none"]
+    rows = {t.recipe: t for t in found.rows}
+    assert rows["adaround"].status.startswith("skipped (budget: needs ~")
     assert [t.recipe for t in found.rows] == ["none", "adaround", "kernel-sum", "bias"]
     report = found.to_report()
     assert report["order"] == list(found.order) and report["seconds"] >= 0
+
+
+def test_the_cheap_candidates_run_before_the_costly_one() -> None:
+    costs = _costs(bias_correction=(1.0, 16), kernel_sum=(0.5, 16))
+    schedule = Schedule(60.0, costs, fit=[16], held=[8])
+    cands = [recipe(n) for n in ("none", "adaround", "bias", "kernel-sum+bias", "kernel-sum")]
+    assert [r.name for r in schedule.order(cands)] == [
+        "none", "kernel-sum", "bias", "kernel-sum+bias", "adaround"]  # fmt: skip
 
 
 def test_a_candidate_past_the_budget_and_its_estimate_is_stopped(monkeypatch, data) -> None:
@@ -131,3 +145,16 @@ def test_a_race_that_is_decided_ends() -> None:
     assert used == 1 and note.startswith("the race ended")
     used, note, runs_of = raced({"none": 1e-3, "bias": 0.8e-3, "kernel-sum": 1e-3})
     assert used == 1 and note == "" and runs_of["bias"].folds == 1
+
+
+def test_the_race_of_the_contenders_so_far_is_held_back() -> None:
+    """Two close cheap candidates would race over 3 more folds: a costly candidate that fits in
+    the budget alone does not start when it would leave no time for that race."""
+    bias, ks, ada = recipe("bias"), recipe("kernel-sum"), recipe("adaround")
+    costs = _costs(bias_correction=(1.0, 16), kernel_sum=(0.5, 16))
+    schedule = Schedule(8.0, costs, fit=[16] * 4, held=[8] * 4, iters=500)
+    race = schedule.race_estimate([bias, ks], 4)
+    assert race == pytest.approx(3 * (1.0 + 0.5 + 2 * 8e-3))
+    assert schedule.race_estimate([bias], 4) == 0.0  # one contender: no race
+    assert schedule.admit(ada, shorten=False).run  # ~3.5 s alone fits in 8 s
+    assert not schedule.admit(ada, reserve=race, shorten=False).run

@@ -10,7 +10,9 @@ the clock and the estimates (:class:`qdq.ptq.costs.Costs`):
   order given), so that what the budget cuts is the expensive tail;
 * **admission**: a candidate starts only when its estimate — its base calibration if not made
   yet (the equalized copy), its steps and its scoring — plus the refit of the costliest
-  candidate scored so far fits in what is left; AdaRound is shortened to the iterations that fit
+  candidate scored so far and the race of the candidates in contention so far over the other
+  folds fits in what is left (a reliable choice among the candidates already close beats one
+  more candidate scored on a few samples); AdaRound is shortened to the iterations that fit
   (at least :data:`qdq.ptq.costs.MIN_ADAROUND_ITERS`) before it is skipped; what does not run is
   listed with its estimate and the seconds that were left;
 * **the stop**: a candidate runs under a deadline of the budget's end plus its own estimate
@@ -96,6 +98,13 @@ class Schedule:
                 seconds += self.costs.step(key, samples, iters=iters or self.iters)
         return seconds
 
+    def race_estimate(self, contenders: Sequence[Recipe], folds: int) -> float:
+        """Seconds to run ``contenders`` on folds 1 … ``folds`` − 1 (0 with fewer than two)."""
+        if len(contenders) < 2 or folds < 2:
+            return 0.0
+        return sum(self.estimate(r, k, self.iters_of.get(r.name))
+                   for r in contenders for k in range(1, folds))  # fmt: skip
+
     def refit_estimate(self, r: Recipe, iters: int | None = None) -> float:
         """Seconds to refit ``r`` on every calibration sample (0 without a refit)."""
         if not self.refit:
@@ -118,12 +127,14 @@ class Schedule:
         *,
         first: bool = False,
         shorten: bool = True,
+        reserve: float = 0.0,
     ) -> Admission:
         """Whether ``r`` runs on ``fold`` now (module docstring); ``held_back``: the candidates
-        whose refit must stay affordable (the scored ones); ``first`` always runs; without
+        whose refit must stay affordable (the scored ones); ``reserve``: seconds held back for
+        other work (the race of the contenders so far); ``first`` always runs; without
         ``shorten``, AdaRound runs the iterations it ran before (a fold of the race must run the
         recipe the first fold scored) or not at all."""
-        left = self.left()
+        left = self.left() - reserve
         reserve = max((self.refit_estimate(c, self.iters_of.get(c.name)) for c in held_back),
                       default=0.0)  # fmt: skip
 

@@ -505,11 +505,12 @@ def search(
         return True
 
     run(recipes[0], 0, schedule.admit(recipes[0], 0, first=True))
-    rest = sorted(recipes[1:], key=schedule.estimate)  # cheapest first, a forward now measured
+    rest = schedule.order(recipes)[1:]  # cheapest first, a forward now measured
     for r in progress(rest, total=len(rest), enabled=show_progress,
                       desc=f"recipe search (ends by {_clock(schedule.deadline)})"):  # fmt: skip
         scored = [c for c in recipes if runs_of[c.name].scored()]
-        admitted = schedule.admit(r, 0, held_back=scored)
+        racing = schedule.race_estimate(contenders(scored, runs_of, margin), len(splits))
+        admitted = schedule.admit(r, 0, held_back=scored, reserve=racing)
         if not admitted.run:
             runs_of[r.name].status = admitted.why
             continue
