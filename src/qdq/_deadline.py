@@ -29,7 +29,7 @@ __all__ = ["DeadlinePassed", "check", "deadline", "left"]
 _AT: ContextVar[float | None] = ContextVar("qdq_deadline", default=None)
 
 
-class DeadlinePassed(RuntimeError):
+class DeadlinePassed(RuntimeError):  # noqa: N818 - a condition, named as the user reads it
     """The work ran past its deadline (:func:`deadline`)."""
 
 

@@ -202,13 +202,15 @@ def run_search(
     folds: list[tuple[Inputs, Inputs, Callable[[], nn.Module] | None]] | None = None,
     budget: float | None = None,
     refit: float = 0.0,
+    forward: float | None = None,
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
     still in contention, on each further ``(fit, held, calibrated)`` of ``folds``
     (``calibrated()``: the model calibrated on ``fit`` without running data, or ``None``), in
     ``budget`` seconds (default: ``options.budget``, else :func:`qdq.ptq.search.default_budget`);
-    ``refit``: the share of the samples the kept recipe is refitted on (its cost is held back).
+    ``refit``: the share of the samples the kept recipe is refitted on (its cost is held back);
+    ``forward``: a fake-quant forward's seconds per sample, when timed.
     The result's ``model`` is the kept one, with its recipe recorded
     (:func:`qdq.ptq.search.recipe_of`)."""
 
@@ -250,6 +252,7 @@ def run_search(
         folds=more,
         show_progress=show_progress,
         refit=refit,
+        forward_seconds=forward,
     )
 
 
@@ -377,7 +380,8 @@ def calibrate_and_improve(
                                size=size, static=static, device=device, method=calib,
                                percentile=percentile, seconds=seconds, options=searching,
                                per_image=per_image, show_progress=show_progress, folds=folds,
-                               budget=allowed, refit=refit_share if searching.refit else 0.0)  # fmt: skip
+                               budget=allowed, refit=refit_share if searching.refit else 0.0,
+                               forward=budget.per_sample if budget else None)  # fmt: skip
             assert found.model is not None and found.float_model is not None
             prepared, float_model = (found.model, found.float_model) if collected is None else (
                 prepared, found.float_model)  # fmt: skip

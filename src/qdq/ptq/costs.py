@@ -8,8 +8,8 @@ estimated cost, starts one only when its estimate fits in what is left, and shor
   kernel-sum, on the same samples) costs the same in the next, so its measured seconds replace
   the estimate (a fold with other samples scales it by their number);
 * before a step first runs, from the **model's size**: ``forward``, the seconds of one fake-quant
-  forward per sample (measured when the first candidate is scored; before that, what one
-  calibration sample cost), the weighted layers and parameters, and ``flops``, this machine's
+  forward per sample (the caller's timing, else what one calibration sample cost, then the
+  median with every candidate's scoring), the weighted layers and parameters, and ``flops``, this machine's
   matrix-multiply throughput, measured once. Per step:
 
   - kernel-sum rounding (data-free): a pass over the weights, :data:`KERNEL_SUM` seconds per
@@ -91,8 +91,8 @@ class Costs:
         layers: weighted layers.
         flops: matrix-multiply throughput in flop/s (:func:`matmul_flops`).
         measured: per step key, ``(seconds, samples)`` of its last run.
-        forward_measured: whether ``forward`` was measured on a scored candidate (else it is what
-            one calibration sample cost).
+        forwards: the forwards measured so far (seconds per sample): ``forward`` is their
+            median, robust to a first call's one-time costs and to a load spike.
     """
 
     forward: float
@@ -101,7 +101,16 @@ class Costs:
     layers: int
     flops: float
     measured: dict[str, tuple[float, int]] = field(default_factory=dict)
-    forward_measured: bool = False
+    forwards: list[float] = field(default_factory=list)
+
+    def timed_forward(self, seconds: float) -> None:
+        """A fake-quant forward took ``seconds`` per sample: ``forward`` becomes the median of
+        every one measured (the first estimate included)."""
+        if not self.forwards:
+            self.forwards.append(self.forward)
+        self.forwards.append(seconds)
+        ordered = sorted(self.forwards)
+        self.forward = ordered[len(ordered) // 2]
 
     def step(self, key: str, samples: int, *, iters: int = 500) -> float:
         """Seconds of step ``key`` (:data:`qdq.ptq.step.STEPS`) on ``samples`` calibration

@@ -335,6 +335,7 @@ def search(
     folds: Sequence[Fold] = (),
     show_progress: bool = False,
     refit: float = 0.0,
+    forward_seconds: float | None = None,
 ) -> SearchResult:
     """Try PTQ recipes and keep the best on held-out data (module docstring).
 
@@ -379,6 +380,9 @@ def search(
         refit: the caller will run the kept recipe again on ``refit`` times the samples of
             ``calib_data`` (every calibration sample): its estimated cost is kept out of
             ``budget`` (0: no refit).
+        forward_seconds: one fake-quant forward's seconds per sample, when the caller timed it
+            (the first estimate of :class:`qdq.ptq.costs.Costs`; default: what one sample of
+            the calibration cost).
 
     Raises:
         ValueError: no candidates, an unknown recipe, empty calibration or held-out data (of a
@@ -453,7 +457,8 @@ def search(
     schedule: Schedule | None = None
     base(0, False)
     params, layers = _size(bases[0, False][1])
-    costs = Costs(forward=seconds[0] / max(fit[0], 1), calibration=seconds[0], params=params,
+    forward = forward_seconds if forward_seconds is not None else seconds[0] / max(fit[0], 1)
+    costs = Costs(forward=forward, calibration=seconds[0], params=params,
                   layers=layers, flops=matmul_flops())  # fmt: skip
     schedule = Schedule(budget if budget is not None else default_budget(seconds[0]), costs,
                         fit, held, refit, adaround_iters, adaround_samples, start=clock)  # fmt: skip
@@ -479,8 +484,7 @@ def search(
         def score(prepared: nn.Module) -> float | torch.Tensor:
             start = time.perf_counter()
             got = scorers[fold](prepared)
-            costs.forward = (time.perf_counter() - start) / max(held[fold], 1)
-            costs.forward_measured = True
+            costs.timed_forward((time.perf_counter() - start) / max(held[fold], 1))
             return got
 
         return score
