@@ -11,7 +11,7 @@ in it). Its stages fall in two kinds:
   kept recipe), ``--compare-methods`` and the per-layer errors.
 
 After calibration, :meth:`Budget.plan` estimates the stages still to come from what one sample
-costs in a forward of the float and of the fake-quant model (timed on a few calibration
+costs in a forward of the float and of the fake-quant model (timed on 16 calibration
 samples) and the plan's size (the export), sets
 the total when none was given — :data:`SHARE` × the core's estimate, at least the core plus
 :data:`MIN_SEARCH` seconds, so that a small model ends in about a minute on a 2-core CPU — and
