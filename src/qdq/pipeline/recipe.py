@@ -65,8 +65,8 @@ MIN_SAMPLES = 8
 #: calibration samples the time budget's forwards are timed on (:mod:`qdq.pipeline.budget`;
 #: fewer would weigh the per-call overhead of a small model's eval batches too much)
 TIMED = 16
-#: a timed forward shorter than this is timed twice, the faster kept
-RETIME = 1.0
+#: a timed forward is repeated while the timings add up to less than this, at most RETIMES times
+RETIME, RETIMES = 0.5, 5
 #: the seed of the draw of the held-out samples (:func:`held_out_split`)
 HELD_OUT_SEED = 0
 
@@ -455,20 +455,19 @@ def calibrate_and_improve(
 def _per_sample(model: nn.Module, batch: Any, warm: bool) -> float:
     """Seconds per sample of a forward of ``model`` on ``batch`` (eval mode, no autograd), after
     a forward of its first sample when ``warm`` (first calls pay one-time costs: kernel checks,
-    caches); a forward under :data:`RETIME` seconds is timed once more and the faster kept (a
-    load spike on a shared machine would otherwise set the whole budget)."""
+    caches). A quick forward is timed up to :data:`RETIMES` times, until :data:`RETIME` seconds
+    are spent, and the median kept: on a shared machine one timing of a few milliseconds swings
+    10x with the load of the moment, where the evaluation's many batches average it out."""
     expected = expected_inputs(model)
+    times: list[float] = []
     with eval_no_grad(model):
         if warm:
             run_batch(model, tree_map(_head(1), batch), 0, expected)
-        best = math.inf
-        for _ in range(2):
+        while len(times) < RETIMES and sum(times) < RETIME:
             start = time.perf_counter()
             run_batch(model, batch, 0, expected)
-            best = min(best, time.perf_counter() - start)
-            if best >= RETIME:
-                break
-        return best / max(batch_samples(batch), 1)
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] / max(batch_samples(batch), 1)
 
 
 def _head(n: int) -> Callable[[Any], Any]:
