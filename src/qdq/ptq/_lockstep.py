@@ -45,7 +45,7 @@ from qdq.ptq import _layers
 from qdq.ptq._layers import Index, Layer
 from qdq.quant import QuantMode, quantizer_mode
 
-__all__ = ["Handed", "Mismatch", "join_batches", "lockstep", "twin_of"]
+__all__ = ["Handed", "Mismatch", "join_batches", "lockstep", "passes", "twin_of"]
 
 #: seconds between checks of the other side while waiting (a stuck side is noticed this fast)
 _POLL = 0.05
@@ -214,3 +214,52 @@ def lockstep(prepared: nn.Module, twin: nn.Module, batch: Any, index: Index, vis
                 with contextlib.suppress(queue.Empty):
                     handed.get(timeout=_POLL)
             worker.join()
+
+
+def passes(
+    prepared: nn.Module,
+    ordered: list[Layer],
+    batches: list[Any],
+    visit: Visit,
+    alone: Callable[[Layer], Any],
+    done: dict[str, Any],
+    notes: list[str],
+    what: str,
+) -> None:
+    """Do the layers ``ordered`` (forward order) in lockstep passes over the joined ``batches``.
+
+    ``visit`` does a layer called once per forward when the INT8 forward reaches it (it records
+    the layer in ``done`` and returns the call's output). A layer called several times ends a pass
+    (its work needs all its calls, and the layers called in between would see it undone):
+    ``done[path] = alone(layer)`` does it on its own, then the next pass runs on, the layers in
+    ``done`` passing through. Nothing is done when the batches cannot be joined or the joined
+    forward fails before its first layer; when the forwards call different layers a note says so
+    (``what`` the layers after it then were, e.g. "corrected one at a time") and the passes end.
+    The caller does what is not in ``done`` layer by layer."""
+    joined = join_batches(batches)
+    if joined is None or not ordered:
+        return
+    twin = twin_of(prepared)
+    index = _layers.index_of(ordered)
+    several: list[Layer] = []
+
+    def step(layer: Layer, ref: ArgRef, fp: Handed, func: Any, raw: Call, applied: Call) -> Any:
+        if layer.path in done:
+            return _layers.invoke(func, applied)
+        if layer.calls > 1:
+            several.append(layer)
+            raise _layers.Stop
+        return visit(layer, ref, fp, func, raw, applied)
+
+    while len(done) < len(ordered):
+        several.clear()
+        try:
+            if not lockstep(prepared, twin, joined, index, step):
+                return
+        except Mismatch as err:
+            notes.append(f"the FP32 and INT8 forwards called different layers ({err}): the "
+                         f"layers after it were {what}")  # fmt: skip
+            return
+        if not several:
+            return
+        done[several[0].path] = alone(several[0])

@@ -262,22 +262,14 @@ def _in_lockstep(
     notes: list[str],
     show_progress: bool,
 ) -> dict[str, RoundingRow | str]:
-    """Round the layers in forward order in lockstep passes (:mod:`qdq.ptq._lockstep`), as
-    :func:`qdq.ptq.bias._in_lockstep` corrects them: the batches joined into one forward of the
-    FP32 twin and one of the INT8 model; each layer learns its rounding when the INT8 forward
-    reaches it (the twin waiting), from rows sampled at the positions the layer-by-layer path
-    samples (the joined input split back into the batches), and its rounded output goes on
-    downstream. A layer called several times per forward ends a pass and is rounded on its own.
-    Returns each layer done by path (a row, or a note); the caller rounds the others layer by
-    layer."""
-    joined = _lockstep.join_batches(batches)
-    if joined is None or not ordered:
-        return {}
-    twin = _lockstep.twin_of(prepared)
-    index = _layers.index_of(ordered)
+    """Round the layers in forward order in lockstep passes (:func:`qdq.ptq._lockstep.passes`),
+    as :func:`qdq.ptq.bias._in_lockstep` corrects them: each layer learns its rounding when the
+    INT8 forward reaches it (the twin waiting), from rows sampled at the positions the
+    layer-by-layer path samples (the joined input split back into the batches), and its rounded
+    output goes on downstream; a layer called several times is rounded on its own. Returns each
+    layer done by path (a row, or a note); the caller rounds the others layer by layer."""
     sizes = [_layers.batch_size(b) for b in batches]
     found: dict[str, RoundingRow | str] = {}
-    several: list[Layer] = []
 
     def sampled(x: Any, w: torch.Tensor, layer: Layer, call: Call, per_sample: int) -> Any:
         gen = torch.Generator().manual_seed(SEED)  # as _capture draws them, batch by batch
@@ -286,23 +278,19 @@ def _in_lockstep(
         parts = [_rows(p, w, layer.family, call, per_sample, gen) for p in x.split(sizes)]
         return torch.cat(parts).to(torch.float32).transpose(0, 1).contiguous()
 
+    def desc(layer: Layer) -> str:
+        return f"adaround {len(found) + 1}/{len(ordered)} {layer.name}"
+
     def visit(layer: Layer, ref: ArgRef, fp: _lockstep.Handed, func: Any, raw: Call,
               applied: Call) -> Any:  # fmt: skip
-        if layer.path in found:
-            return _layers.invoke(func, applied)
-        if layer.calls > 1:
-            several.append(layer)
-            raise _layers.Stop
         weight = _layers.weight_of(raw, ref)
         per_sample = max(1, math.ceil(MAX_ROWS / samples))
         x_fp = sampled(_input(fp.raw), weight, layer, fp.raw, per_sample)
         x_q = sampled(_input(applied), weight, layer, applied, per_sample)
-        i = len(found)
-        desc = f"adaround {i + 1}/{len(ordered)} {layer.name}"
         if x_fp is None or x_q is None or x_fp.shape != x_q.shape:
             found[layer.path] = _differ(layer)
             return _layers.invoke(func, applied)
-        row = _fit(layer, x_fp, x_q, weight, samples, iters, desc, show_progress)
+        row = _fit(layer, x_fp, x_q, weight, samples, iters, desc(layer), show_progress)
         found[layer.path] = row
         if not row.applied:
             return _layers.invoke(func, applied)
@@ -311,21 +299,11 @@ def _in_lockstep(
                                              q.corrected_bias(_layers.bias_of(raw), weight))  # fmt: skip
         return _layers.invoke(func, redone)
 
-    while len(found) < len(ordered):
-        several.clear()
-        try:
-            if not _lockstep.lockstep(prepared, twin, joined, index, visit):
-                break
-        except _lockstep.Mismatch as err:
-            notes.append(f"the FP32 and INT8 forwards called different layers ({err}): the "
-                         "layers after it were rounded one at a time")  # fmt: skip
-            break
-        if not several:
-            break
-        layer = several[0]
-        desc = f"adaround {len(found) + 1}/{len(ordered)} {layer.name}"
-        found[layer.path] = _round_layer(prepared, layer, batches, samples, iters, desc,
-                                         show_progress)  # fmt: skip
+    def alone(layer: Layer) -> RoundingRow | str:
+        return _round_layer(prepared, layer, batches, samples, iters, desc(layer), show_progress)
+
+    _lockstep.passes(prepared, ordered, batches, visit, alone, found, notes,
+                     "rounded one at a time")  # fmt: skip
     return found
 
 

@@ -283,30 +283,15 @@ def _in_lockstep(
     notes: list[str],
     ticks: Iterator[Layer],
 ) -> dict[str, BiasRow | None]:
-    """Correct the layers in forward order in lockstep passes (:mod:`qdq.ptq._lockstep`): the
-    batches joined into one forward of the FP32 twin and one of the INT8 model, each layer
-    corrected when the INT8 forward reaches it, its corrected output going on downstream. A pass
-    ends at a layer called several times per forward (its correction needs all its calls, and
-    the layers called in between would see it uncorrected): that layer is corrected on its own,
-    then the next pass runs on. Returns the rows of the layers done by path (``None``: a note
-    says why not); the caller corrects the others layer by layer (batches that cannot be
-    joined, a forward that fails on the joined batch before its first layer, forwards that call
-    different layers)."""
-    joined = _lockstep.join_batches(batches)
-    if joined is None or not ordered:
-        return {}
-    twin = _lockstep.twin_of(prepared)
-    index = _layers.index_of(ordered)
+    """Correct the layers in forward order in lockstep passes (:func:`qdq.ptq._lockstep.passes`):
+    the batches joined into one forward of the FP32 twin and one of the INT8 model, each layer
+    corrected when the INT8 forward reaches it, its corrected output going on downstream; a
+    layer called several times is corrected on its own. Returns the rows of the layers done by
+    path (``None``: a note says why not); the caller corrects the others layer by layer."""
     rows: dict[str, BiasRow | None] = {}
-    several: list[Layer] = []
 
     def visit(layer: Layer, ref: ArgRef, fp: _lockstep.Handed, func: Any, raw: Call,
               applied: Call) -> Any:  # fmt: skip
-        if layer.path in rows:
-            return _layers.invoke(func, applied)
-        if layer.calls > 1:
-            several.append(layer)
-            raise _layers.Stop
         weight, bias = _layers.weight_of(raw, ref), _layers.bias_of(raw)
         w_q = _layers.weight_of(applied, ref)
         plain = _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q, bias))
@@ -322,20 +307,12 @@ def _in_lockstep(
         corrected = layer.quantizer.corrected_bias(bias, weight)
         return _layers.invoke(func, _layers.replace_weight_bias(applied, ref, w_q, corrected))
 
-    while len(rows) < len(ordered):
-        several.clear()
-        try:
-            if not _lockstep.lockstep(prepared, twin, joined, index, visit):
-                break
-        except _lockstep.Mismatch as err:
-            notes.append(f"the FP32 and INT8 forwards called different layers ({err}): the "
-                         "layers after it were corrected one at a time")  # fmt: skip
-            break
-        if not several:
-            break
-        layer = several[0]
+    def alone(layer: Layer) -> BiasRow | None:
         next(ticks, None)
-        rows[layer.path] = _corrected(prepared, layer, batches, settings, notes)
+        return _corrected(prepared, layer, batches, settings, notes)
+
+    _lockstep.passes(prepared, ordered, batches, visit, alone, rows, notes,
+                     "corrected one at a time")  # fmt: skip
     return rows
 
 
