@@ -10,7 +10,12 @@ from torch import nn
 
 from qdq.config import CalibSpec, QuantConfig
 from qdq.graph.capture import TRACE_THROUGH, module_path
-from qdq.graph.patterns import PASS_THROUGH_KINDS, WEIGHTED_KINDS, tensor_inputs
+from qdq.graph.patterns import (
+    DATA_MOVEMENT_KINDS,
+    PASS_THROUGH_KINDS,
+    WEIGHTED_KINDS,
+    tensor_inputs,
+)
 from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 
 __all__ = [
@@ -216,7 +221,7 @@ def quantize_input(
 def _rolled(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
     """The ``torch.roll`` call ``node`` is data movement of (through pass-through ops), if any."""
     seen: set[fx.Node] = set()
-    while ctx.kinds.get(node) in PASS_THROUGH_KINDS and node not in seen:
+    while ctx.kinds.get(node) in DATA_MOVEMENT_KINDS and node not in seen:
         if ctx.kinds[node] == "roll":
             return node
         seen.add(node)

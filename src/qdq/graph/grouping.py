@@ -11,7 +11,7 @@ from torch import nn
 
 from qdq.graph.capture import TRACE_THROUGH
 from qdq.graph.context import PlanContext
-from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
+from qdq.graph.patterns import DATA_MOVEMENT_KINDS, tensor_inputs
 from qdq.graph.plan import SHARE, Coverage, QuantPoint, ScaleGroup
 from qdq.graph.weighted import FOLDED_REASON
 from qdq.rules import UnionFind
@@ -22,13 +22,14 @@ __all__ = ["coverage", "group_points"]
 def group_points(
     ctx: PlanContext, nodes: list[fx.Node]
 ) -> tuple[list[QuantPoint], list[ScaleGroup]]:
-    """Union-find: one scale per tensor (S01), across pass-through ops (S03), per Concat (S02)."""
+    """Union-find: one scale per tensor (S01), across pass-through ops and rolls (S03), per
+    Concat (S02)."""
     tensors = UnionFind(nodes)
     crossing: dict[fx.Node, str] = {}
     if ctx.config.family_enabled("pooling"):
         for n in nodes:
             ins = tensor_inputs(n)
-            if ctx.kinds[n] in PASS_THROUGH_KINDS and len(ins) == 1:
+            if ctx.kinds[n] in DATA_MOVEMENT_KINDS and len(ins) == 1:
                 tensors.union(ins[0][1], n)
                 crossing[n] = "S03"
     by_name = ctx.by_name

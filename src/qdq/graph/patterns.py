@@ -18,6 +18,7 @@ from torch import nn
 
 __all__ = [
     "COPY_KINDS",
+    "DATA_MOVEMENT_KINDS",
     "EPILOGUE_KINDS",
     "PASS_THROUGH_KINDS",
     "WEIGHTED_KINDS",
@@ -30,10 +31,14 @@ __all__ = [
 WEIGHTED_KINDS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 #: data movement: TensorRT moves Q/DQ across these (no arithmetic on values)
 COPY_KINDS = frozenset({"copy", "identity"})
-#: ops Q/DQ commute with, so scales on both sides must be shared; ``roll`` (a cyclic shift:
-#: Swin's shifted windows) is data movement too, but a Slice + Concat in ONNX, which TensorRT
-#: moves a Quantize across without fusing it into a layer's epilogue (so not a copy kind)
-PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize", "roll"})
+#: ops Q/DQ commute with, so scales on both sides must be shared
+PASS_THROUGH_KINDS = frozenset({"copy", "identity", "max_pool", "pad", "resize"})
+#: ...and a cyclic shift (``torch.roll``: Swin's shifted windows), data movement written as Slices
+#: and a Concat in ONNX, which TensorRT moves a Quantize across: one scale across it (S03). The
+#: searches for a quantized reader downstream (S02, P06, P17, the P04 fan-out readers) do not
+#: look through it: on Swin V2's post-norm blocks P17 across a roll measured P04 9 -> 4 but
+#: P05 3 -> 8 and 15 more unfused Q/DQ (the next block's residual Add reads the sum in float)
+DATA_MOVEMENT_KINDS = PASS_THROUGH_KINDS | {"roll"}
 #: ...and a ReLU-family activation, which TensorRT fuses into the PointWise layer before it
 #: (an Add's, a gating Mul's): that layer's output is what the activation's reader quantizes
 THROUGH_ACT_KINDS = PASS_THROUGH_KINDS | {"act"}
