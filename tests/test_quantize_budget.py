@@ -116,3 +116,14 @@ def test_the_plan_reserves_the_stages_to_come() -> None:
     given = Budget(30.0)
     given.plan(points=10, fp32=0.01, int8=0.02)
     assert given.total == 30.0 and given.to_report()["given"] is True
+
+
+def test_without_a_search_the_default_is_the_core_and_a_tenth(tmp_path: Path) -> None:
+    stages: dict[str, str] = {}
+    res = quantize(_net(), _data(), out=tmp_path / "out", exporter="torchscript", batch_size=4,
+                   show_progress=False, ptq="none",
+                   on_stage=lambda n, s, d: stages.__setitem__(n, d))  # fmt: skip
+    b = res.report["budget"]
+    assert "; no recipe search; expected end by " in stages["budget"]
+    assert b["seconds"] >= 1.1 * sum(b["planned"].values()) - 1e-6
+    assert "recipe_search" not in res.report["timings_s"]

@@ -86,6 +86,7 @@ class Budget:
         planned: the estimates :meth:`plan` made, by stage, in the order they run.
         skipped: what the budget left out, each ``{"stage", "what", "why"}``.
         per_sample: what one sample costs in a fake-quant forward (the unit of the estimates).
+        search: whether the job searches a recipe (the default total leaves it a share).
     """
 
     given: float | None = None
@@ -97,6 +98,7 @@ class Budget:
     planned: dict[str, float] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
     per_sample: float = 0.0
+    search: bool = True
 
     def __post_init__(self) -> None:
         if self.given is not None:
@@ -110,10 +112,12 @@ class Budget:
         """Seconds left of the budget (negative past it; infinite before :meth:`plan`)."""
         return math.inf if self.total is None else self.total - self.elapsed()
 
-    def plan(self, *, points: int, fp32: float, int8: float) -> None:
+    def plan(self, *, points: int, fp32: float, int8: float, search: bool = True) -> None:
         """Estimate the stages to come from the plan's size (``points``) and what one sample
         costs in a forward of the float model (``fp32``) and of the fake-quant model (``int8``);
-        set the total when none was given."""
+        set the total when none was given (``search``: whether a recipe search will run: without
+        one the default is the core's estimate and a tenth for its error)."""
+        self.search = search
         self.per_sample = int8
         export = EXPORT_FIXED + EXPORT_PER_POINT * points
         self.planned = {
@@ -126,7 +130,7 @@ class Budget:
         }
         if self.total is None:
             core = self.elapsed() + sum(self.planned.values())
-            self.total = max(SHARE * core, core + MIN_SEARCH)
+            self.total = max(SHARE * core, core + MIN_SEARCH) if search else 1.1 * core
 
     def reserved(self, after: str | None = None) -> float:
         """The estimated seconds of the planned stages (those after ``after`` in the plan's
@@ -159,10 +163,12 @@ class Budget:
             if self.given is not None
             else (f"default: {SHARE:g} x the core stages' estimate")
         )
-        return (
-            f"time budget {self.total:.0f} s ({how}); the search may take "
-            f"{self.search_seconds():.0f} s; expected end by {end}"
+        search = (
+            f"the search may take {self.search_seconds():.0f} s"
+            if self.search
+            else "no recipe search"
         )
+        return f"time budget {self.total:.0f} s ({how}); {search}; expected end by {end}"
 
     def to_report(self) -> dict[str, Any]:
         """``report.json["budget"]``."""

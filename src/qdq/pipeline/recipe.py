@@ -347,7 +347,8 @@ def calibrate_and_improve(
             batch = calib_batches[0] if static else tree_map(_head(TIMED), calib_batches[0])
             budget.plan(points=len(qdq.plan_of(prepared).points),
                         fp32=_per_sample(model, batch, not static),
-                        int8=_per_sample(prepared, batch, not static))  # fmt: skip
+                        int8=_per_sample(prepared, batch, not static),
+                        search=searching is not None and held is not None)  # fmt: skip
             st.detail = budget.describe()
     float_model = model if equalized is None else equalized.model  # what gets quantized
     found, refit_share = None, num_samples(every) / max(num_samples(cal), 1)
