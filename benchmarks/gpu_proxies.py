@@ -299,6 +299,19 @@ def _batch_ratio(s: Subjects, float_fwd: Callable[[], Any], repeats: int, warmup
     return statistics.median(ratios)
 
 
+def profile_figures(s: Subjects, calls: int) -> dict[str, Any]:
+    """:func:`gpu_proxy_probes.host_profile` of the float and fake-quant forwards, a 3-batch
+    calibration and the QAT and float steps."""
+    float_step = common.train_step(copy.deepcopy(s.model).train(), s.x2, "cpu", None)
+    runs = {"float_fwd": _no_grad(s.model, s.x), "fq_fwd": _no_grad(s.prepared, s.x),
+            "calib_3_batches": _calibrate(s.prepared, s.batches, None),
+            "qat_step": common.train_step(s.qat, s.x2, "cpu", None), "float_step": float_step}  # fmt: skip
+    out = {f"profile_{k}": probes.host_profile(fn, max(2, calls // (4 if "step" in k else 1)))
+           for k, fn in runs.items()}  # fmt: skip
+    s.qat.zero_grad(set_to_none=True)
+    return out
+
+
 #: the table: (key, label); a key names a figure of the JSON
 ROWS = (
     ("quantizers", "quantizers (activation ones, which calibration feeds)"),
@@ -369,6 +382,9 @@ def causes(name: str, fig: dict[str, Any]) -> str:
                       ("qat_step_sync_sites", "syncs per QAT step")):  # fmt: skip
         if fig.get(key):
             lines.append(f"  {what}: " + "; ".join(f"{site} ×{_fmt(n)}" for site, n in fig[key]))
+    for key in [k for k in fig if k.startswith("profile_")]:
+        rows = "; ".join(f"{where} {ms} ms ({n} calls)" for ms, n, where in fig[key][:6])
+        lines.append(f"  host time by function, {key[8:]}: {rows}")
     for tag in ("eval", "train"):
         c = fig.get(f"compile_{tag}_qdq")
         if c:
@@ -406,6 +422,8 @@ def main() -> None:
     p.add_argument("--no-time", dest="time", action="store_false", help="counts only")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     p.add_argument("--backend", default="eager", help="dynamo backend (eager, aot_eager)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile N calls of each subject (host time by function)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write every figure and cause here")
     p.add_argument("--gpu-path", action="store_true", help="count qdq's GPU code path: its Triton "
                    "kernels run by Triton's CPU interpreter (TRITON_INTERPRET=1), counts only")  # fmt: skip
@@ -430,6 +448,8 @@ def main() -> None:
             fig.update(time_figures(s, args.repeats, args.warmup))
         if args.compile:
             fig.update(compile_figures(s, args.backend))
+        if args.profile:
+            fig.update(profile_figures(s, args.profile))
         figures[name] = fig
         print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     path = "GPU path (Triton interpreted) · " if args.gpu_path else ""

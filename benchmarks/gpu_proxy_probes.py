@@ -29,6 +29,7 @@ import copy
 import linecache
 import logging
 import os
+import re
 import sys
 import traceback
 import weakref
@@ -47,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 QDQ_SRC = str(Path(__file__).resolve().parents[1] / "src" / "qdq") + "/"
 _TORCH = str(Path(torch.__file__).resolve().parent) + "/"
 _HERE = str(Path(__file__).resolve())
+_REPO = str(Path(__file__).resolve().parents[1]) + "/"
 #: ops that launch no kernel on a GPU besides views: allocations and the scalar read (a sync)
 _NO_KERNEL = frozenset({"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.lift_fresh",
                         "aten._local_scalar_dense", "aten.resize_", "aten.set_"})  # fmt: skip
@@ -285,6 +287,34 @@ def _to_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return isinstance(target, str) and target.split(":")[0] == "cpu"
 
 
+def host_profile(fn: Callable[[], Any], calls: int, top: int = 10) -> list[list[Any]]:
+    """Where the host time of ``fn()`` goes: ``cProfile`` over ``calls`` runs (after one), the
+    ``top`` functions by self time as ``[ms per run, calls per run, "file:line function"]``
+    (builtins such as ``torch.where`` included: their time is the kernel's on this CPU). The
+    profiler's own cost inflates cheap Python functions: read it as a ranking, not as times."""
+    import cProfile
+    import pstats
+
+    fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(((tt, nc, f, ln, name) for (f, ln, name), (_, nc, tt, _, _) in stats.items()),
+                  reverse=True)[:top]  # fmt: skip
+    return [[round(tt / calls * 1000, 3), nc // calls, f"{_where_file(f)}:{ln} {name}"]
+            for tt, nc, f, ln, name in rows]  # fmt: skip
+
+
+def _where_file(path: str) -> str:
+    for root, short in ((QDQ_SRC, "qdq/"), (_TORCH, "torch/")):
+        if path.startswith(root):
+            return short + path[len(root) :]
+    return Path(path).name if "/" in path else path
+
+
 # ------------------------------------------------------------------------------ torch.compile
 @dataclass(frozen=True)
 class Step:
@@ -333,10 +363,11 @@ class _Log(logging.Handler):
 
 
 def _short(where: str) -> str:
-    """``forward in /long/path/src/qdq/graph/calls.py:257`` → ``forward in qdq/graph/calls.py:257``."""
-    for root, short in ((QDQ_SRC, "qdq/"), (_TORCH, "torch/")):
+    """``forward in /long/path/src/qdq/graph/calls.py:257`` → ``forward in qdq/graph/calls.py:257``
+    (and ``torch/...``, ``torchvision/...`` for installed packages, ``benchmarks/...``)."""
+    for root, short in ((QDQ_SRC, "qdq/"), (_TORCH, "torch/"), (_REPO, "")):
         where = where.replace(root, short)
-    return where
+    return re.sub(r"\S*/site-packages/", "", where)
 
 
 @contextlib.contextmanager
