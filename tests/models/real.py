@@ -367,7 +367,7 @@ def _unet_cond() -> tuple[nn.Module, Inputs]:
     return CrossAttentionDenoiser(unet), inputs
 
 
-def _unet() -> tuple[nn.Module, Inputs]:
+def _unet_pixel() -> tuple[nn.Module, Inputs]:
     from diffusers import UNet2DModel
 
     unet = UNet2DModel(
@@ -499,7 +499,7 @@ _ROWS: tuple[Arch, ...] = (
     Arch("unet2d_cond_tiny", "diffusers", ("diffusers",), _unet_cond, cascades=True,
          note="UNet2DConditionModel, 2 levels (32, 64), cross-attention at 16x16; inputs: "
               "latent 4x32x32, timestep, 8 text tokens of 32"),
-    Arch("unet2d_tiny", "diffusers", ("diffusers",), _unet, cascades=True,
+    Arch("unet2d_tiny", "diffusers", ("diffusers",), _unet_pixel, cascades=True,
          note="UNet2DModel, 2 levels (32, 64), self-attention at 16x16; inputs: 3x32x32, "
               "timestep"),
     Arch("vae_decoder_tiny", "diffusers", ("diffusers",), _vae_decoder, cascades=True,
