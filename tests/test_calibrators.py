@@ -58,13 +58,50 @@ def test_max_calibrator_rejects_changed_channel_count() -> None:
         cal.collect(torch.ones(4, 2))
 
 
-@pytest.mark.parametrize("cal", [MaxCalibrator(), MaxCalibrator(axis=0), HistogramCalibrator()])
-def test_nan_and_inf_batches_name_the_batch(cal) -> None:
+@pytest.mark.parametrize("make", [MaxCalibrator, lambda: MaxCalibrator(axis=0),
+                                  HistogramCalibrator])  # fmt: skip
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_batches_name_the_batch(make, bad) -> None:
+    """The first batch with NaN or inf is named, at the latest when amax is read (a GPU reads
+    nothing back while collecting, whatever came after it)."""
+    cal = make()
     cal.collect(torch.ones(2, 3))
     with pytest.raises(CalibrationError, match="batch 1 contains NaN or inf"):
-        cal.collect(torch.tensor([[1.0, float("nan"), 0.0], [0.0, 0.0, 0.0]]))
+        cal.collect(torch.tensor([[1.0, bad, 0.0], [0.0, 0.0, 0.0]]))
+        cal.collect(torch.tensor([[bad, 2.0, 0.0], [0.0, 0.0, 0.0]]))
+        cal.collect(torch.ones(2, 3))
+        cal.compute_amax()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_device_that_reads_nothing_back_names_the_bad_batch_when_amax_is_read(
+    bad, monkeypatch
+) -> None:
+    """The histogram's path for a device where reading back waits for it (a GPU without the
+    fused kernels), run on the CPU: NaN and inf are binned into range, the same counts as the
+    CPU path otherwise, and the first bad batch named when amax is read."""
+    from qdq.calib import histogram
+
+    monkeypatch.setattr(histogram, "reads_free", lambda device: False)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(300, generator=g) * s for s in (0.01, 3.0, 1e-9, 40.0)]
+    device_path = HistogramCalibrator()
+    for b in batches:
+        device_path.collect(b)
+    monkeypatch.undo()
+    cpu_path = HistogramCalibrator()
+    for b in batches:
+        cpu_path.collect(b)
+    for a, b in zip(device_path.histogram(), cpu_path.histogram(), strict=True):
+        assert (a == b).all()
+    assert device_path.observed_max == cpu_path.observed_max
+    monkeypatch.setattr(histogram, "reads_free", lambda device: False)
+    cal = HistogramCalibrator()
+    cal.collect(torch.ones(2, 3))
+    cal.collect(torch.tensor([1.0, bad, -2.0]))
+    cal.collect(torch.tensor([bad, 5.0]))
     with pytest.raises(CalibrationError, match="batch 1 contains NaN or inf"):
-        cal.collect(torch.tensor([[1.0, float("inf"), 0.0], [0.0, 0.0, 0.0]]))
+        cal.compute_amax("mse")
 
 
 @pytest.mark.parametrize("cal", [MaxCalibrator(), HistogramCalibrator()])

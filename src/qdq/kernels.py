@@ -129,6 +129,16 @@ def usable(x: torch.Tensor) -> bool:
     return ok
 
 
+def densified(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy of it when the copy is what lets the fused kernels serve it
+    (a transposed view on a GPU, an attention operand: one copy kernel instead of the torch
+    path's several passes)."""
+    if _dense(x) or (x.device.type != "cuda" and not (_INTERPRET and x.device.type == "cpu")):
+        return x
+    y = x.contiguous()
+    return y if usable(y) else x
+
+
 def _first_use(device: torch.device) -> bool:
     if os.environ.get("QDQ_KERNELS", "1") == "0" or _triton() is None:
         return False

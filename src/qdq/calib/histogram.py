@@ -15,13 +15,21 @@ range and the bin count are powers of two, the bin width is a power of two, so
 Since the largest value lies above half the range, at least ``num_bins`` bins span ``[0, max|x|]``;
 :meth:`HistogramCalibrator.histogram` returns the bins up to the last non-empty one (``num_bins+1`` to
 ``2*num_bins`` bins). Counts are int64, so huge tensors lose nothing (a trap of ``torch.histc``
-with float32 counts). On a GPU, :func:`qdq.kernels.abs_histogram` bins each batch in one pass on its
-own grid (its exponent computed on the device) and the calibrator merges up to 16 such batches with
-one read of their maxima: the same counts, without a host synchronisation per batch (a NaN/inf
-batch is then reported when it is merged, still by its index). Otherwise: on the CPU
-``torch.bincount`` of int32 bin indices over chunks of 2**17 values through reused buffers with one
-torch thread, and ``scatter_add_`` into one row per thread (:func:`_scatter_cpu`) with more;
-``torch.bincount`` over chunks of 2**24 values on other devices.
+with float32 counts).
+
+Each batch is binned on its own grid and merged into the running histogram **on the device**: both
+regridded to the wider range by one ``scatter_add`` each (:meth:`HistogramCalibrator._merge`), the
+running exponent, maximum and first bad batch kept as device tensors. Nothing is read back while
+collecting, so a GPU never waits for a calibration batch (issue 48: 165 host syncs per batch on
+ResNet-50 before, 0 now); the state is read once, when amax is computed (a batch with NaN/inf is
+named then, by its index). The binning: on a GPU, :func:`qdq.kernels.abs_histogram` in one fused
+pass (a transposed view, an attention operand, copied to dense first); on another device without
+the fused kernels, ``index_add_`` into the grid (:func:`_bincount_device`: ``torch.bincount`` reads
+its size back). On the CPU, where reading a value back costs nothing (:func:`reads_free`), each
+batch's range and sign are read (a non-negative batch skips the ``abs`` pass, and a NaN/inf batch
+fails at once): ``torch.bincount`` of int32 bin indices over chunks of 2**17 values through reused
+buffers with one torch thread, and ``scatter_add_`` into one row per thread
+(:func:`_scatter_cpu`) with more.
 The largest ``|x|`` of a batch comes from one ``torch.aminmax`` pass; ``|x|`` itself is never
 materialised.
 
@@ -47,6 +55,7 @@ the scale is the floored one whatever the method, so this changes no quantized v
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -66,15 +75,7 @@ _CHUNK = 1 << 24
 _CPU_CHUNK = 1 << 17
 _SCATTER_CHUNK = 1 << 19
 _PARALLEL_MIN = 1 << 16
-#: device-binned batches held before they are merged (each: ``grid`` int64 counts)
-_PENDING = 16
 DEFAULT_PERCENTILE = 99.99
-
-
-def _ceil_log2(v: float) -> int:
-    """Smallest ``e`` with ``2**e >= v`` (exact, for positive finite ``v``)."""
-    mant, exp = math.frexp(v)  # v = mant * 2**exp, 0.5 <= mant < 1
-    return exp - 1 if mant == 0.5 else exp
 
 
 class _Scratch(threading.local):
@@ -114,9 +115,9 @@ def _bincount_cpu(
     values: torch.Tensor, factor: float, grid: int, *, signed: bool = True
 ) -> torch.Tensor:
     """int64 counts of ``floor(|v| * factor)`` over ``grid`` bins (the value ``grid`` counted in
-    the last bin); ``signed=False`` promises ``v >= 0`` (no ``abs`` pass). With one torch thread
-    (or few values): ``torch.bincount`` over pieces of at most ``_CPU_CHUNK`` values; with more,
-    :func:`_scatter_cpu`, which the threads share."""
+    the last bin; ``v`` finite); ``signed=False`` promises ``v >= 0`` (no ``abs`` pass). With one
+    torch thread (or few values): ``torch.bincount`` over pieces of at most ``_CPU_CHUNK``
+    values; with more, :func:`_scatter_cpu`, which the threads share."""
     threads = torch.get_num_threads()
     if threads > 1 and values.numel() >= _PARALLEL_MIN:
         counts = _scatter_cpu(values, factor, grid, threads, signed)
@@ -132,12 +133,22 @@ def _bincount_cpu(
 
 
 def _bin_index(
-    chunk: torch.Tensor, factor: float, scaled: torch.Tensor, index: torch.Tensor, signed: bool
+    chunk: torch.Tensor,
+    factor: float | torch.Tensor,
+    scaled: torch.Tensor,
+    index: torch.Tensor,
+    signed: bool,
+    grid: int | None = None,
 ) -> None:
-    """``index = floor(|chunk| * factor)`` through the buffer ``scaled``."""
+    """``index = floor(|chunk| * factor)`` through the buffer ``scaled``. With ``grid`` the
+    values may be non-finite (the device path, which reads nothing back to check): they are
+    kept in ``[0, grid]`` and the batch is reported when its statistics are read."""
     torch.mul(chunk, factor, out=scaled)  # factor: a power of two, exact
     if signed:
         scaled.abs_()
+    if grid is not None:
+        torch.nan_to_num_(scaled, nan=0.0, posinf=float(grid))
+        scaled.clamp_(max=grid)
     index.copy_(scaled)  # truncation == floor for non-negative values
 
 
@@ -163,6 +174,43 @@ def _scatter_cpu(
         index[k:].fill_(grid + 1)
         table.scatter_add_(1, index.view(rows, run), ones.view(rows, run))
     return table.sum(dim=0)[: grid + 1]
+
+
+def _bincount_device(values: torch.Tensor, factor: torch.Tensor, grid: int) -> torch.Tensor:
+    """The counts on a device where reading back waits for it, without the fused kernels:
+    ``index_add_`` into the grid (``torch.bincount`` reads its size back), in pieces of
+    ``_CHUNK``; ``factor`` a 0-dim tensor on the device, the values possibly non-finite."""
+    counts = torch.zeros(grid + 1, dtype=torch.int64, device=values.device)
+    for start in range(0, values.numel(), _CHUNK):
+        chunk = values[start : start + _CHUNK]
+        scaled = torch.empty_like(chunk)
+        index = torch.empty(chunk.numel(), dtype=torch.int64, device=values.device)
+        _bin_index(chunk, factor, scaled, index, True, grid)
+        counts.index_add_(0, index, torch.ones_like(index))
+    counts[grid - 1] += counts[grid]
+    return counts[:grid]
+
+
+def reads_free(device: torch.device) -> bool:
+    """Whether reading a value back from ``device`` costs nothing: on the CPU the calibrator
+    reads ``max|x|`` and the sign of each batch (the range, and no ``abs`` pass over a
+    non-negative batch); on any other device nothing is read back while collecting."""
+    return device.type == "cpu"
+
+
+def _ceil_log2(v: float) -> int:
+    """Smallest ``e`` with ``2**e >= v`` (exact, for positive finite ``v``)."""
+    mant, exp = math.frexp(v)  # v = mant * 2**exp, 0.5 <= mant < 1
+    return exp - 1 if mant == 0.5 else exp
+
+
+def _exponent(top: torch.Tensor) -> torch.Tensor:
+    """The smallest ``e >= _MIN_EXP`` with ``2**e >= top`` as an int64 0-dim tensor on ``top``'s
+    device, computed there (``_MIN_EXP`` for 0 and for a non-finite ``top``)."""
+    mantissa, exp = torch.frexp(top)  # top = mantissa * 2**exp, 0.5 <= mantissa < 1
+    e = exp.to(torch.int64) - (mantissa == 0.5).to(torch.int64)
+    e = torch.where(torch.isfinite(top) & (top > 0), e, _MIN_EXP)
+    return torch.clamp(e, min=_MIN_EXP)
 
 
 class HistogramCalibrator(Calibrator):
@@ -197,98 +245,90 @@ class HistogramCalibrator(Calibrator):
         self.unsigned = unsigned
         self._grid = 2 * num_bins  # bins over [0, 2**exp]
         self._log2_grid = self._grid.bit_length() - 1
+        #: on the data's device, nothing read back while collecting: the counts on the grid of
+        #: ``2**exp``, that exponent (int64), the largest |x| (float64) and the index of the first
+        #: batch holding NaN/inf (-1: none)
         self._counts: torch.Tensor | None = None
-        #: batches binned on the device, not yet merged: (counts, [max, exp], pad lanes, index)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
-        self._exp = _MIN_EXP
-        self._max = 0.0
+        self._exp_t: torch.Tensor | None = None
+        self._max_t: torch.Tensor | None = None
+        self._bad_t: torch.Tensor | None = None
+        #: the exponent and the largest |x| read back (``None``: not since the last batch)
+        self._read: tuple[int, float] | None = (_MIN_EXP, 0.0)
         self._numel = 0
 
     # ---------------------------------------------------------------- collection
     def _collect(self, x: torch.Tensor, index: int) -> None:
         if x.numel() == 0:
             return
-        if kernels.usable(x):  # a GPU: one pass, nothing read back until later (module docstring)
+        x = kernels.densified(x)
+        if kernels.usable(x):  # a GPU: one fused pass on the batch's own grid (module docstring)
             counts, stats, pad = kernels.abs_histogram(x, self._grid)
-            self._pending.append((counts, stats, pad, index))
-            self._numel += x.numel()
-            if len(self._pending) >= _PENDING:
-                self._merge_pending()
-            return
-        self._merge_pending()
-        if x.dtype != torch.float32 and x.dtype != torch.float64:
-            x = x.to(torch.float32)  # exact for half / bfloat16
-        lo, hi = torch.aminmax(x)  # max|x| = max(-min, max), one pass and no copy of x
-        batch_max = float(torch.maximum(-lo, hi))
-        if not math.isfinite(batch_max):
-            raise nonfinite_error(index)
-        if self._counts is None:
-            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=x.device)
-        if batch_max > 0:
-            self._grow(max(_ceil_log2(batch_max), _MIN_EXP))
-        self._max = max(self._max, batch_max)
-        self._numel += x.numel()
-        # |value| * 2**(log2_grid - exp) is exact and at most grid (only a value of exactly
-        # 2**exp reaches it: counted in the top bin); truncation == floor for non-negative values
-        factor = 2.0 ** (self._log2_grid - self._exp)
-        if x.device.type == "cpu":
-            self._counts += _bincount_cpu(x.reshape(-1), factor, self._grid, signed=bool(lo < 0))
-            return
-        flat = x.reshape(-1)
-        for start in range(0, flat.numel(), _CHUNK):
-            idx = flat[start : start + _CHUNK].mul(factor).abs_().to(torch.int32)
-            full = torch.bincount(idx, minlength=self._grid + 1)
-            full[self._grid - 1] += full[self._grid]
-            self._counts += full[: self._grid]
-
-    def _merge_pending(self) -> None:
-        """Fold the batches binned on the device (:func:`qdq.kernels.abs_histogram`, each on its
-        own grid) into the running histogram: one read of their maxima for all of them, then
-        exact merges of ``2**d`` bins, as if each had been binned on the common grid."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        stats = torch.stack([p[1] for p in pending]).cpu().tolist()  # the one synchronisation
-        for (_, _, _, index), (top, _) in zip(pending, stats, strict=True):
-            if not math.isfinite(top):
-                raise nonfinite_error(index)
-        if self._counts is None:
-            self._counts = torch.zeros(self._grid, dtype=torch.int64, device=pending[0][0].device)
-        self._grow(max(int(exp) for _, exp in stats))
-        self._max = max(self._max, *(top for top, _ in stats))
-        pad = 0
-        for (counts, _, lanes, _), (_, exp) in zip(pending, stats, strict=True):
-            pad += lanes  # every padding lane was counted in bin 0, which stays bin 0
-            shift = self._exp - int(exp)
-            if shift == 0:
-                self._counts += counts
-            elif shift >= self._log2_grid:
-                self._counts[0] += counts.sum()
+            counts[0] -= pad  # every padding lane was counted in bin 0
+            top, exp = stats[0].to(torch.float64), stats[1].to(torch.int64)
+        else:
+            if x.dtype != torch.float32 and x.dtype != torch.float64:
+                x = x.to(torch.float32)  # exact for half / bfloat16
+            lo, hi = torch.aminmax(x)  # max|x| = max(-min, max), one pass and no copy of x
+            top = torch.maximum(-lo, hi).to(torch.float64)
+            flat = x.reshape(-1)
+            if reads_free(x.device):  # the CPU: the range and the sign read back, for free
+                batch_max = float(top)
+                if not math.isfinite(batch_max):
+                    raise nonfinite_error(index)
+                e = max(_ceil_log2(batch_max), _MIN_EXP) if batch_max > 0 else _MIN_EXP
+                counts = _bincount_cpu(flat, 2.0 ** (self._log2_grid - e), self._grid,
+                                       signed=bool(lo < 0))  # fmt: skip
+                exp = torch.tensor(e, dtype=torch.int64)
             else:
-                self._counts[: self._grid >> shift] += counts.view(-1, 1 << shift).sum(dim=1)
-        self._counts[0] -= pad
+                exp = _exponent(top)
+                factor = torch.ldexp(torch.ones((), dtype=x.dtype, device=x.device),
+                                     self._log2_grid - exp)  # fmt: skip
+                counts = _bincount_device(flat, factor, self._grid)
+        self._numel += x.numel()
+        self._merge(counts, exp, top, torch.where(torch.isfinite(top), -1, index))
 
-    def _grow(self, exp: int) -> None:
-        """Double the range until it reaches ``2**exp``, merging bins exactly."""
-        if exp <= self._exp or self._counts is None:
+    def _merge(
+        self, counts: torch.Tensor, exp: torch.Tensor, top: torch.Tensor, bad: torch.Tensor
+    ) -> None:
+        """Add ``counts`` (on the grid of ``2**exp``) to the running histogram on the device:
+        both regridded to the larger range, exactly (``2**d`` bins into one), no read back."""
+        self._read = None
+        if self._counts is None or self._exp_t is None or self._max_t is None:
+            self._counts, self._exp_t, self._max_t = counts, exp, torch.where(bad < 0, top, 0.0)
+            self._bad_t = bad
             return
-        self._counts = self._regrid(self._counts, exp - self._exp)
-        self._exp = exp
+        wider = torch.maximum(self._exp_t, exp)
+        self._counts = self._regrid(self._counts, wider - self._exp_t) + self._regrid(
+            counts.to(self._counts.device), wider - exp
+        )
+        self._exp_t = wider
+        self._max_t = torch.where(bad < 0, torch.maximum(self._max_t, top), self._max_t)
+        assert self._bad_t is not None
+        self._bad_t = torch.where(self._bad_t < 0, bad, self._bad_t)
 
-    def _regrid(self, counts: torch.Tensor, shift: int) -> torch.Tensor:
-        """``counts`` on a grid ``2**shift`` times as wide (every ``2**shift`` bins merged into
-        one, exactly), in place."""
-        if shift <= 0:
-            return counts
-        if shift >= self._log2_grid:
-            total = counts.sum()
-            counts.zero_()
-            counts[0] = total
-            return counts
-        merged = counts.view(-1, 1 << shift).sum(dim=1)
-        counts.zero_()
-        counts[: merged.numel()] = merged
-        return counts
+    def _regrid(self, counts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """``counts`` on a grid ``2**shift`` times as wide (``shift >= 0`` an int64 0-dim tensor
+        on the device: bins ``[k·2**s, (k+1)·2**s)`` into bin ``k``, all into bin 0 past the
+        grid's size), by one ``scatter_add`` on the device."""
+        bins = _bins(self._grid, counts.device)
+        target = bins >> torch.clamp(shift, 0, self._log2_grid)
+        return torch.zeros_like(counts).scatter_add_(0, target, counts)
+
+    def _host(self) -> tuple[int, float]:
+        """The exponent and the largest |x| (one read back from the device, kept until the next
+        batch).
+
+        Raises:
+            CalibrationError: a batch held NaN or inf (naming the first one).
+        """
+        if self._read is None:
+            assert self._exp_t is not None and self._max_t is not None and self._bad_t is not None
+            exp, top, bad = torch.stack([self._exp_t.to(torch.float64), self._max_t,
+                                         self._bad_t.to(torch.float64)]).tolist()  # fmt: skip
+            if bad >= 0:
+                raise nonfinite_error(int(bad))
+            self._read = (int(exp), top)
+        return self._read
 
     def _absorb(self, other: Calibrator) -> None:
         assert isinstance(other, HistogramCalibrator)
@@ -301,74 +341,66 @@ class HistogramCalibrator(Calibrator):
                 f"cannot merge a histogram of {other.num_bins} bins / {other.num_bits} bits into "
                 f"one of {self.num_bins} bins / {self.num_bits} bits"
             )
-        self._merge_pending()
-        other._merge_pending()
         if other._counts is not None:
-            theirs = other._regrid(other._counts.clone(), self._exp - other._exp)
-            if self._counts is None:
-                self._counts, self._exp = theirs, max(self._exp, other._exp)
-            else:
-                self._grow(other._exp)
-                self._counts += theirs.to(self._counts.device)
-        self._max = max(self._max, other._max)
+            assert other._exp_t is not None and other._max_t is not None
+            assert other._bad_t is not None
+            self._merge(other._counts.clone(), other._exp_t, other._max_t, other._bad_t)
         self._numel += other._numel
 
     def _reset(self) -> None:
-        self._pending = []
-        self._counts = None
-        self._exp = _MIN_EXP
-        self._max = 0.0
+        self._counts = self._exp_t = self._max_t = self._bad_t = None
+        self._read = (_MIN_EXP, 0.0)
         self._numel = 0
 
     def _sync(self, group: object) -> None:
-        self._merge_pending()
         # the grid is a power of two: grow every rank to the largest range (exact bin merges),
         # then the int64 counts add up to what one process would have counted
-        exp = int(all_reduce(torch.tensor([self._exp], dtype=torch.int64), "max", group)[0])
+        own_exp, own_max = self._host()
+        exp = int(all_reduce(torch.tensor([own_exp], dtype=torch.int64), "max", group)[0])
+        local = torch.zeros(self._grid, dtype=torch.int64)
         if self._counts is not None:
-            self._grow(exp)
-        self._exp = exp
-        local = (self._counts if self._counts is not None
-                 else torch.zeros(self._grid, dtype=torch.int64))  # fmt: skip
+            shift = torch.tensor(exp - own_exp, device=self._counts.device)
+            local = self._regrid(self._counts, shift)
         summed = all_reduce(local, "sum", group)
         seen = int(all_reduce(torch.tensor([0 if self._counts is None else 1]), "sum", group)[0])
-        if seen:
-            self._counts = summed
-        self._max = float(
-            all_reduce(torch.tensor([self._max], dtype=torch.float64), "max", group)[0]
-        )
+        top = float(all_reduce(torch.tensor([own_max], dtype=torch.float64), "max", group)[0])
         self._numel = int(
             all_reduce(torch.tensor([self._numel], dtype=torch.int64), "sum", group)[0]
         )
+        if seen:
+            device = summed.device
+            self._counts = summed
+            self._exp_t = torch.tensor(exp, dtype=torch.int64, device=device)
+            self._max_t = torch.tensor(top, dtype=torch.float64, device=device)
+            self._bad_t = torch.tensor(-1, dtype=torch.int64, device=device)
+            self._read = None
 
     # ---------------------------------------------------------------- results
     @property
     def below_floor(self) -> bool:
         """Whether data was collected and all of it lies at or below :data:`FLOOR` (``2**-24``):
         every method then returns the observed max (see the module docstring)."""
-        self._merge_pending()
-        return self._numel > 0 and self._max <= FLOOR
+        return self._numel > 0 and self._host()[1] <= FLOOR
 
     @property
     def observed_max(self) -> float:
         """The largest ``|x|`` collected."""
-        self._merge_pending()
-        return self._max
+        return self._host()[1]
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(counts, edges)`` as numpy arrays, up to the last non-empty bin.
 
         Raises:
-            CalibrationError: nothing was collected.
+            CalibrationError: nothing was collected, or a batch held NaN or inf.
         """
         self._check_has_data()
-        self._merge_pending()
         if self._counts is None:
             raise CalibrationError("HistogramCalibrator collected only empty tensors")
+        exp, _ = self._host()
         counts = self._counts.cpu().numpy()
         nonzero = np.flatnonzero(counts)
         n = int(nonzero[-1]) + 1 if nonzero.size else 1
-        width = 2.0 ** (self._exp - self._log2_grid)
+        width = 2.0 ** (exp - self._log2_grid)
         edges = np.arange(n + 1, dtype=np.float64) * width
         return counts[:n].copy(), edges
 
@@ -386,20 +418,32 @@ class HistogramCalibrator(Calibrator):
         self._check_method(method, percentile)
         counts, edges = self.histogram()
         device = self._counts.device if self._counts is not None else None
-        if self._max <= FLOOR or method == "max":
-            value = self._max  # below the floor: the scale is floored whatever the method
+        top = self._host()[1]
+        if top <= FLOOR or method == "max":
+            value = top  # below the floor: the scale is floored whatever the method
         elif method == "entropy":
             value = entropy_amax(counts, edges, num_bits=self.num_bits, unsigned=self.unsigned)
         elif method == "mse":
-            value = mse_amax(counts, edges, observed_max=self._max, num_bits=self.num_bits)
+            value = mse_amax(counts, edges, observed_max=top, num_bits=self.num_bits)
         else:
             p = DEFAULT_PERCENTILE if percentile is None else percentile
             value = percentile_amax(counts, edges, p)
-        return torch.tensor(min(value, self._max), dtype=torch.float32, device=device)
+        return torch.tensor(min(value, top), dtype=torch.float32, device=device)
 
     def __repr__(self) -> str:
-        self._merge_pending()
+        top = "?" if self._read is None else f"{self._read[1]:.6g}"  # no read back for a repr
         return (
-            f"HistogramCalibrator(num_bins={self.num_bins}, batches={self.num_batches}, "
-            f"max={self._max:.6g})"
+            f"HistogramCalibrator(num_bins={self.num_bins}, batches={self.num_batches}, max={top})"
         )
+
+
+@functools.cache
+def _bins_cached(grid: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(grid, device=device)
+
+
+def _bins(grid: int, device: torch.device) -> torch.Tensor:
+    """``arange(grid)`` on ``device``, made once per device (not under a tracer)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(grid, device=device)
+    return _bins_cached(grid, device)
