@@ -123,18 +123,21 @@ def fake_quant_unchecked(
     axis: int | None = None,
     narrow_range: bool = False,
     amax_grad: str = "lsq",
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fake_quant` without the value checks on ``amax`` (no host sync, export-friendly).
 
     For callers that validated ``amax`` once when it was set (the :class:`~qdq.quant.Quantizer`).
     Shapes are still checked, since that costs nothing. ``amax_grad`` picks the gradient of an
     ``amax`` that requires grad (:data:`AMAX_GRADS`); the forward is the same either way.
+    ``scale``: :func:`scale_from_amax` of this ``amax`` when the caller keeps it (a fixed amax:
+    two kernels less per call); ignored when ``amax`` requires grad.
     """
     if amax_grad not in AMAX_GRADS:
         raise ValueError(f"amax_grad must be one of {AMAX_GRADS}, got {amax_grad!r}")
     amax_t = _as_amax_tensor(x, amax, axis)
     qmin, qmax = quant_range(num_bits, narrow_range)
-    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact")
+    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact", scale)
 
 
 def grad_scale(t: torch.Tensor, factor: float) -> torch.Tensor:
@@ -245,6 +248,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         qmin: int,
         qmax: int,
         pact: bool = False,
+        given_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
         amax32 = amax.detach().to(torch.float32)
@@ -263,7 +267,10 @@ class _FakeQuantSTE(torch.autograd.Function):
             ctx.save_for_backward(x, amax32)
             return kernels.fake_quant(x, amax32, qmin, qmax)
         x32 = x.to(torch.float32)
-        scale = _scale(amax32, qmax)
+        scale = (
+            given_scale if given_scale is not None and not ctx.amax_needs_grad
+            else _scale(amax32, qmax)
+        )  # fmt: skip
         if ax is not None:
             scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
         scaled = x32 / scale
@@ -289,9 +296,10 @@ class _FakeQuantSTE(torch.autograd.Function):
         (grad_out,) = grads
         if ctx.fused:
             if not ctx.needs_input_grad[0]:
-                return None, None, None, None, None, None
+                return None, None, None, None, None, None, None
             x, amax32 = ctx.saved_tensors
-            return kernels.ste_grad(x, amax32, ctx.qmax, grad_out), None, None, None, None, None
+            grad = kernels.ste_grad(x, amax32, ctx.qmax, grad_out)
+            return grad, None, None, None, None, None, None
         if ctx.amax_needs_grad:
             x32, scale, q, scaled = ctx.saved_tensors
         else:
@@ -308,7 +316,7 @@ class _FakeQuantSTE(torch.autograd.Function):
             dims = [d for d in range(x32.dim()) if d != ctx.axis]
             red = dscale.sum(dim=dims) if dims else dscale
             grad_amax = (red / ctx.qmax).to(ctx.amax_dtype)
-        return grad_x, grad_amax, None, None, None, None
+        return grad_x, grad_amax, None, None, None, None, None
 
 
 class _GradScale(torch.autograd.Function):

@@ -23,6 +23,7 @@ from qdq.quant.primitives import (
     fake_quant_unchecked,
     grad_scale,
     quant_range,
+    scale_from_amax,
 )
 
 __all__ = ["QuantMode", "Quantizer", "ScaleShapeError", "quantizer_mode"]
@@ -329,12 +330,30 @@ class Quantizer(PtqState):
             num_bits=self.spec.num_bits,
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
+            scale=self._kept_scale(),
         )
         if key is not None:
             self._weight_cache = (key, out)
         elif not torch.compiler.is_compiling() and self.__dict__.get("_weight_cache") is not None:
             self._weight_cache = None  # training: no copy kept (dynamo would guard on it)
         return out
+
+    def _kept_scale(self) -> torch.Tensor | None:
+        """The scale of the fixed amax (``amax / qmax``, floored: :func:`scale_from_amax`), made
+        once per amax value in eager mode (two kernels less per call: issue 48) and kept with
+        the amax's storage and version counter, which every write changes (``set_amax``,
+        ``load_state_dict``, ``.to()``); ``None`` under tracing or compiling (the compiler fuses
+        it, and dynamo would guard on the cache)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        amax = self.amax
+        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec.num_bits)
+        kept = self.__dict__.get("_scale_cache")
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        scale = scale_from_amax(amax.detach(), self.spec.num_bits)
+        self._scale_cache = (key, scale)
+        return scale
 
     def _weight_key(self, x: torch.Tensor) -> tuple[Any, ...] | None:
         """What the fake-quantized copy of a weight depends on, when it may be kept between
@@ -391,7 +410,7 @@ class Quantizer(PtqState):
         """Pickles and deep copies leave the cached weight behind (the copy's weight is another
         tensor: the cache would only cost memory)."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {**state, "_weight_cache": None}
+        return {**state, "_weight_cache": None, "_scale_cache": None}
 
     def _export_qdq(self, x: torch.Tensor) -> torch.Tensor:
         scale = getattr(self, "export_scale", None)
