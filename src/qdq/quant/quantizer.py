@@ -347,7 +347,9 @@ class Quantizer(PtqState):
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return None
         amax = self.amax
-        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec.num_bits)
+        # an inference-mode tensor cannot be saved for backward: kept apart from a training one
+        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec.num_bits,
+               torch.is_inference_mode_enabled())  # fmt: skip
         kept = self.__dict__.get("_scale_cache")
         if kept is not None and kept[0] == key:
             return kept[1]
