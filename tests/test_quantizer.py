@@ -140,3 +140,24 @@ def test_quantizer_on_cuda() -> None:
     q.mode = "quantize"
     assert q.amax.device.type == "cuda"
     assert torch.equal(q(x).cpu(), fake_quant(x.cpu(), q.amax.cpu()))
+
+
+def test_the_kept_scale_follows_the_amax_and_the_inference_mode() -> None:
+    """A quantizer keeps its scale per amax value (issue 48): a new amax (set_amax, a state
+    dict, an in-place write) gives the new scale, and a scale made under inference_mode is not
+    the one a training forward saves for backward."""
+    q = Quantizer(name="x:input")
+    q.set_amax(1.27)
+    x = torch.tensor([0.5, 1.0, 3.0], requires_grad=True)
+    assert q(x).tolist() == pytest.approx([0.5, 1.0, 1.27])
+    q.set_amax(2.54)
+    assert q(x).tolist() == pytest.approx([0.5, 1.0, 2.54])
+    with torch.no_grad():
+        q.amax.mul_(0.5)  # in place: the version counter moves
+    assert q(x).tolist() == pytest.approx([0.5, 1.0, 1.27])
+    q.load_state_dict({**q.state_dict(), "amax": torch.tensor(2.54)})
+    assert q(x).tolist() == pytest.approx([0.5, 1.0, 2.54])
+    with torch.inference_mode():
+        q(x.detach())
+    q(x).sum().backward()  # would fail on an inference tensor saved for backward
+    assert x.grad is not None and x.grad.tolist() == [1.0, 1.0, 0.0]
