@@ -286,7 +286,9 @@ class CallTracker:
 
     def _activate(self, module: nn.Module) -> None:
         self._active_by = module
-        self._counters.clear()
+        # a new counter, not clear(): under torch.compile, clear() reads the old counter's size,
+        # a guard of the compiled hook on what the last forward counted (a recompile: issue 48)
+        self._counters = Counter()
         self._stack.clear()
         self._path_stack.clear()
         self.leaf_depth = 0
