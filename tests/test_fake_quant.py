@@ -173,3 +173,24 @@ def test_output_codes_are_integers_of_the_scale() -> None:
     codes = torch.round(out / scale)
     assert torch.equal(out, codes * scale)  # every output is exactly DequantizeLinear(code)
     assert codes.min() >= -128 and codes.max() <= 127
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_without_gradients_the_same_bits_come_without_an_autograd_node(dtype, axis) -> None:
+    """Evaluation (no gradient wanted) takes the values alone, no autograd node (host time per
+    call, issue 48): bit for bit what the differentiable path returns, signed zeros included."""
+    from qdq.quant.primitives import fake_quant_unchecked
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(8, 5, 7, generator=g) * 3).to(dtype)
+    x.view(-1)[:5] = torch.tensor([-0.0, 0.0, 1e-30, -1e-30, 100.0]).to(dtype)
+    n = 1 if axis is None else x.shape[axis]
+    amax = (torch.rand(n, generator=g) * 2 + 1e-3).reshape(() if axis is None else (n,))
+    with torch.no_grad():
+        plain = fake_quant_unchecked(x, amax, axis=axis)
+    assert plain.grad_fn is None
+    graded = fake_quant_unchecked(x.clone().requires_grad_(True), amax, axis=axis)
+    assert graded.grad_fn is not None
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(plain.view(bits), graded.detach().view(bits))

@@ -137,6 +137,10 @@ def fake_quant_unchecked(
         raise ValueError(f"amax_grad must be one of {AMAX_GRADS}, got {amax_grad!r}")
     amax_t = _as_amax_tensor(x, amax, axis)
     qmin, qmax = quant_range(num_bits, narrow_range)
+    if not (torch.is_grad_enabled() and (x.requires_grad or amax_t.requires_grad)) and not (
+        torch.compiler.is_compiling() or torch.jit.is_tracing()
+    ):  # nothing to differentiate: the values alone, without an autograd node (host time)
+        return _fake_quant_values(x, amax_t, normalize_axis(axis, x.dim()), qmin, qmax, scale)
     return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact", scale)
 
 
@@ -234,6 +238,27 @@ def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
     if axis is not None:
         shape[axis] = channels
     return shape
+
+
+def _fake_quant_values(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    ax: int | None,
+    qmin: int,
+    qmax: int,
+    given_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """The forward of :class:`_FakeQuantSTE` where nothing is differentiated (evaluation,
+    calibration's candidates, the recipe search): the same bits, without an autograd node."""
+    amax32 = amax.detach().to(torch.float32)
+    if ax is None and amax32.device == x.device and kernels.usable(x):
+        return kernels.fake_quant(x, amax32, qmin, qmax)
+    scale = given_scale if given_scale is not None else _scale(amax32, qmax)
+    if ax is not None:
+        scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+    q = (x.to(torch.float32) / scale).round_().clamp_(qmin, qmax)
+    out = torch.addcmul(_zero(scale), q, scale, out=q)  # see _FakeQuantSTE.forward
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class _FakeQuantSTE(torch.autograd.Function):
