@@ -47,6 +47,61 @@ def check_fake_quant_and_grad(device: str, dtypes: tuple[torch.dtype, ...]) -> i
     return fused
 
 
+def check_views(device: str, dtypes: tuple[torch.dtype, ...]) -> int:
+    """A transposed view (an attention operand) is copied dense and takes the fused path: the
+    forward and the STE backward give the torch path's bits; returns how many ran fused."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(3)
+    fused = 0
+    for dtype in dtypes:
+        base = (torch.randn(2, 4, 6, 5, generator=gen) * 3).to(dev, dtype)
+        base.view(-1)[:3] = torch.tensor([math.nan, math.inf, -0.0])
+        x = base.transpose(-1, -2).detach().requires_grad_()  # not dense as laid out
+        amax = torch.tensor(2.5, device=dev)
+        grad = torch.randn(x.shape, generator=gen).to(dev, dtype)
+        fused += (not kernels.usable(x)) and kernels.usable(kernels.densified(x))
+        y = fake_quant_unchecked(x, amax)
+        y.backward(grad)
+        got_y, got_g = _bits(y), _bits(x.grad)
+        x.grad = None
+        with kernels.unfused(dev):
+            want = fake_quant_unchecked(x, amax)
+            want.backward(grad)
+        assert torch.equal(got_y, _bits(want)), dtype
+        assert torch.equal(got_g, _bits(x.grad)), dtype
+    return fused
+
+
+def check_per_channel_weights(device: str, dtypes: tuple[torch.dtype, ...]) -> int:
+    """The fused per-channel forward and STE backward (a QAT weight: axis 0, one amax per
+    output channel, narrow range) against the torch path; returns how many cases ran fused."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(2)
+    fused = 0
+    for dtype in dtypes:
+        for shape in ((16, 3, 3, 3), (10, 7), (1, 5)):
+            w = (torch.randn(shape, generator=gen) * 0.2).to(dev, dtype)
+            w.view(-1)[:3] = torch.tensor([math.inf, -0.0, 1e-30])  # a weight has no NaN
+            amax = w.detach().float().abs().reshape(shape[0], -1).nan_to_num(0.0).amax(1) * 0.9
+            amax[0] = 0.0  # a dead channel: the floored scale
+            w.requires_grad_()
+            grad = torch.randn(shape, generator=gen).to(dev, dtype)
+            fused += kernels.usable(w) and kernels.per_channel(w, amax, 0)
+            y = fake_quant_unchecked(w, amax, axis=0, narrow_range=True)
+            y.backward(grad)
+            got_y, got_g = _bits(y), _bits(w.grad)
+            w.grad = None
+            with kernels.unfused(dev):
+                want = fake_quant_unchecked(w, amax, axis=0, narrow_range=True)
+                want.backward(grad)
+            assert torch.equal(got_y, _bits(want)), (dtype, shape)
+            assert torch.equal(got_g, _bits(w.grad)), (dtype, shape)
+            with torch.no_grad():  # the path without an autograd node
+                assert torch.equal(_bits(fake_quant_unchecked(w, amax, axis=0, narrow_range=True)),
+                                   got_y)  # fmt: skip
+    return fused
+
+
 def check_histogram(device: str) -> None:
     """Device-binned batches (growing range, a half batch, zeros, values below the floor) give
     the counts, maximum and amax of the torch path; a NaN batch is reported by its index."""
@@ -91,6 +146,8 @@ def main() -> None:
     there (the interpreter truncates float32 → bfloat16), so it is not among the dtypes."""
     assert kernels.self_check("cpu") is None
     assert check_fake_quant_and_grad("cpu", (torch.float32, torch.float16)) == 6
+    assert check_per_channel_weights("cpu", (torch.float32, torch.float16)) == 6
+    assert check_views("cpu", (torch.float32, torch.float16)) == 2
     assert not kernels.usable(torch.randn(4, dtype=torch.bfloat16))
     check_histogram("cpu")
     print("kernel checks passed")

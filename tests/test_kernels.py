@@ -111,6 +111,13 @@ def test_fused_fake_quant_and_grad_match_the_torch_path_on_cuda() -> None:
 
 
 @pytest.mark.gpu
+def test_fused_per_channel_weights_and_views_match_the_torch_path_on_cuda() -> None:
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert kernel_checks.check_per_channel_weights("cuda", dtypes) == 9
+    assert kernel_checks.check_views("cuda", dtypes) == 3
+
+
+@pytest.mark.gpu
 def test_device_histogram_matches_the_torch_path_on_cuda() -> None:
     kernel_checks.check_histogram("cuda")
 

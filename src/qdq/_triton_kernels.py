@@ -42,6 +42,35 @@ def ste_bwd(x_ptr, g_ptr, out_ptr, amax_ptr, n, qmax, min_scale, BLOCK: tl.const
 
 
 @triton.jit
+def fq_fwd_pc(x_ptr, out_ptr, amax_ptr, n, inner, qmin, qmax, min_scale, BLOCK: tl.constexpr):
+    """:func:`fq_fwd` per channel along axis 0 of a contiguous tensor (``inner`` elements per
+    channel): each element's amax is its channel's."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.load(amax_ptr + offs // inner, mask=mask, other=1.0).to(tl.float32)
+    scale = tl.maximum(tl.div_rn(amax, qmax), min_scale)
+    v = tl.clamp(tl.div_rn(x, scale), qmin - 1.0, qmax + 1.0, propagate_nan=tl.PropagateNan.ALL)
+    q = (v + _ROUNDER) - _ROUNDER
+    q = tl.clamp(q, qmin, qmax, propagate_nan=tl.PropagateNan.ALL)
+    out = tl.where(q == 0.0, 0.0, q * scale)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ste_bwd_pc(x_ptr, g_ptr, out_ptr, amax_ptr, n, inner, qmax, min_scale, BLOCK: tl.constexpr):
+    """:func:`ste_bwd` per channel along axis 0 (as :func:`fq_fwd_pc`)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    amax = tl.load(amax_ptr + offs // inner, mask=mask, other=1.0).to(tl.float32)
+    bound = tl.maximum(tl.div_rn(amax, qmax), min_scale) * qmax
+    out = tl.where(tl.abs(x) <= bound, g, tl.zeros_like(g))
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+@triton.jit
 def abs_hist(
     x_ptr, lohi_ptr, part_ptr, stat_ptr, n, tiles,
     GRID: tl.constexpr, LOG2_GRID: tl.constexpr, MIN_EXP: tl.constexpr,

@@ -7,7 +7,8 @@ two host synchronisations per call (the batch maximum decides the grid; ``torch.
 its input's range on the host). Each pass over a ResNet-50 batch moves gigabytes: the kernels here
 do each job in one pass, and never ask the host for a value.
 
-* :func:`fake_quant` — per-tensor ``QuantizeLinear`` → ``DequantizeLinear`` of a dense tensor with
+* :func:`fake_quant` — per-tensor ``QuantizeLinear`` → ``DequantizeLinear`` of a dense tensor (or
+  per channel along axis 0 of a contiguous one: a Conv/Linear weight, :func:`per_channel`) with
   the numerics contract of :mod:`qdq.quant.primitives` bit for bit: IEEE division (``div_rn``, not
   a multiplication by the inverse), round half to even (``rint``), saturation with NaN kept, no
   ``-0.0``, computed in float32 and stored in the input's dtype;
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["abs_histogram", "fake_quant", "self_check", "ste_grad", "usable"]
+__all__ = ["abs_histogram", "fake_quant", "per_channel", "self_check", "ste_grad", "usable"]
 
 #: elements per program of the elementwise kernels
 _BLOCK = 2048
@@ -70,6 +71,8 @@ def _triton() -> Any:
     return SimpleNamespace(
         fq_fwd=kernels.fq_fwd,
         ste_bwd=kernels.ste_bwd,
+        fq_fwd_pc=kernels.fq_fwd_pc,
+        ste_bwd_pc=kernels.ste_bwd_pc,
         abs_hist=kernels.abs_hist,
         min_scale=MIN_SCALE,
         min_exp=_MIN_EXP,
@@ -120,7 +123,7 @@ def usable(x: torch.Tensor) -> bool:
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not _dense(x):
         return False
-    if x.dtype not in _DTYPES or type(x) is not torch.Tensor:
+    if x.dtype not in _DTYPES or type(x) not in (torch.Tensor, torch.nn.Parameter):
         return False
     key = _key(x.device)
     ok = _CHECKED.get(key)
@@ -161,28 +164,50 @@ def _launch_1d(n: int) -> tuple[int]:
     return (max(1, -(-n // _BLOCK)),)
 
 
+def per_channel(x: torch.Tensor, amax: torch.Tensor, axis: int | None) -> bool:
+    """Whether the per-channel kernels serve ``x`` quantized along ``axis`` with ``amax``: axis
+    0 of a contiguous tensor (a Conv/Linear weight), one float32 amax per channel, on the
+    tensor's device (besides :func:`usable`)."""
+    return (
+        axis == 0
+        and x.dim() > 0
+        and x.is_contiguous()
+        and amax.numel() == x.shape[0]
+        and amax.is_contiguous()
+        and amax.device == x.device
+    )
+
+
 def fake_quant(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
-    """Per-tensor fake quantization of a dense ``x`` with a one-element float32 ``amax`` (no
-    check of either: callers ask :func:`usable` first)."""
+    """Fake quantization of a dense ``x``: per tensor with a one-element float32 ``amax``, or
+    per channel along axis 0 of a contiguous ``x`` with one amax per channel (no check of
+    either: callers ask :func:`usable` and :func:`per_channel` first)."""
     k = _triton()
     out = torch.empty_like(x)
     n = x.numel()
-    if n:
+    if n and amax.numel() == 1:
         k.fq_fwd[_launch_1d(n)](
             x, out, amax, n, float(qmin), float(qmax), k.min_scale, BLOCK=_BLOCK
         )
+    elif n:
+        k.fq_fwd_pc[_launch_1d(n)](x, out, amax, n, n // x.shape[0], float(qmin), float(qmax),
+                                   k.min_scale, BLOCK=_BLOCK)  # fmt: skip
     return out
 
 
 def ste_grad(x: torch.Tensor, amax: torch.Tensor, qmax: int, grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` where ``|x| <= max(amax/qmax, MIN_SCALE)·qmax``, else 0 (``grad``'s dtype)."""
+    """``grad`` where ``|x| <= max(amax/qmax, MIN_SCALE)·qmax``, else 0 (``grad``'s dtype); per
+    channel along axis 0 as :func:`fake_quant` when ``amax`` has one value per channel."""
     if grad.shape != x.shape or grad.stride() != x.stride():  # laid out as x (broadcast too)
         grad = torch.empty_like(x, dtype=grad.dtype).copy_(grad)
     k = _triton()
     out = torch.empty_like(grad)
     n = x.numel()
-    if n:
+    if n and amax.numel() == 1:
         k.ste_bwd[_launch_1d(n)](x, grad, out, amax, n, float(qmax), k.min_scale, BLOCK=_BLOCK)
+    elif n:
+        k.ste_bwd_pc[_launch_1d(n)](x, grad, out, amax, n, n // x.shape[0], float(qmax),
+                                    k.min_scale, BLOCK=_BLOCK)  # fmt: skip
     return out
 
 
@@ -282,6 +307,28 @@ def _self_check(device: torch.device) -> str | None:
             assert leaf.grad is not None
             if not _same(ste_grad(x, amax, 127, g), leaf.grad):
                 return f"ste_grad differs ({dtype}, amax {amax_value})"
+    # per channel along axis 0 (weights): every amax edge at once, one per channel of a
+    # (channels, k) x; no NaN (a weight has none, and the payload of a NaN the torch path makes
+    # through a per-channel broadcast is not the fused kernel's: it would fail every kernel)
+    amaxes = torch.tensor([1.27, 0.0, 3e-9, 1e20, 0.05, 7.0], dtype=torch.float32, device=device)
+    weights = probe[~torch.isnan(probe)]
+    width = -(-weights.numel() // amaxes.numel())
+    rows = torch.cat([weights, weights[: width * amaxes.numel() - weights.numel()]])
+    for dtype in _DTYPES:
+        x = rows.reshape(amaxes.numel(), width).to(dtype)
+        for bits, narrow in ((8, True), (8, False), (4, False)):
+            qmin, qmax = quant_range(bits, narrow)
+            with unfused(device):
+                want = fake_quant_unchecked(x, amaxes, num_bits=bits, axis=0, narrow_range=narrow)
+            if not _same(fake_quant(x, amaxes, qmin, qmax), want):
+                return f"per-channel fake_quant differs ({dtype}, [{qmin}, {qmax}])"
+        g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device, dtype)
+        leaf = x.detach().requires_grad_()
+        with unfused(device):
+            fake_quant_unchecked(leaf, amaxes, axis=0, narrow_range=True).backward(g)
+        assert leaf.grad is not None
+        if not _same(ste_grad(x, amaxes, 127, g), leaf.grad):
+            return f"per-channel ste_grad differs ({dtype})"
     finite = probe[torch.isfinite(probe)]
     for data in (finite, finite * 1e-12, torch.zeros(7, device=device), finite.abs() * 3e5):
         for num_bins in (256, 2048):

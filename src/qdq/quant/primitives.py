@@ -25,6 +25,7 @@ fuses this formulation itself), runs the torch operations below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -123,15 +124,16 @@ def fake_quant_unchecked(
     axis: int | None = None,
     narrow_range: bool = False,
     amax_grad: str = "lsq",
-    scale: torch.Tensor | None = None,
+    scale: Callable[[], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """:func:`fake_quant` without the value checks on ``amax`` (no host sync, export-friendly).
 
     For callers that validated ``amax`` once when it was set (the :class:`~qdq.quant.Quantizer`).
     Shapes are still checked, since that costs nothing. ``amax_grad`` picks the gradient of an
     ``amax`` that requires grad (:data:`AMAX_GRADS`); the forward is the same either way.
-    ``scale``: :func:`scale_from_amax` of this ``amax`` when the caller keeps it (a fixed amax:
-    two kernels less per call); ignored when ``amax`` requires grad.
+    ``scale``: returns :func:`scale_from_amax` of this ``amax`` when the caller keeps it (a
+    fixed amax: two kernels less per call), asked only where the torch path needs it (the
+    fused kernels compute their own); ignored when ``amax`` requires grad.
     """
     if amax_grad not in AMAX_GRADS:
         raise ValueError(f"amax_grad must be one of {AMAX_GRADS}, got {amax_grad!r}")
@@ -240,20 +242,30 @@ def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
     return shape
 
 
+def _fused(x: torch.Tensor, amax32: torch.Tensor, ax: int | None) -> bool:
+    """Whether the fused kernels serve this fake quantization (:mod:`qdq.kernels`): per tensor,
+    or per channel along axis 0 of a contiguous tensor (a weight), on the amax's device (else
+    the torch path names the device mismatch)."""
+    if ax is None:
+        return amax32.device == x.device and kernels.usable(x)
+    return kernels.per_channel(x, amax32, ax) and kernels.usable(x)
+
+
 def _fake_quant_values(
     x: torch.Tensor,
     amax: torch.Tensor,
     ax: int | None,
     qmin: int,
     qmax: int,
-    given_scale: torch.Tensor | None,
+    given_scale: Callable[[], torch.Tensor] | None,
 ) -> torch.Tensor:
     """The forward of :class:`_FakeQuantSTE` where nothing is differentiated (evaluation,
     calibration's candidates, the recipe search): the same bits, without an autograd node."""
     amax32 = amax.detach().to(torch.float32)
-    if ax is None and amax32.device == x.device and kernels.usable(x):
-        return kernels.fake_quant(x, amax32, qmin, qmax)
-    scale = given_scale if given_scale is not None else _scale(amax32, qmax)
+    dense = kernels.densified(x) if ax is None else x  # a view: one copy, then one pass
+    if _fused(dense, amax32, ax):
+        return kernels.fake_quant(dense, amax32, qmin, qmax)
+    scale = given_scale() if given_scale is not None else _scale(amax32, qmax)
     if ax is not None:
         scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
     q = (x.to(torch.float32) / scale).round_().clamp_(qmin, qmax)
@@ -273,7 +285,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         qmin: int,
         qmax: int,
         pact: bool = False,
-        given_scale: torch.Tensor | None = None,
+        given_scale: Callable[[], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
         amax32 = amax.detach().to(torch.float32)
@@ -282,18 +294,15 @@ class _FakeQuantSTE(torch.autograd.Function):
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
-        ctx.fused = (
-            ax is None
-            and not ctx.amax_needs_grad
-            and amax32.device == x.device  # else the torch path names the device mismatch
-            and kernels.usable(x)
-        )
-        if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below
-            ctx.save_for_backward(x, amax32)
-            return kernels.fake_quant(x, amax32, qmin, qmax)
+        dense = kernels.densified(x) if ax is None and not ctx.amax_needs_grad else x
+        ctx.fused = not ctx.amax_needs_grad and _fused(dense, amax32, ax)
+        if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below (a view of an
+            # attention operand copied dense first: one copy instead of the torch path's four)
+            ctx.save_for_backward(dense, amax32)
+            return kernels.fake_quant(dense, amax32, qmin, qmax)
         x32 = x.to(torch.float32)
         scale = (
-            given_scale if given_scale is not None and not ctx.amax_needs_grad
+            given_scale() if given_scale is not None and not ctx.amax_needs_grad
             else _scale(amax32, qmax)
         )  # fmt: skip
         if ax is not None:

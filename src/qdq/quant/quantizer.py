@@ -330,7 +330,11 @@ class Quantizer(PtqState):
             num_bits=self.spec.num_bits,
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
-            scale=self._kept_scale(),
+            # under tracing or compiling the scale is computed (the compiler fuses it, and
+            # dynamo would guard on a kept one)
+            scale=None
+            if torch.compiler.is_compiling() or torch.jit.is_tracing()
+            else (self._kept_scale),
         )
         if key is not None:
             self._weight_cache = (key, out)
@@ -338,14 +342,11 @@ class Quantizer(PtqState):
             self._weight_cache = None  # training: no copy kept (dynamo would guard on it)
         return out
 
-    def _kept_scale(self) -> torch.Tensor | None:
+    def _kept_scale(self) -> torch.Tensor:
         """The scale of the fixed amax (``amax / qmax``, floored: :func:`scale_from_amax`), made
         once per amax value in eager mode (two kernels less per call: issue 48) and kept with
         the amax's storage and version counter, which every write changes (``set_amax``,
-        ``load_state_dict``, ``.to()``); ``None`` under tracing or compiling (the compiler fuses
-        it, and dynamo would guard on the cache)."""
-        if torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return None
+        ``load_state_dict``, ``.to()``); asked for only where the torch path needs it."""
         amax = self.amax
         # an inference-mode tensor cannot be saved for backward: kept apart from a training one
         key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec.num_bits,
