@@ -71,9 +71,11 @@ ROWS: dict[str, Row] = {
     "resnet50": Row("resnet50", "resnet50", "skimage-photos",
                     note="torchvision ResNet-50, 224x224 (qdq's skimage-photos crops)"),
     "yolov8n": Row("yolov8n", "yolov8n", "npz", 32, 64,
-                   note="ultralytics YOLOv8n in its ONNX-export form, 640x640 photo crops"),
+                   note="ultralytics YOLOv8n in its ONNX-export form (BatchNorm statistics of "
+                   "8 other crops), 640x640 photo crops"),
     "vit_b_16": Row("vit_b_16", "vit_b_16", "skimage-photos",
-                    note="torchvision ViT-B/16, 224x224 (qdq's skimage-photos crops)"),
+                    note="torchvision ViT-B/16 (random head, not zeros), 224x224 (qdq's "
+                    "skimage-photos crops)"),
     "bert_base": Row("bert_base", "bert_base", "npz", 32, 64,
                      note="BERT-base sequence classifier (3 labels), 128 random tokens"),
     "detr": Row("detr", "detr", "npz", 32, 64,
@@ -96,16 +98,26 @@ def resnet50() -> nn.Module:
 
 
 def vit_b_16() -> nn.Module:
-    """torchvision ViT-B/16 at 224, random weights."""
+    """torchvision ViT-B/16 at 224, random weights; the head, which torchvision initializes to
+    zeros (every logit 0 for every image: nothing to compare), drawn as timm draws it."""
     import torchvision
 
     torch.manual_seed(0)
-    return torchvision.models.vit_b_16(weights=None).eval()
+    model = torchvision.models.vit_b_16(weights=None)
+    nn.init.trunc_normal_(model.heads.head.weight, std=0.02)
+    return model.eval()
 
 
 def yolov8n() -> nn.Module:
     """ultralytics YOLOv8n in the form its ONNX exporter prepares (``tests/models/real.py``),
-    at 640."""
+    at 640, random weights with BatchNorm statistics of 8 other photo crops.
+
+    As initialized (BatchNorm an identity in eval), the signal dies through the SiLU layers: the
+    outputs do not depend on the image (their spread over images is 1e-8 of their size) and
+    every tool agrees with FP32 trivially. The BatchNorm statistics are measured as in training
+    (cumulative averages over one batch of 8 crops that are not benchmark samples) before the
+    exporter's ``fuse()`` folds them, so that boxes and classes depend on the image.
+    """
     sys.path.insert(0, str(_HERE.parents[1] / "tests"))
     from ultralytics.nn.tasks import DetectionModel
 
@@ -114,6 +126,15 @@ def yolov8n() -> nn.Module:
     torch.manual_seed(0)
     with contextlib.redirect_stdout(io.StringIO()):
         model = DetectionModel("yolov8n.yaml", verbose=False)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average
+    images = photo_crops(8, YOLO_SIZE, (0.0,) * 3, (1.0,) * 3, seed=1)
+    model.train()
+    with torch.no_grad():
+        model(torch.from_numpy(images))
+    with contextlib.redirect_stdout(io.StringIO()):
         _ultralytics_export_form(model, YOLO_SIZE)
     return model.eval()
 
