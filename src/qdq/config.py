@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CALIBRATION_METHODS", "CalibSpec", "Override", "QuantConfig", "QuantSpec"]
+__all__ = ["CALIBRATION_METHODS", "FORMATS", "CalibSpec", "Override", "QuantConfig", "QuantSpec"]
 
 CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
+#: Quantization formats: ``"int8"`` (signed integers, zero-point 0) and ``"fp8"`` (OCP/ONNX
+#: float8 E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest finite value 448).
+FORMATS = ("int8", "fp8")
 _CALIBRATORS = ("max", "histogram")
 
 
@@ -19,22 +22,28 @@ def _check_int(name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How one tensor is quantized: symmetric signed integers, zero-point 0.
+    """How one tensor is quantized: symmetric, zero-point 0, in one of :data:`FORMATS`.
 
     Attributes:
-        num_bits: integer width, 2..8 (TensorRT INT8 uses 8).
+        num_bits: integer width, 2..8 (TensorRT INT8 uses 8); 8 for ``format="fp8"``.
         axis: channel axis for per-channel scales (0 for Conv/Linear weights); ``None`` = per tensor.
         narrow_range: saturate to ``[-qmax, qmax]`` (weights may use this; ONNX Q/DQ cannot express
-            it, so the exporter only writes it where it cannot change a code).
+            it, so the exporter only writes it where it cannot change a code). INT8 only.
+        format: ``"int8"`` (``scale = amax / qmax``, integer codes) or ``"fp8"`` (E4M3FN:
+            ``scale = amax / 448``, the codes are float8 values, saturating, round to nearest
+            even; exported at opset >= 19 with a ``float8e4m3fn`` zero point).
 
     Example:
         >>> QuantSpec(axis=0)
-        QuantSpec(num_bits=8, axis=0, narrow_range=False)
+        QuantSpec(num_bits=8, axis=0, narrow_range=False, format='int8')
+        >>> QuantSpec(format="fp8").format
+        'fp8'
     """
 
     num_bits: int = 8
     axis: int | None = None
     narrow_range: bool = False
+    format: str = "int8"
 
     def __post_init__(self) -> None:
         bits = _check_int("num_bits", self.num_bits)
@@ -44,6 +53,15 @@ class QuantSpec:
             _check_int("axis", self.axis)
         if not isinstance(self.narrow_range, bool):
             raise TypeError(f"narrow_range must be a bool, got {type(self.narrow_range).__name__}")
+        if self.format not in FORMATS:
+            raise ValueError(
+                f"unknown quantization format {self.format!r}; choose one of {', '.join(FORMATS)}"
+            )
+        if self.format == "fp8" and (bits != 8 or self.narrow_range):
+            raise ValueError(
+                "format='fp8' is float8 E4M3FN (8 bits, saturating to +-448): it takes neither "
+                f"num_bits={bits} nor narrow_range={self.narrow_range}"
+            )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ The numerics contract (design.md) in one place:
   with ``narrow_range``);
 * dequantize exactly as ``DequantizeLinear``: ``q * scale`` in float32;
 * float16/bfloat16 inputs are computed in float32 and cast back;
+* FP8 (``fmt="fp8"``, E4M3FN) follows the same contract on its own grid: ``scale = amax / 448``;
+  ``x / scale`` is saturated to ``[-448, 448]`` and rounded to the nearest float8 value (ties to
+  even) by torch's ``float8_e4m3fn`` cast, then multiplied by the scale: ONNX ``QuantizeLinear``
+  with a ``float8e4m3fn`` zero point (saturate=1) and ``DequantizeLinear`` bit for bit, signed
+  zero, subnormals and NaN included (checked against ONNX Runtime over every finite E4M3 value and
+  every rounding midpoint: tests/test_fp8_numerics.py). ±inf saturates to ±448·scale;
 * a zero or tiny ``amax`` never produces NaN/inf: the scale is floored at :data:`MIN_SCALE`, the same
   floor the exporter writes, so torch and ONNX Runtime still agree bit for bit.
 
@@ -35,6 +41,7 @@ from qdq._validate import normalize_axis
 
 __all__ = [
     "AMAX_GRADS",
+    "FP8_MAX",
     "MIN_AMAX",
     "MIN_SCALE",
     "fake_quant",
@@ -47,27 +54,39 @@ __all__ = [
 MIN_AMAX = 2.0**-24
 #: The smallest scale we ever use or export (MIN_AMAX / 127): positive, a normal float32.
 MIN_SCALE = MIN_AMAX / 127.0
+#: The largest finite float8 E4M3FN value: an FP8 quantizer's ``qmax`` (``scale = amax / 448``).
+FP8_MAX = 448.0
 #: How a learned ``amax`` gets its gradient: LSQ (rounding error inside, clip outside) or PACT
 #: (clipped values only).
 AMAX_GRADS = ("lsq", "pact")
 
 
-def quant_range(num_bits: int = 8, narrow_range: bool = False) -> tuple[int, int]:
-    """Return the integer range ``(qmin, qmax)`` of signed ``num_bits`` quantization.
+def quant_range(
+    num_bits: int = 8, narrow_range: bool = False, fmt: str = "int8"
+) -> tuple[int, int]:
+    """Return the code range ``(qmin, qmax)`` of signed ``num_bits`` quantization, or of FP8
+    (``fmt="fp8"``: ``(-448, 448)``, the E4M3FN grid's ends).
 
     Example:
         >>> quant_range(8)
         (-128, 127)
         >>> quant_range(8, narrow_range=True)
         (-127, 127)
+        >>> quant_range(fmt="fp8")
+        (-448, 448)
     """
+    if fmt == "fp8":
+        return -int(FP8_MAX), int(FP8_MAX)
+    if fmt != "int8":
+        raise ValueError(f"unknown quantization format {fmt!r}; choose 'int8' or 'fp8'")
     _check_num_bits(num_bits)
     qmax = 2 ** (num_bits - 1) - 1
     return (-qmax if narrow_range else -qmax - 1), qmax
 
 
-def scale_from_amax(amax: torch.Tensor, num_bits: int = 8) -> torch.Tensor:
-    """Return the float32 scale ``amax / qmax``, floored at :data:`MIN_SCALE`.
+def scale_from_amax(amax: torch.Tensor, num_bits: int = 8, fmt: str = "int8") -> torch.Tensor:
+    """Return the float32 scale ``amax / qmax`` (``amax / 448`` for FP8), floored at
+    :data:`MIN_SCALE`.
 
     This is the scale the exporter writes into the ONNX graph, so fake quantization in torch and
     ``QuantizeLinear`` in ONNX Runtime use the same float32 number.
@@ -76,7 +95,7 @@ def scale_from_amax(amax: torch.Tensor, num_bits: int = 8) -> torch.Tensor:
         >>> scale_from_amax(torch.tensor(127.0)).item()
         1.0
     """
-    _, qmax = quant_range(num_bits)
+    _, qmax = quant_range(num_bits, fmt=fmt)
     return _scale(amax.to(torch.float32), qmax)
 
 
@@ -87,6 +106,7 @@ def fake_quant(
     num_bits: int = 8,
     axis: int | None = None,
     narrow_range: bool = False,
+    fmt: str = "int8",
 ) -> torch.Tensor:
     """Quantize and dequantize ``x`` exactly as ONNX ``QuantizeLinear`` → ``DequantizeLinear``.
 
@@ -97,6 +117,8 @@ def fake_quant(
         num_bits: signed integer width, 2..8.
         axis: the channel axis for per-channel ``amax``; ``None`` for per-tensor.
         narrow_range: saturate to ``[-qmax, qmax]`` instead of ``[-qmax-1, qmax]``.
+        fmt: ``"int8"`` (integer codes) or ``"fp8"`` (float8 E4M3FN codes, ``scale = amax/448``;
+            ``num_bits`` and ``narrow_range`` do not apply).
 
     Returns:
         A tensor of ``x``'s shape and dtype holding ``dequantize(quantize(x))``. Differentiable with the
@@ -110,10 +132,14 @@ def fake_quant(
     Example:
         >>> fake_quant(torch.tensor([0.5, 1.0, 3.0]), 1.27)
         tensor([0.5000, 1.0000, 1.2700])
+        >>> fake_quant(torch.tensor([0.3, 17.0, 500.0]), 448.0, fmt="fp8")
+        tensor([  0.3125,  16.0000, 448.0000])
     """
     amax_t = _as_amax_tensor(x, amax, axis)
     check_amax_values(amax_t, what="amax")
-    return fake_quant_unchecked(x, amax_t, num_bits=num_bits, axis=axis, narrow_range=narrow_range)
+    return fake_quant_unchecked(
+        x, amax_t, num_bits=num_bits, axis=axis, narrow_range=narrow_range, fmt=fmt
+    )
 
 
 def fake_quant_unchecked(
@@ -125,6 +151,7 @@ def fake_quant_unchecked(
     narrow_range: bool = False,
     amax_grad: str = "lsq",
     scale: Callable[[], torch.Tensor] | None = None,
+    fmt: str = "int8",
 ) -> torch.Tensor:
     """:func:`fake_quant` without the value checks on ``amax`` (no host sync, export-friendly).
 
@@ -138,12 +165,13 @@ def fake_quant_unchecked(
     if amax_grad not in AMAX_GRADS:
         raise ValueError(f"amax_grad must be one of {AMAX_GRADS}, got {amax_grad!r}")
     amax_t = _as_amax_tensor(x, amax, axis)
-    qmin, qmax = quant_range(num_bits, narrow_range)
+    qmin, qmax = quant_range(num_bits, narrow_range, fmt)
+    fp8 = fmt == "fp8"
     if not (torch.is_grad_enabled() and (x.requires_grad or amax_t.requires_grad)) and not (
         torch.compiler.is_compiling() or torch.jit.is_tracing()
     ):  # nothing to differentiate: the values alone, without an autograd node (host time)
-        return _fake_quant_values(x, amax_t, normalize_axis(axis, x.dim()), qmin, qmax, scale)
-    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact", scale)
+        return _fake_quant_values(x, amax_t, normalize_axis(axis, x.dim()), qmin, qmax, scale, fp8)
+    return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact", scale, fp8)
 
 
 def grad_scale(t: torch.Tensor, factor: float) -> torch.Tensor:
@@ -242,10 +270,13 @@ def _broadcast_shape(ndim: int, axis: int | None, channels: int) -> list[int]:
     return shape
 
 
-def _fused(x: torch.Tensor, amax32: torch.Tensor, ax: int | None) -> bool:
-    """Whether the fused kernels serve this fake quantization (:mod:`qdq.kernels`): per tensor,
-    or per channel along axis 0 of a contiguous tensor (a weight), on the amax's device (else
-    the torch path names the device mismatch)."""
+def _fused(x: torch.Tensor, amax32: torch.Tensor, ax: int | None, fp8: bool = False) -> bool:
+    """Whether the fused kernels serve this fake quantization (:mod:`qdq.kernels`): INT8 per
+    tensor, or per channel along axis 0 of a contiguous tensor (a weight), on the amax's device
+    (else the torch path names the device mismatch). FP8 takes the torch path (its cast is one
+    kernel there already)."""
+    if fp8:
+        return False
     if ax is None:
         return amax32.device == x.device and kernels.usable(x)
     return kernels.per_channel(x, amax32, ax) and kernels.usable(x)
@@ -258,16 +289,20 @@ def _fake_quant_values(
     qmin: int,
     qmax: int,
     given_scale: Callable[[], torch.Tensor] | None,
+    fp8: bool = False,
 ) -> torch.Tensor:
     """The forward of :class:`_FakeQuantSTE` where nothing is differentiated (evaluation,
     calibration's candidates, the recipe search): the same bits, without an autograd node."""
     amax32 = amax.detach().to(torch.float32)
-    dense = kernels.densified(x) if ax is None else x  # a view: one copy, then one pass
-    if _fused(dense, amax32, ax):
+    dense = kernels.densified(x) if ax is None and not fp8 else x  # a view: one copy, one pass
+    if _fused(dense, amax32, ax, fp8):
         return kernels.fake_quant(dense, amax32, qmin, qmax)
     scale = given_scale() if given_scale is not None else _scale(amax32, qmax)
     if ax is not None:
         scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+    if fp8:
+        out = _fp8_codes(x.to(torch.float32) / scale).mul_(scale)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
     q = (x.to(torch.float32) / scale).round_().clamp_(qmin, qmax)
     out = torch.addcmul(_zero(scale), q, scale, out=q)  # see _FakeQuantSTE.forward
     return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -286,6 +321,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         qmax: int,
         pact: bool = False,
         given_scale: Callable[[], torch.Tensor] | None = None,
+        fp8: bool = False,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
         amax32 = amax.detach().to(torch.float32)
@@ -295,7 +331,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
         dense = kernels.densified(x) if ax is None and not ctx.amax_needs_grad else x
-        ctx.fused = not ctx.amax_needs_grad and _fused(dense, amax32, ax)
+        ctx.fused = not ctx.amax_needs_grad and _fused(dense, amax32, ax, fp8)
         if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below (a view of an
             # attention operand copied dense first: one copy instead of the torch path's four)
             ctx.save_for_backward(dense, amax32)
@@ -308,6 +344,13 @@ class _FakeQuantSTE(torch.autograd.Function):
         if ax is not None:
             scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
         scaled = x32 / scale
+        if fp8:  # float8 codes keep their sign on zero, as DequantizeLinear does: q·scale
+            q = _fp8_codes(scaled)
+            ctx.save_for_backward(
+                *((x32, scale, q, scaled) if ctx.amax_needs_grad else (x32, scale))
+            )
+            out = q * scale
+            return out if out.dtype == x.dtype else out.to(x.dtype)
         # 0 + q·scale in one pass: adding +0.0 turns -0.0 into +0.0 (integer codes have no signed
         # zero, so DequantizeLinear never returns -0.0 and neither do we: bit-identical outputs,
         # not just equal values); q·scale is exact-rounded either way (an FMA adds an exact 0)
@@ -330,10 +373,10 @@ class _FakeQuantSTE(torch.autograd.Function):
         (grad_out,) = grads
         if ctx.fused:
             if not ctx.needs_input_grad[0]:
-                return None, None, None, None, None, None, None
+                return None, None, None, None, None, None, None, None
             x, amax32 = ctx.saved_tensors
             grad = kernels.ste_grad(x, amax32, ctx.qmax, grad_out)
-            return grad, None, None, None, None, None, None
+            return grad, None, None, None, None, None, None, None
         if ctx.amax_needs_grad:
             x32, scale, q, scaled = ctx.saved_tensors
         else:
@@ -350,7 +393,14 @@ class _FakeQuantSTE(torch.autograd.Function):
             dims = [d for d in range(x32.dim()) if d != ctx.axis]
             red = dscale.sum(dim=dims) if dims else dscale
             grad_amax = (red / ctx.qmax).to(ctx.amax_dtype)
-        return grad_x, grad_amax, None, None, None, None, None
+        return grad_x, grad_amax, None, None, None, None, None, None
+
+
+def _fp8_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """``scaled`` (float32) on the E4M3FN grid as float32: saturated to ±448 (±inf too; NaN
+    stays NaN), then rounded to the nearest float8 value, ties to even (torch's cast, the same
+    values as ONNX ``QuantizeLinear`` with saturate=1)."""
+    return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
 
 
 class _GradScale(torch.autograd.Function):
