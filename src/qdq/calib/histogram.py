@@ -40,6 +40,11 @@ Methods (``compute_amax(method)``; one collection serves them all):
 * ``"mse"`` — :func:`qdq.calib.methods.mse_amax` (bin-centre MSE; 1.0×max is a candidate);
 * ``"percentile"`` — :func:`qdq.calib.methods.percentile_amax` (default 99.99).
 
+The grid is the same for both quantization formats: ``fmt="fp8"`` (float8 E4M3FN, issue 49) only
+changes what ``"mse"`` scores (the FP8 grid, ``scale = amax / 448``), and refuses ``"entropy"``
+(TensorRT's procedure on 127 integer levels, which has no FP8 meaning). ``max`` and
+``percentile`` do not depend on the grid.
+
 Histogram-based amax values are capped at the observed maximum (an amax beyond every observed value
 only coarsens the scale).
 
@@ -65,6 +70,7 @@ import torch
 from qdq import kernels
 from qdq.calib.base import CalibrationError, Calibrator, all_reduce, nonfinite_error
 from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
+from qdq.config import FORMATS
 
 __all__ = ["HistogramCalibrator"]
 
@@ -218,8 +224,16 @@ class HistogramCalibrator(Calibrator):
 
     Args:
         num_bins: resolution: at least this many bins span ``[0, max|x|]``. A power of two, >= 256.
-        num_bits: the quantization width the methods optimise for.
-        unsigned: quantize to an unsigned range (entropy merges into twice as many groups).
+        num_bits: the quantization width the methods optimise for (8 for ``fmt="fp8"``).
+        unsigned: quantize to an unsigned range (entropy merges into twice as many groups). INT8
+            only.
+        fmt: the quantization format the methods optimise for: ``"int8"`` or ``"fp8"`` (float8
+            E4M3FN: ``"mse"`` on its grid; ``"entropy"`` refused, see :meth:`compute_amax`).
+
+    Raises:
+        TypeError: ``num_bins`` is not an int.
+        ValueError: ``num_bins`` not a power of two >= 256, ``num_bits`` out of 2..8, an unknown
+            ``fmt``, or ``fmt="fp8"`` with ``num_bits != 8`` or ``unsigned``.
 
     Example:
         >>> cal = HistogramCalibrator()
@@ -228,11 +242,17 @@ class HistogramCalibrator(Calibrator):
         >>> amax = {m: cal.compute_amax(m) for m in ("max", "entropy", "mse", "percentile")}
         >>> bool(amax["entropy"] <= amax["max"])
         True
+        >>> fp8 = HistogramCalibrator(fmt="fp8")
+        >>> fp8.collect(torch.randn(1000))
+        >>> fp8.methods
+        ('max', 'mse', 'percentile')
     """
 
-    methods = ("max", "entropy", "mse", "percentile")
+    methods: tuple[str, ...] = ("max", "entropy", "mse", "percentile")
 
-    def __init__(self, num_bins: int = 2048, *, num_bits: int = 8, unsigned: bool = False) -> None:
+    def __init__(
+        self, num_bins: int = 2048, *, num_bits: int = 8, unsigned: bool = False, fmt: str = "int8"
+    ) -> None:
         super().__init__()
         if isinstance(num_bins, bool) or not isinstance(num_bins, int):
             raise TypeError(f"num_bins must be an int, got {type(num_bins).__name__}")
@@ -240,9 +260,21 @@ class HistogramCalibrator(Calibrator):
             raise ValueError(f"num_bins must be a power of two >= 256, got {num_bins}")
         if not 2 <= num_bits <= 8:
             raise ValueError(f"num_bits must be in 2..8, got {num_bits}")
+        if fmt not in FORMATS:
+            raise ValueError(
+                f"unknown quantization format {fmt!r}; choose one of {', '.join(FORMATS)}"
+            )
+        if fmt == "fp8" and (num_bits != 8 or unsigned):
+            raise ValueError(
+                "fmt='fp8' is float8 E4M3FN (8 bits, signed): it takes neither "
+                f"num_bits={num_bits} nor unsigned={unsigned}"
+            )
         self.num_bins = num_bins
         self.num_bits = num_bits
         self.unsigned = unsigned
+        self.fmt = fmt
+        if fmt == "fp8":  # what the callers may ask for (entropy has no FP8 meaning)
+            self.methods = tuple(m for m in type(self).methods if m != "entropy")
         self._grid = 2 * num_bins  # bins over [0, 2**exp]
         self._log2_grid = self._grid.bit_length() - 1
         #: on the data's device, nothing read back while collecting: the counts on the grid of
@@ -332,14 +364,15 @@ class HistogramCalibrator(Calibrator):
 
     def _absorb(self, other: Calibrator) -> None:
         assert isinstance(other, HistogramCalibrator)
-        if (other.num_bins, other.num_bits, other.unsigned) != (
+        if (other.num_bins, other.num_bits, other.unsigned, other.fmt) != (
             self.num_bins,
             self.num_bits,
             self.unsigned,
+            self.fmt,
         ):
             raise TypeError(
-                f"cannot merge a histogram of {other.num_bins} bins / {other.num_bits} bits into "
-                f"one of {self.num_bins} bins / {self.num_bits} bits"
+                f"cannot merge a histogram of {other.num_bins} bins / {other.num_bits} bits / "
+                f"{other.fmt} into one of {self.num_bins} bins / {self.num_bits} bits / {self.fmt}"
             )
         if other._counts is not None:
             assert other._exp_t is not None and other._max_t is not None
@@ -413,8 +446,15 @@ class HistogramCalibrator(Calibrator):
 
         Raises:
             ValueError: unknown method, or ``percentile`` given for another method / out of (0, 100].
-            CalibrationError: no data collected.
+            CalibrationError: no data collected; or ``"entropy"`` asked of an FP8 calibrator
+                (a :class:`ValueError` too; through a quantizer the message names it).
         """
+        if method == "entropy" and self.fmt == "fp8":
+            raise CalibrationError(
+                "method 'entropy' is TensorRT's KL search over 127 INT8 levels and has no FP8 "
+                "meaning; this calibrator is for format 'fp8' (float8 E4M3FN): use 'max', 'mse' "
+                "or 'percentile'"
+            )
         self._check_method(method, percentile)
         counts, edges = self.histogram()
         device = self._counts.device if self._counts is not None else None
@@ -424,7 +464,7 @@ class HistogramCalibrator(Calibrator):
         elif method == "entropy":
             value = entropy_amax(counts, edges, num_bits=self.num_bits, unsigned=self.unsigned)
         elif method == "mse":
-            value = mse_amax(counts, edges, observed_max=top, num_bits=self.num_bits)
+            value = mse_amax(counts, edges, observed_max=top, num_bits=self.num_bits, fmt=self.fmt)
         else:
             p = DEFAULT_PERCENTILE if percentile is None else percentile
             value = percentile_amax(counts, edges, p)
@@ -432,8 +472,10 @@ class HistogramCalibrator(Calibrator):
 
     def __repr__(self) -> str:
         top = "?" if self._read is None else f"{self._read[1]:.6g}"  # no read back for a repr
+        fmt = "" if self.fmt == "int8" else f", fmt={self.fmt!r}"
         return (
-            f"HistogramCalibrator(num_bins={self.num_bins}, batches={self.num_batches}, max={top})"
+            f"HistogramCalibrator(num_bins={self.num_bins}{fmt}, batches={self.num_batches}, "
+            f"max={top})"
         )
 
 
