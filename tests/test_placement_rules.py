@@ -21,6 +21,7 @@ def plan(model: nn.Module, *shape: int, config: QuantConfig | None = None) -> Qu
     p = qdq.plan_of(qdq.prepare(model.eval(), (torch.randn(*shape),), config))
     SEEN_RULES.update(pt.rule for pt in p.points)
     SEEN_RULES.update(pt.share_rule for pt in p.points if pt.share_rule)
+    SEEN_RULES.update(pt.format_rule for pt in p.points if pt.format_rule)
     return p
 
 
@@ -647,13 +648,6 @@ def test_p15_pre_norm_residual_stream_stays_float() -> None:
 
 
 # ------------------------------------------------------------------- the rule table
-def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
-    for r in RULES:
-        assert r.title and r.tensorrt and explain(r.id).startswith(r.id)
-    # rules a tiny block cannot show: P12 (outputs are never candidates at all)
-    assert {r.id for r in RULES} - SEEN_RULES - {"P12", "P02"} == set()
-
-
 def test_in_place_add_on_a_quantized_operand_never_mutates_a_shared_quantized_value() -> None:
     """RepVGG's ``x += identity`` with ``x`` quantized (P04): the in-place op runs out of place on
     a fresh quantized copy; another reader of the same quantized tensor still sees Q(x)."""
@@ -907,3 +901,101 @@ def test_p17_leaves_a_fused_output_float_when_a_norm_reads_it(tmp_path) -> None:
     report = qdq.lint.lint(path)
     # the functional group_norm is a norm: block 2's skip stays float for it (P15), no P04
     assert not {"P03d", "P04", "S02b", "S03"} & set(report.rules()), report.format()
+
+
+# ------------------------------------------------------------- formats (F01-F06, issue 49)
+class _MixedNet(nn.Module):
+    """A depthwise-separable stem, a plain residual block, an attention-style product and a
+    Linear: every FP8 format rule on one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)  # 3 input channels: F03
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)  # depthwise: F02
+        self.pw = nn.Conv2d(32, 64, 1)  # reads the depthwise output alone: FP8
+        self.c2 = nn.Conv2d(64, 64, 3, padding=1)
+        self.up = nn.ConvTranspose2d(64, 64, 2, stride=2)  # F02
+        self.big = nn.Conv2d(64, 64, 7, padding=3)  # kernel area 49: F03
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        x = F.relu(self.dw(x))
+        y = F.relu(self.pw(x))
+        y = y + F.relu(self.c2(y))
+        z = F.relu(self.big(F.relu(self.up(y))))
+        return self.fc(z.mean((2, 3)))
+
+
+def _formats(p: QuantPlan) -> dict[str, tuple[str, str | None]]:
+    return {
+        pt.name: (pt.spec.format, pt.format_rule)
+        for pt in p.points
+        if pt.quantized and pt.spec is not None
+    }
+
+
+def test_fp8_plan_gives_each_layer_the_format_tensorrt_runs_it_in() -> None:
+    p = plan(_MixedNet(), 2, 3, 16, 16, config=QuantConfig(format="fp8"))
+    f = _formats(p)
+    assert f["stem:input"] == ("int8", "F03") and f["stem:weight"] == ("int8", "F03")
+    assert f["dw:input"] == ("int8", "F02") and f["dw:weight"] == ("int8", "F02")
+    assert f["up:weight"] == ("int8", "F02") and f["big:weight"] == ("int8", "F03")
+    assert f["pw:input"] == ("fp8", "F01") and f["pw:weight"] == ("fp8", "F06")
+    assert f["c2:input"] == ("fp8", "F01") and f["fc:input"] == ("fp8", "F01")
+    # FP8 weights per tensor (F06), INT8 weights stay per channel
+    assert p.point("pw:weight").spec.axis is None and p.point("dw:weight").spec.axis == 0
+    # the residual skip shares c2's input quantizer: one format per tensor (F05)
+    assert f["add:input0"] == ("fp8", "F05")
+    # FP8 activations calibrate by max (TensorRT's FP8 recipes); INT8 keep mse
+    assert p.point("pw:input").calib.method == "max"
+    assert p.point("dw:input").calib.method == "mse"
+    assert "no FP8 kernel" in p.point("dw:weight").reason
+
+
+def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
+    """F05: one Quantize per tensor. ``x`` feeds a depthwise conv (INT8) and a 1x1 conv that could
+    run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""
+
+    class Fork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(32, 32, 3, padding=1)
+            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.pw = nn.Conv2d(32, 32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = F.relu(self.a(x))
+            return torch.cat([self.dw(y), self.pw(y)], dim=1)
+
+    p = plan(Fork(), 1, 32, 8, 8, config=QuantConfig(format="fp8"))
+    f = _formats(p)
+    assert f["dw:input"] == ("int8", "F02")
+    assert f["pw:input"] == ("int8", "F05") and f["pw:weight"] == ("int8", "F05")
+    assert p.point("pw:weight").spec.axis == 0
+    assert "also read by dw" in p.point("pw:input").reason
+    assert f["a:input"][0] == "fp8"  # upstream of the fork: unaffected
+
+
+def test_small_gemm_stays_int8_in_an_fp8_plan_when_the_performance_rules_are_off() -> None:
+    net = nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 64))
+    cfg = QuantConfig(format="fp8", disabled=frozenset({"performance"}))
+    f = _formats(plan(net, 2, 64, config=cfg))
+    assert {v for k, v in f.items() if k.startswith("0:")} == {("int8", "F04")}
+    assert f["2:input"] == ("int8", "F04")
+
+
+def test_format_is_validated_and_int8_plans_carry_no_format_rule() -> None:
+    with pytest.raises(ValueError, match="unknown format 'fp16'"):
+        QuantConfig(format="fp16")
+    p = plan(_MixedNet(), 2, 3, 16, 16)
+    assert all(pt.format_rule is None for pt in p.points)
+    assert {pt.spec.format for pt in p.points if pt.spec is not None} == {"int8"}
+
+
+# last: the rules every test above saw
+def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
+    for r in RULES:
+        assert r.title and r.tensorrt and explain(r.id).startswith(r.id)
+    # rules a tiny block cannot show: P12 (outputs are never candidates at all)
+    assert {r.id for r in RULES} - SEEN_RULES - {"P12", "P02"} == set()

@@ -189,6 +189,9 @@ class QuantConfig:
         conv_transpose_axis: ``None`` (per-tensor ConvTranspose weights, valid on every TensorRT,
             rule V12) or ``1`` (per output channel, TensorRT >= 10.2).
         overrides: applied in order; later ones win.
+        format: ``"int8"`` (every quantized layer INT8) or ``"fp8"`` (FP8 E4M3 where TensorRT
+            has an FP8 kernel for the layer, INT8 where it has none: rules F01-F06,
+            docs/placement.md); the specs above are the INT8 ones, the planner derives FP8's.
 
     Example:
         >>> cfg = QuantConfig.tensorrt().exclude(regex=r"^fc$").with_calib(method="percentile")
@@ -203,10 +206,13 @@ class QuantConfig:
     disabled: frozenset[str] = frozenset()
     conv_transpose_axis: int | None = None
     overrides: tuple[Override, ...] = ()
+    format: str = "int8"
 
     def __post_init__(self) -> None:
         from qdq.rules import FAMILIES
 
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
         disabled = frozenset(self.disabled)
         unknown = disabled - FAMILIES
         if unknown:

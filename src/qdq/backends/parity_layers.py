@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qdq.quant import Quantizer, fake_quant, scale_from_amax
+from qdq.quant.primitives import FP8_MAX
 
 __all__ = [
     "EXPLAINED_FRACTION",
@@ -154,12 +155,13 @@ def fold(
             q.amax.detach().cpu(),
             axis=q.spec.axis,
             narrow_range=q.spec.narrow_range,
+            fmt=q.spec.format,
         ).numpy()
         exact = int((ours_on_theirs.view(np.int32) != value.view(np.int32)).sum())
         lp = replace(lp, qdq_mismatches=lp.qdq_mismatches + exact)
         ours = _take(free_out, value.shape)
         if ours is not None:
-            codes = np.round(ours / scale) != np.round(value / scale)
+            codes = _codes(ours, scale, q) != _codes(value, scale, q)
             lp = replace(
                 lp,
                 max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
@@ -194,10 +196,9 @@ def _differ(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Elements whose code differs, those of them beyond a rounding-boundary flip, and
     ``|ours - theirs|``."""
-    qmin = -127 if q.spec.narrow_range else -128
-    differ = _codes(ours, scale, qmin) != _codes(theirs, scale, qmin)
+    differ = _codes(ours, scale, q) != _codes(theirs, scale, q)
     gap = np.abs(ours - theirs)
-    return differ, differ & (gap >= EXPLAINED_FRACTION * np.broadcast_to(scale, gap.shape)), gap
+    return differ, differ & (gap >= EXPLAINED_FRACTION * _step(ours, scale, q)), gap
 
 
 def _isolated_rows(
@@ -238,13 +239,30 @@ def _isolated_rows(
     return replace(lp, rows=lp.rows + n, reselected_rows=lp.reselected_rows + n - len(index))
 
 
-def _codes(x: np.ndarray, scale: np.ndarray, qmin: int) -> np.ndarray:
+def _codes(x: np.ndarray, scale: np.ndarray, q: Quantizer) -> np.ndarray:
+    """``q``'s codes of ``x``: integers, or FP8 values (as float32) for an FP8 quantizer."""
+    if q.spec.format == "fp8":
+        scaled = torch.from_numpy(np.ascontiguousarray(x / scale, dtype=np.float32))
+        return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float().numpy()
+    qmin = -127 if q.spec.narrow_range else -128
     return np.clip(np.round(x / scale), qmin, 127)
+
+
+def _step(x: np.ndarray, scale: np.ndarray, q: Quantizer) -> np.ndarray:
+    """The quantization step at each element of ``x``: the scale (INT8), or the spacing of the
+    FP8 grid around ``|x| / scale`` times the scale (``2**(e-3)`` for a normal E4M3 value of
+    exponent ``e``, ``2**-9`` below ``2**-6``)."""
+    scale = np.broadcast_to(scale, x.shape)
+    if q.spec.format != "fp8":
+        return scale
+    mag = np.minimum(np.abs(x / scale), FP8_MAX).astype(np.float64)
+    exponent = np.floor(np.log2(np.maximum(mag, 2.0**-6)))
+    return np.ldexp(1.0, (exponent - 3).astype(np.int64)) * scale
 
 
 def _scale(q: Quantizer, ndim: int) -> np.ndarray:
     """The float32 scale torch and the exporter use, broadcastable to an ``ndim`` tensor."""
-    scale = scale_from_amax(q.amax.detach().cpu()).numpy()
+    scale = scale_from_amax(q.amax.detach().cpu(), fmt=q.spec.format).numpy()
     if q.spec.axis is not None and scale.ndim == 1:
         shape = [1] * ndim
         shape[q.spec.axis] = -1

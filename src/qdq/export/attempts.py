@@ -237,10 +237,11 @@ def _export_state(
     was_training = model.training
     try:
         for q in quantizers.values():
-            scale = scale_from_amax(q.amax).detach().clone().to(scale_dtype)
+            scale = scale_from_amax(q.amax, fmt=q.spec.format).detach().clone().to(scale_dtype)
             q.register_buffer("export_scale", scale)
+            zero_dtype = torch.float8_e4m3fn if q.spec.format == "fp8" else torch.int8
             q.register_buffer(
-                "export_zero_point", torch.zeros(scale.shape, dtype=torch.int8, device=scale.device)
+                "export_zero_point", torch.zeros(scale.shape, dtype=zero_dtype, device=scale.device)
             )
             for name, value in q.export_constants(scale).items():  # AdaRound: scale·code
                 q.register_buffer(name, value)

@@ -47,6 +47,8 @@ __all__ = ["EXPORTERS", "ExportError", "ExportRefusedError", "ExportResult", "ex
 _log = logging.getLogger("qdq.export")
 EXPORTERS = ("auto", "dynamo", "torchscript")
 MIN_OPSET, MAX_OPSET = 13, 21
+#: the opset an export gets by default, and the first that has FP8 (float8e4m3fn) Q/DQ
+DEFAULT_OPSET, FP8_MIN_OPSET = 17, 19
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def export_onnx(
     example_inputs: Sequence[Any],
     path: str | Path,
     *,
-    opset: int = 17,
+    opset: int | None = None,
     dynamic_batch: bool = True,
     exporter: str = "auto",
     fp16: bool = False,
@@ -96,7 +98,8 @@ def export_onnx(
         prepared: a prepared and calibrated model.
         example_inputs: a tuple of inputs for tracing.
         path: where to write the ``.onnx`` file.
-        opset: ONNX opset, 13..21.
+        opset: ONNX opset, 13..21; default 17, or 19 when a quantizer is FP8 (``float8e4m3fn``
+            Q/DQ exist from opset 19; an explicit lower opset is refused, naming the quantizer).
         dynamic_batch: make dimension 0 of every input and output dynamic.
         exporter: ``"dynamo"`` (torch.export based, the default in torch >= 2.9), ``"torchscript"``
             or ``"auto"`` (dynamo, falling back to TorchScript with a warning).
@@ -152,8 +155,16 @@ def export_onnx(
     from qdq.export.manifest import build_manifest, manifest_path_for, sha256_of
 
     plan = plan_of(prepared)
+    fp8 = [n for n, q in quantizers_of(prepared).items() if q.spec.format == "fp8"]
+    if opset is None:
+        opset = FP8_MIN_OPSET if fp8 else DEFAULT_OPSET
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset must be an int in {MIN_OPSET}..{MAX_OPSET}, got {opset!r}")
+    if fp8 and opset < FP8_MIN_OPSET:
+        raise ValueError(
+            f"quantizer {fp8[0]!r} (and {len(fp8) - 1} more) is FP8: float8e4m3fn Q/DQ need "
+            f"opset >= {FP8_MIN_OPSET}, got opset={opset}; export with opset={FP8_MIN_OPSET}"
+        )
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     if not isinstance(example_inputs, (tuple, list)):
@@ -379,7 +390,7 @@ def _check_quantizers(quantizers: dict[str, Quantizer]) -> dict[str, list[int]]:
         if q.mode is not QuantMode.QUANTIZE:
             continue
         check_amax_values(q.amax, what=f"quantizer {name!r} amax")
-        if q.spec.num_bits != 8:
+        if q.spec.num_bits != 8:  # FP8 specs are 8 bits (QuantSpec)
             raise ValueError(
                 f"quantizer {name!r} uses {q.spec.num_bits} bits; ONNX INT8 Q/DQ needs 8"
             )

@@ -115,8 +115,10 @@ def _check_zero_points(graph: Any, base_dir: str) -> None:
                 f"{n.name}: zero point is not an initializer (TensorRT needs a constant 0)"
             )
         zp = inits[n.input[2]]
-        if zp.data_type != TensorProto.INT8 or numpy_helper.to_array(zp, base_dir).any():
-            raise ExportError(f"{n.name}: zero point must be int8 zeros")
+        if zp.data_type not in (TensorProto.INT8, TensorProto.FLOAT8E4M3FN) or (
+            numpy_helper.to_array(zp, base_dir).astype("float32").any()
+        ):
+            raise ExportError(f"{n.name}: zero point must be int8 or float8e4m3fn zeros")
         scale = numpy_helper.to_array(inits[n.input[1]], base_dir) if n.input[1] in inits else None
         if scale is None or not (scale > 0).all():
             raise ExportError(f"{n.name}: scale must be a positive constant initializer")

@@ -39,6 +39,8 @@ class QuantPoint:
         group: scale-group id for quantized and shared points.
         share_rule: for ``"share"``: the rule that put it in the group (``"S01"``/``"S02"``/``"S03"``).
         spec / calib: how it is quantized (``None`` when skipped).
+        format_rule: in a plan that is not INT8 only (``QuantConfig(format="fp8")``), the rule
+            that gave the point its format (``"F01"``..``"F06"``; the reason says which format).
     """
 
     name: str
@@ -55,6 +57,7 @@ class QuantPoint:
     share_rule: str | None = None
     spec: QuantSpec | None = None
     calib: CalibSpec | None = None
+    format_rule: str | None = None
 
     @property
     def quantized(self) -> bool:

@@ -45,6 +45,7 @@ from qdq.graph.context import (
     skip_input,
     users_through,
 )
+from qdq.graph.formats import assign_formats
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
     COPY_KINDS,
@@ -114,6 +115,8 @@ def build_plan(
     for n in nodes:
         _explain_silu(ctx, n)
     points, groups = group_points(ctx, nodes)
+    if cfg.format != "int8":
+        points = assign_formats(ctx, points, groups)
     ordered = sorted(points, key=lambda p: (ctx.order[ctx.by_name[p.consumer]], p.kind != "weight"))
     covered = coverage(model if model is not None else root, ordered)
     name = type(model if model is not None else root).__name__

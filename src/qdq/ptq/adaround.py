@@ -205,6 +205,9 @@ def adaround(
     if not batches:
         raise ValueError("adaround saw no batches: the data is empty")
     layers, notes = _layers.find_layers(prepared)
+    notes.extend(f"skipped {x.quantizer.name}: an FP8 weight rounds to nearest (AdaRound learns "
+                 "integer codes)" for x in layers if x.quantizer.spec.format != "int8")  # fmt: skip
+    layers = [x for x in layers if x.quantizer.spec.format == "int8"]
     with eval_no_grad(prepared):
         _layers.survey(prepared, batches[0], layers)
     reached = sorted((x for x in layers if x.order is not None), key=lambda x: x.order or 0)

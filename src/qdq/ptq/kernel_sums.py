@@ -171,6 +171,8 @@ def _round(layer: _layers.Layer) -> KernelSumRow | None:
     if taps < 2:
         return None
     q = layer.quantizer
+    if q.spec.format != "int8":  # FP8 codes: nearest rounding only (kernel sums pick integers)
+        return None
     w = weight.detach().to(torch.float32)
     scale = scale_from_amax(q.amax.detach(), q.spec.num_bits).to(w.device)
     s = scale.reshape(-1, *([1] * (w.dim() - 1))) if scale.dim() else scale

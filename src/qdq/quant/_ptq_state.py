@@ -61,6 +61,11 @@ class PtqState(nn.Module):
         """
         if self.amax.numel() == 0:
             raise ValueError(f"quantizer {self.name!r} has no amax: calibrate before rounding")
+        if self.spec.format != "int8":
+            raise ValueError(
+                f"quantizer {self.name!r} is {self.spec.format.upper()}: learned rounding (AdaRound, "
+                "kernel sums) chooses integer codes; an FP8 weight rounds to nearest"
+            )
         qmin, qmax = quant_range(self.spec.num_bits, self.spec.narrow_range)
         if codes.shape != weight.shape:
             raise ValueError(

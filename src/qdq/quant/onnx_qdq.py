@@ -49,15 +49,16 @@ def emit_qdq(
 
     When ``x`` and ``scale`` differ in dtype (a float16 graph with float32 scales below opset 19,
     where QuantizeLinear only takes float32), ``x`` is cast to the scale's dtype and the result
-    back to ``x``'s dtype.
+    back to ``x``'s dtype. The zero point's dtype is the format: ``int8``, or ``float8_e4m3fn``
+    (FP8 Q/DQ, opset >= 19: the quantized tensor between the two ops is float8).
     """
     if x.dtype != scale.dtype:
         return emit_qdq(x.to(scale.dtype), scale, zero_point, axis, opset).to(x.dtype)
     if _EXPORTER == "dynamo":
         attrs: dict[str, Any] = {} if axis is None else {"axis": axis}
         q = torch.onnx.ops.symbolic(
-            "QuantizeLinear", (x, scale, zero_point), attrs, dtype=torch.int8, shape=x.shape,
-            version=opset,
+            "QuantizeLinear", (x, scale, zero_point), attrs, dtype=zero_point.dtype,
+            shape=x.shape, version=opset,
         )  # fmt: skip
         return torch.onnx.ops.symbolic(
             "DequantizeLinear", (q, scale, zero_point), attrs, dtype=scale.dtype, shape=x.shape,
@@ -76,7 +77,12 @@ class _TorchScriptQDQ(torch.autograd.Function):
         if axis is not None:
             shape[axis] = -1
         s = scale.reshape(shape) if axis is not None else scale
-        q = torch.clamp(torch.round(x.to(torch.float32) / s), -128, 127) + 0.0
+        scaled = x.to(torch.float32) / s
+        if zero_point.dtype == torch.float8_e4m3fn:  # saturate, round to nearest even
+            return (scaled.clamp(-448.0, 448.0).to(zero_point.dtype).to(torch.float32) * s).to(
+                scale.dtype
+            )
+        q = torch.clamp(torch.round(scaled), -128, 127) + 0.0
         return (q * s).to(scale.dtype)
 
     @staticmethod

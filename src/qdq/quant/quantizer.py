@@ -242,7 +242,7 @@ class Quantizer(PtqState):
             self.amax.data.clamp_(min=MIN_AMAX)
         if self._amax_grad != "lsq":
             return self.amax
-        _, qmax = quant_range(self.spec.num_bits, self.spec.narrow_range)
+        _, qmax = quant_range(self.spec.num_bits, self.spec.narrow_range, self.spec.format)
         per_entry = max(1, x.numel() // max(1, self.amax.numel()))
         return grad_scale(self.amax, (per_entry * qmax) ** -0.5)
 
@@ -318,6 +318,7 @@ class Quantizer(PtqState):
                 axis=self.spec.axis,
                 narrow_range=self.spec.narrow_range,
                 amax_grad=self._amax_grad,
+                fmt=self.spec.format,
             )
         key = self._weight_key(x)
         if key is not None:
@@ -330,6 +331,7 @@ class Quantizer(PtqState):
             num_bits=self.spec.num_bits,
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
+            fmt=self.spec.format,
             # under tracing or compiling the scale is computed (the compiler fuses it, and
             # dynamo would guard on a kept one)
             scale=None
@@ -349,12 +351,12 @@ class Quantizer(PtqState):
         ``load_state_dict``, ``.to()``); asked for only where the torch path needs it."""
         amax = self.amax
         # an inference-mode tensor cannot be saved for backward: kept apart from a training one
-        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec.num_bits,
+        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec,
                torch.is_inference_mode_enabled())  # fmt: skip
         kept = self.__dict__.get("_scale_cache")
         if kept is not None and kept[0] == key:
             return kept[1]
-        scale = scale_from_amax(amax.detach(), self.spec.num_bits)
+        scale = scale_from_amax(amax.detach(), self.spec.num_bits, self.spec.format)
         self._scale_cache = (key, scale)
         return scale
 
@@ -475,7 +477,7 @@ class Quantizer(PtqState):
     def extra_repr(self) -> str:
         parts = [f"name={self.name!r}"] if self.name else []
         parts.append(f"mode={self._mode.value}")
-        parts.append(f"bits={self.spec.num_bits}")
+        parts.append("fp8" if self.spec.format == "fp8" else f"bits={self.spec.num_bits}")
         if self.spec.axis is not None:
             parts.append(f"axis={self.spec.axis}")
             if self._channels is not None:

@@ -180,6 +180,47 @@ RULES: tuple[Rule, ...] = (
         "Graph outputs are never quantized",
         "A Q/DQ feeding only a network output runs as a standalone layer (pure overhead).",
     ),
+    Rule(
+        "F01",
+        "core",
+        "FP8 (E4M3) for Conv, Linear, MatMul and the attention products (format='fp8')",
+        "TensorRT 10 runs FP8 GEMMs, FP8 convolutions and fused FP8 attention on compute "
+        "capability 8.9+ (Ada, Hopper, Blackwell) when input and weight come through FP8 Q/DQ "
+        "(float8e4m3fn zero point, opset >= 19).",
+    ),
+    Rule(
+        "F02",
+        "core",
+        "Grouped/depthwise convolutions and ConvTranspose stay INT8 in an FP8 plan",
+        "TensorRT has no FP8 kernels for grouped or depthwise convolutions (its release notes "
+        "recommend INT8 for ConvNets with them) and documents FP8 convolution, not deconvolution.",
+    ),
+    Rule(
+        "F03",
+        "core",
+        "Convolutions with <= 16 input or output channels or a kernel area above 32 stay INT8",
+        "ModelOpt's FP8 recipe keeps these out of FP8: no FP8 tensor-core tile pays there.",
+    ),
+    Rule(
+        "F04",
+        "core",
+        "GEMMs with K or N below 16 stay INT8 in an FP8 plan",
+        "No FP8 tensor-core tile below 16 (ModelOpt skips them); P14 usually keeps them float.",
+    ),
+    Rule(
+        "F05",
+        "core",
+        "One format per quantized tensor: a scale group read by an INT8 layer is INT8",
+        "One Quantize serves every reader of a tensor, and a layer fuses only when its input and "
+        "weight share a format: mixing would cost a reformat (a standalone Q/DQ) per boundary.",
+    ),
+    Rule(
+        "F06",
+        "core",
+        "FP8 weights per tensor",
+        "TensorRT rejects per-channel FP8 convolution weights; per-channel FP8 GEMM scales exist "
+        "from TensorRT 10.6 (Hopper) and 10.7 (Ada) only. Per tensor builds on every FP8 target.",
+    ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
 

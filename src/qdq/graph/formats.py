@@ -1,0 +1,184 @@
+"""Rule step 6: the format of every quantized layer (F01-F06), when the plan is not INT8 only.
+
+With ``QuantConfig(format="fp8")`` every quantized weighted layer gets FP8 E4M3 where TensorRT
+has an FP8 kernel for it and INT8 where it has none (the INT8 placement, steps 1-5, decided what
+is quantized at all; this step only decides how). The rules, as :mod:`qdq.rules.tensorrt` states
+them with their sources:
+
+* F01: Conv / Linear / MatMul and the two attention products run FP8 on Ada, Hopper and Blackwell;
+* F02: grouped and depthwise convolutions, and ConvTranspose, have no FP8 kernel: INT8;
+* F03: a convolution with at most 16 input or output channels or a kernel area above 32: INT8
+  (ModelOpt keeps these out of FP8);
+* F04: a GEMM with K or N below 16: INT8 (the INT8 placement usually left it float already, P14);
+* F05: one Quantize per tensor: a scale group read by an INT8 layer is INT8, and so is every
+  FP8 layer that reads that group (its input and weight must share a format to fuse), until
+  nothing changes: no format boundary inside a group, the fewest reformats;
+* F06: FP8 weights per tensor (TensorRT rejects per-channel FP8 convolution weights; per-channel
+  FP8 GEMM scales exist from TensorRT 10.6 on Hopper and 10.7 on Ada only, so per tensor builds on
+  every FP8 target).
+
+Non-weighted points (a residual Add's skip input, Concat and pooling groups) take the format of
+their group. FP8 activations calibrate by ``max`` when the config kept the default method
+(TensorRT's FP8 recipes use max calibration); an explicit method is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch.fx as fx
+
+from qdq.config import CalibSpec, QuantSpec
+from qdq.graph.capture import fetch_attr
+from qdq.graph.context import PlanContext
+from qdq.graph.patterns import conv_groups
+from qdq.graph.plan import QuantPoint, ScaleGroup
+
+__all__ = ["WEIGHTED", "assign_formats", "fp8_kernel"]
+
+#: the layer kinds a format is chosen for (their activation inputs follow them)
+WEIGHTED = ("conv", "conv_transpose", "linear", "matmul")
+
+
+def fp8_kernel(kind: str, wshape: tuple[int, ...], groups: int = 1) -> tuple[str, str, str]:
+    """``(format, rule, reason)`` of one weighted layer: FP8 where TensorRT has an FP8 kernel.
+
+    Args:
+        kind: ``"conv"``, ``"conv_transpose"``, ``"linear"`` or ``"matmul"``.
+        wshape: the weight's shape as the layer reads it (``(out, in/groups, *kernel)`` for a
+            convolution, ``(out, in)`` for Linear, ``(..., K, N)`` for MatMul).
+        groups: the convolution's groups.
+
+    Example:
+        >>> fp8_kernel("conv", (64, 64, 3, 3))[:2]
+        ('fp8', 'F01')
+        >>> fp8_kernel("conv", (64, 1, 3, 3), groups=64)[:2]
+        ('int8', 'F02')
+        >>> fp8_kernel("linear", (768, 768))[:2]
+        ('fp8', 'F01')
+    """
+    if kind == "conv_transpose":
+        why = "ConvTranspose: TensorRT has FP8 convolution kernels, not FP8 deconvolution"
+        return "int8", "F02", why
+    if kind == "conv":
+        out_c, in_c = wshape[0], wshape[1] * groups
+        area = math.prod(wshape[2:])
+        if groups > 1:
+            what = "depthwise" if wshape[1] == 1 else "grouped"
+            return "int8", "F02", f"{what} convolution (groups={groups}): no FP8 kernel in TensorRT"
+        if in_c <= 16 or out_c <= 16 or area > 32:
+            return (
+                "int8",
+                "F03",
+                f"convolution {in_c}->{out_c}, kernel area {area}: FP8 gains nothing at <= 16 "
+                "channels or a kernel area above 32 (ModelOpt keeps these out of FP8)",
+            )
+        return "fp8", "F01", f"FP8 convolution ({in_c}->{out_c}, kernel area {area})"
+    n_out, k_in = (wshape[0], wshape[1]) if kind == "linear" else (wshape[-1], wshape[-2])
+    if k_in < 16 or n_out < 16:
+        return "int8", "F04", f"GEMM with K={k_in}, N={n_out} (< 16): no FP8 tensor-core tile"
+    return "fp8", "F01", f"FP8 GEMM (K={k_in}, N={n_out})"
+
+
+def assign_formats(
+    ctx: PlanContext, points: list[QuantPoint], groups: list[ScaleGroup]
+) -> list[QuantPoint]:
+    """Give every quantized point of a ``format="fp8"`` plan its format (rules F01-F06).
+
+    Returns:
+        The points with FP8 specs where chosen; each quantized point's reason ends with its
+        format, its rule and why.
+    """
+    nodes = {owner: node for node, owner in ctx.owners.items()}
+    by_name = {p.name: p for p in points}
+    layer: dict[str, tuple[str, str, str]] = {}  # owner -> (format, rule, reason)
+    for p in points:
+        if not p.quantized or p.op not in WEIGHTED or p.owner in layer:
+            continue
+        if p.kind == "weight":
+            node = nodes.get(p.owner)
+            groups_n = (conv_groups(node) or 1) if node is not None else 1
+            layer[p.owner] = fp8_kernel(p.op, _shape(ctx, p), groups_n)
+    for p in points:  # activation x activation: the attention products (P16) or P01 products
+        if p.quantized and p.op == "matmul" and p.owner not in layer:
+            layer[p.owner] = ("fp8", "F01", "FP8 attention product (TensorRT's fused FP8 MHA)")
+    group_fmt = _settle(points, groups, layer)
+    out = []
+    for p in points:
+        if not p.quantized or p.group is None or p.spec is None:
+            out.append(p)
+            continue
+        fmt, rule, why = _why(p, by_name, groups, group_fmt, layer)
+        out.append(_with_format(ctx, p, fmt, rule, why))
+    return out
+
+
+def _settle(
+    points: list[QuantPoint], groups: list[ScaleGroup], layer: dict[str, tuple[str, str, str]]
+) -> dict[int, str]:
+    """F05 to a fixed point: a group read by an INT8 layer is INT8; an FP8 layer reading an INT8
+    group becomes INT8. Returns each group's format."""
+    by_name = {p.name: p for p in points}
+    readers: dict[int, list[str]] = {}  # activation group -> the layers reading it
+    for g in groups:  # a parameter used by two layers is one weight quantizer: one format too
+        readers[g.id] = sorted({by_name[m].owner for m in g.members if by_name[m].owner in layer})
+    changed = True
+    while changed:
+        changed = False
+        for owners in readers.values():
+            int8 = [o for o in owners if layer[o][0] == "int8"]
+            if not int8:
+                continue
+            for o in owners:
+                if layer[o][0] == "fp8":
+                    layer[o] = (
+                        "int8",
+                        "F05",
+                        f"its input tensor is also read by {int8[0]} in INT8 ({layer[int8[0]][1]}): "
+                        "one Quantize per tensor, and an FP8 layer cannot read INT8",
+                    )
+                    changed = True
+    return {
+        gid: "int8" if any(layer[o][0] == "int8" for o in owners) else "fp8"
+        for gid, owners in readers.items()
+    }
+
+
+def _why(
+    p: QuantPoint,
+    by_name: dict[str, QuantPoint],
+    groups: list[ScaleGroup],
+    group_fmt: dict[int, str],
+    layer: dict[str, tuple[str, str, str]],
+) -> tuple[str, str, str]:
+    if p.owner in layer and (p.kind == "weight" or p.op in WEIGHTED):
+        return layer[p.owner]
+    assert p.group is not None
+    fmt = group_fmt.get(p.group, "fp8")
+    readers = [m for m in groups[p.group].members if by_name[m].owner in layer]
+    if readers:
+        return fmt, "F05", f"shares its Quantize with {readers[0]}, read in {fmt.upper()}"
+    return fmt, "F01", "a quantized tensor no weighted layer reads: FP8 like the layers around it"
+
+
+def _with_format(ctx: PlanContext, p: QuantPoint, fmt: str, rule: str, why: str) -> QuantPoint:
+    assert p.spec is not None and p.calib is not None
+    reason = f"{p.reason}; {fmt.upper()} ({rule}: {why})"
+    if fmt == "int8":
+        return replace(p, reason=reason, format_rule=rule)
+    spec: QuantSpec = replace(p.spec, format="fp8", num_bits=8, narrow_range=False)
+    calib = p.calib
+    if p.kind == "weight":
+        spec = replace(spec, axis=None)
+        reason, rule = f"weights per tensor (F06); FP8 ({rule}: {why})", "F06"
+    elif calib == ctx.config.activation_calib and calib == CalibSpec():
+        calib = replace(calib, method="max")  # TensorRT's FP8 recipes calibrate by max
+    return replace(p, spec=spec, calib=calib, reason=reason, format_rule=rule)
+
+
+def _shape(ctx: PlanContext, p: QuantPoint) -> tuple[int, ...]:
+    node: fx.Node = ctx.by_name[p.producer]
+    if node.op == "get_attr":
+        return tuple(fetch_attr(ctx.root, str(node.target)).shape)
+    return tuple(node.meta["tensor_meta"].shape)
