@@ -4,7 +4,9 @@ MatMul``, the probabilities either operand of the second product.
 TensorRT fuses the two batched products and the softmax between them into one MHA kernel. With
 Q/DQ on both operands of both products (the scaled query and the key, the probabilities and the
 value; rule P16) the kernel runs INT8 and the Quantize/Dequantize on the probabilities are
-internal to it; anything less leaves the MatMuls in FP16 (rule P14).
+internal to it; anything less leaves the MatMuls in FP16 (rule P14). With FP8 Q/DQ on all of them
+(ModelOpt quantizes the probabilities at the fixed scale 1/448) it is TensorRT's FP8 MHA; operands
+in different formats do not fuse.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qdq.lint.formats import INT8
 from qdq.lint.graph import COPY_OPS, LintGraph
 
 __all__ = ["Attention", "find_attention"]
@@ -30,11 +33,13 @@ class Attention:
         members: every node of the fused kernel, in graph order of discovery: ``scores``, the ops
             up to the softmax, the softmax, the probabilities' Quantize and Dequantize, the layout
             ops after it (a transpose), ``context``.
+        fmt: the format of every operand (``"int8"`` or ``"fp8"``).
     """
 
     scores: Any
     context: Any
     members: tuple[Any, ...]
+    fmt: str = INT8
 
 
 def find_attention(g: LintGraph) -> list[Attention]:
@@ -84,7 +89,11 @@ def _from_scores(g: LintGraph, scores: Any) -> Attention | None:
     (node,) = readers
     if node.op_type != "MatMul" or g.weighted(node) or not _int8_operands(g, node):
         return None
-    return Attention(scores, node, (*members, *before, q, dq, *after, node))
+    operands = [g.qinput(i) for m in (scores, node) for i in m.input]
+    formats = {o.fmt for o in operands if o is not None} | {g.qdq_format(q)}
+    if len(formats) != 1:
+        return None  # operands in different formats: no fused kernel
+    return Attention(scores, node, (*members, *before, q, dq, *after, node), formats.pop())
 
 
 def _through_layout(g: LintGraph, tensor: str) -> tuple[str, list[Any]]:

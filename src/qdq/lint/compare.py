@@ -186,12 +186,12 @@ def layer_category(layer: EngineLayer) -> str:
 
 
 def compute_precision(layer: EngineLayer) -> str | None:
-    """The precision a compute layer runs in (INT8 weights count as INT8); ``None`` for reformats
-    and layers that compute nothing (no-ops, shuffles)."""
+    """The precision a compute layer runs in (INT8 or FP8 weights count as INT8 or FP8); ``None``
+    for reformats and layers that compute nothing (no-ops, shuffles)."""
     if layer.is_reformat or layer.is_qdq_reformat or layer.layer_type in _NO_COMPUTE:
         return None
-    if layer.weights_dtype == "int8":
-        return "int8"
+    if layer.weights_dtype in ("int8", "fp8"):
+        return layer.weights_dtype
     return layer.input_precision or "other"
 
 

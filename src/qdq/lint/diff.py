@@ -5,7 +5,8 @@ same ONNX file (TensorRT keeps node names in fused layer names and ``Metadata``)
 not match (the engine came from another export of the same network), layers are matched by order:
 the longest common subsequence of layer kinds (weighted, pooling, standalone Q/DQ, ...) over both
 sequences, ignoring what the linter does not predict (builder reformats, no-ops, shuffles).
-Precisions are compared as INT8 vs float: a weakly typed builder picks FP16 or FP32 by timing.
+Precisions are compared as INT8 vs FP8 vs float: a weakly typed builder picks FP16 or FP32 by
+timing, so the float precisions are one class; TensorRT's ``FP8`` (trex's name) is its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.engine_report import EngineLayer, EngineReport
+from qdq.lint.formats import is_quantized
 from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport
 
@@ -36,10 +38,10 @@ class LayerMatch:
 
     @property
     def agrees(self) -> bool:
-        """Input and output agree on INT8 vs float."""
-        return _int8(self.predicted_input) == _int8(self.engine_input) and _int8(
+        """Input and output agree on INT8 vs FP8 vs float."""
+        return _class(self.predicted_input) == _class(self.engine_input) and _class(
             self.predicted_output
-        ) == _int8(self.engine_output)
+        ) == _class(self.engine_output)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class EngineDiff:
         matches: matched layer pairs, in order.
         only_predicted: predicted layers without an engine counterpart.
         only_engine: engine layers (of predicted kinds) without a predicted counterpart.
-        compare: ``{key: (predicted, engine)}`` for weighted, INT8 weighted and unfused Q/DQ.
+        compare: ``{key: (predicted, engine)}`` for weighted, INT8 weighted and unfused Q/DQ
+            (and FP8 weighted when either side has one).
     """
 
     matched_by: str
@@ -62,7 +65,7 @@ class EngineDiff:
 
     @property
     def mismatches(self) -> tuple[LayerMatch, ...]:
-        """Matched layers whose INT8-vs-float precision differs."""
+        """Matched layers whose INT8 / FP8 / float precision differs."""
         return tuple(m for m in self.matches if not m.agrees)
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,6 +109,20 @@ def diff_engine(report: LintReport, engine: EngineReport) -> EngineDiff:
     used_p = {id(p) for p, _ in pairs}
     used_e = {id(e) for _, e in pairs}
     weighted = engine.weighted_layers()
+    compare = {
+        "weighted_layers": (summary["weighted_layers"], len(weighted)),
+        "int8_weighted_layers": (
+            summary["int8_weighted_layers"],
+            sum(1 for ly in weighted if ly.input_precision == "int8"),
+        ),
+        "unfused_qdq": (summary["unfused_qdq"], len(engine.qdq_reformats())),
+    }
+    fp8 = (
+        summary.get("fp8_weighted_layers", 0),
+        sum(1 for ly in weighted if ly.input_precision == "fp8"),
+    )
+    if any(fp8):
+        compare["fp8_weighted_layers"] = fp8
     return EngineDiff(
         matched_by,
         tuple(
@@ -122,19 +139,13 @@ def diff_engine(report: LintReport, engine: EngineReport) -> EngineDiff:
         ),
         tuple(p.name for p in layers if id(p) not in used_p),
         tuple(e.name for e in real if id(e) not in used_e),
-        {
-            "weighted_layers": (summary["weighted_layers"], len(weighted)),
-            "int8_weighted_layers": (
-                summary["int8_weighted_layers"],
-                sum(1 for ly in weighted if ly.input_precision == "int8"),
-            ),
-            "unfused_qdq": (summary["unfused_qdq"], len(engine.qdq_reformats())),
-        },
+        compare,
     )
 
 
-def _int8(precision: str) -> bool:
-    return precision == "int8"
+def _class(precision: str) -> str:
+    """``"int8"``, ``"fp8"`` or ``"float"`` (FP16/FP32/BF16 and an unknown ``"?"`` alike)."""
+    return precision if is_quantized(precision) else "float"
 
 
 def engine_kind(layer: EngineLayer) -> str | None:

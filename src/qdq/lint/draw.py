@@ -5,9 +5,10 @@ the precision it is predicted to run in, with Graphviz.
 into plain data (nodes and data edges between predicted layers; ONNX nodes that belong to no layer —
 fused Q/DQ, reshapes, shape arithmetic — are looked through). :func:`to_dot` writes Graphviz DOT:
 
-* a box per layer, filled by its compute precision (INT8 green, FP16 amber, FP32 red), labelled
-  with its fused ops, its module path and ``in → out`` precision when they differ; a standalone
-  Quantize/Dequantize (a reformat) is a small violet ellipse; INT8 edges are drawn green;
+* a box per layer, filled by its compute precision (INT8 green, FP8 sky blue, FP16 amber, FP32
+  red), labelled with its fused ops, its module path and ``in → out`` precision when they differ;
+  a standalone Quantize/Dequantize (a reformat) is a small violet ellipse; INT8 edges are drawn
+  green, FP8 edges blue;
 * layers are boxed by their top-level module; a graph with more than ``max_nodes`` layers is
   collapsed into one box per module scope — the deepest and largest scopes first, until it fits —
   striped by the share of each precision.
@@ -54,6 +55,7 @@ __all__ = [
 #: ``precision: (fill, border)``; ``qdq`` is a standalone Quantize/Dequantize layer
 PRECISION_COLORS: dict[str, tuple[str, str]] = {
     "int8": ("#c9ecd5", "#2a9158"),
+    "fp8": ("#cfeaf8", "#2386b8"),  # sky blue, as trex draws FP8
     "fp16": ("#fde2ae", "#c98410"),
     "bf16": ("#fde2ae", "#c98410"),
     "fp32": ("#f6c4bd", "#c2412f"),
@@ -61,6 +63,8 @@ PRECISION_COLORS: dict[str, tuple[str, str]] = {
     "io": ("#eceff3", "#6b7684"),
     "reformat": ("#dbe8fb", "#2f62c4"),
 }
+#: edge colours of tensors in a quantized format
+_QUANTIZED_EDGES = {p: PRECISION_COLORS[p][1] for p in ("int8", "fp8")}
 #: border of a node marked as a disagreement (:attr:`DrawNode.mark`)
 MARK_COLOR = "#d6246e"
 _OTHER = ("#e5e7eb", "#6b7280")
@@ -332,7 +336,8 @@ def to_dot(graph: LayerGraph, *, max_nodes: int = 150, title: str = "") -> str:
         lines.append("  }")
     lines.extend("  " + _node_line(n) for n in loose)
     for src, dst, precision in edges:
-        attrs = ['color="#2a9158"', "penwidth=1.6"] if precision == "int8" else []
+        edge = _QUANTIZED_EDGES.get(precision)
+        attrs = [f'color="{edge}"', "penwidth=1.6"] if edge else []
         if (src, dst) in labels:
             attrs.append(f'label="{_esc(labels[src, dst])}"')
         lines.append(f"  {src} -> {dst}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")

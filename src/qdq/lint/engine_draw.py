@@ -184,8 +184,9 @@ def _layer_node(
         kind = "layer"
         lines = [_wrap(short_name(x)), _type_text(x), io, time]
         compute = x.layer_type not in _NO_COMPUTE
-        precision = "int8" if x.weights_dtype == "int8" else (x.input_precision or "other")
-        precision = precision if compute else "other"
+        weights = x.weights_dtype
+        quantized = weights if weights in ("int8", "fp8") else None
+        precision = (quantized or x.input_precision or "other") if compute else "other"
     label = "\n".join(p for p in lines if p)
     return DrawNode(node_id, label, tooltip, kind, ((precision, 1),), scope, share, mark)
 

@@ -105,7 +105,7 @@ td.p { white-space: nowrap; }
 
 
 def _legend() -> str:
-    items = [("int8", "INT8"), ("fp16", "FP16 / BF16"), ("fp32", "FP32"),
+    items = [("int8", "INT8"), ("fp8", "FP8"), ("fp16", "FP16 / BF16"), ("fp32", "FP32"),
              ("qdq", "standalone Q/DQ"), ("reformat", "builder reformat")]  # fmt: skip
     spans = [
         f'<span style="background:{PRECISION_COLORS[k][0]};border-color:{PRECISION_COLORS[k][1]}">'
@@ -154,10 +154,10 @@ def diff_page(
         "<table><tr><th>predicted layer</th><th>predicted</th><th>engine layer</th>"
         f"<th>engine</th></tr>{rows}</table>"
         if rows
-        else "<p>No disagreement: every matched layer agrees on INT8 vs float.</p>"
+        else "<p>No disagreement: every matched layer agrees on INT8 / FP8 / float.</p>"
     )
     body = (
-        f"<p>{len(diff.matches)} layers matched by {diff.matched_by}, {agree} agree on INT8 vs "
+        f"<p>{len(diff.matches)} layers matched by {diff.matched_by}, {agree} agree on INT8 / FP8 / "
         f"float; {len(diff.only_predicted)} predicted layers have no engine counterpart, "
         f"{len(diff.only_engine)} engine layers were not predicted.</p>"
         f"<details><summary>as printed by qdq lint --engine-report</summary>"

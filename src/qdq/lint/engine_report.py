@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from qdq.lint.formats import is_quantized
+
 __all__ = [
     "DTYPES",
     "EngineIOTensor",
@@ -149,11 +151,12 @@ class EngineLayer:
 
     @property
     def is_qdq_reformat(self) -> bool:
-        """An unfused Q/DQ: a Reformat of origin QDQ, or a Scale whose input XOR output is INT8."""
+        """An unfused Q/DQ: a Reformat of origin QDQ, or a Scale whose input XOR output is quantized
+        (INT8 or FP8)."""
         if self.is_reformat:
             return (self.origin or "").upper() == "QDQ"
         if "Scale" in (self.layer_type, self.parameter_type) and self.inputs and self.outputs:
-            return (self.inputs[0].dtype == "int8") != (self.outputs[0].dtype == "int8")
+            return is_quantized(self.inputs[0].dtype) != is_quantized(self.outputs[0].dtype)
         return False
 
     @property
@@ -221,6 +224,24 @@ class EngineReport:
             x for x in self.layers
             if x.input_precision == "int8" and x.layer_type != "NoOp"
             and not (x.is_reformat or x.is_qdq_reformat)
+        )  # fmt: skip
+
+    def quantized_layers(self, precision: str | None = None) -> tuple[EngineLayer, ...]:
+        """Layers that compute on quantized inputs (INT8 or FP8, or only ``precision``);
+        reformats, unfused Q/DQ and NoOps excluded.
+
+        Example:
+            >>> fp8 = "Row major linear FP8 format"
+            >>> r = parse_engine_report([{"Name": "Gemm_3", "LayerType": "gemm",
+            ...     "Inputs": [{"Name": "a", "Format/Datatype": fp8}], "Outputs": []}])
+            >>> [x.name for x in r.quantized_layers("fp8")], r.int8_layers()
+            (['Gemm_3'], ())
+        """
+        return tuple(
+            x for x in self.layers
+            if is_quantized(x.input_precision) and x.layer_type != "NoOp"
+            and not (x.is_reformat or x.is_qdq_reformat)
+            and (precision is None or x.input_precision == precision)
         )  # fmt: skip
 
     def weighted_layers(self) -> tuple[EngineLayer, ...]:

@@ -1,5 +1,6 @@
 """A read-only index of a Q/DQ ONNX graph for the linter: who produces and consumes each tensor,
-which inputs arrive through DequantizeLinear (and with what scale), which ops are weighted."""
+which inputs arrive through DequantizeLinear (with what scale, in which format: INT8 or FP8), which
+ops are weighted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from qdq.lint.formats import INT8, qdq_format
 
 if TYPE_CHECKING:
     from qdq.lint.attention import Attention
@@ -31,12 +34,14 @@ _SHAPE_OPERANDS = frozenset(
 
 @dataclass(frozen=True)
 class QInput:
-    """An input that arrives through Q → DQ: the float tensor quantized and its scale."""
+    """An input that arrives through Q → DQ: the float tensor quantized, its scale and format
+    (``"int8"`` or ``"fp8"``, :mod:`qdq.lint.formats`)."""
 
     source: str  # the float tensor entering QuantizeLinear
     scale: tuple[float, ...]
     q: Any
     dq: Any
+    fmt: str = INT8
 
 
 class LintGraph:
@@ -89,9 +94,15 @@ class LintGraph:
         q = self.producer.get(dq.input[0])
         scale = self.const.get(dq.input[1])
         values = tuple(float(v) for v in np.asarray(scale).flatten()) if scale is not None else ()
+        fmt = self.qdq_format(dq)
         if q is None or q.op_type != "QuantizeLinear":
-            return QInput(dq.input[0], values, None, dq)  # pre-quantized constant (DQ-only)
-        return QInput(q.input[0], values, q, dq)
+            return QInput(dq.input[0], values, None, dq, fmt)  # pre-quantized constant (DQ-only)
+        return QInput(q.input[0], values, q, dq, fmt)
+
+    def qdq_format(self, node: Any) -> str:
+        """The format (``"int8"``/``"fp8"``) a QuantizeLinear writes or a DequantizeLinear reads
+        (:func:`qdq.lint.formats.qdq_format`)."""
+        return qdq_format(node, self.const, self.producer)
 
     def quantized_uses(self, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
         """(Q node, final consumer, scale) for every use of ``tensor`` through Q → DQ."""
@@ -212,20 +223,38 @@ class LintGraph:
             return False
         return node.op_type != "MatMul" or self.is_const(node.input[1])
 
+    def weighted_format(self, node: Any) -> str | None:
+        """The format a weighted op computes in: its activation and its weight both arrive through
+        DequantizeLinear in that format. ``None`` when either is float or the two formats differ
+        (an FP8 activation with INT8 weights has no kernel: rule F05)."""
+        if not self.weighted(node):
+            return None
+        act = self.qinput(node.input[0])
+        weight = self.weight_dq(node.input[1])
+        if act is None or weight is None:
+            return None
+        fmt = self.qdq_format(weight)
+        return fmt if fmt == act.fmt else None
+
+    def quantized_weighted(self, node: Any) -> bool:
+        """A weighted op that runs quantized (INT8 or FP8: :meth:`weighted_format`)."""
+        return self.weighted_format(node) is not None
+
     def int8_weighted(self, node: Any) -> bool:
-        """A weighted op whose activation and weight both arrive through DequantizeLinear."""
-        return (
-            self.weighted(node)
-            and self.qinput(node.input[0]) is not None
-            and self.dq_weight(node.input[1])
-        )
+        """A weighted op whose activation and weight both arrive through INT8 DequantizeLinear."""
+        return self.weighted_format(node) == INT8
 
     def dq_weight(self, tensor: str) -> bool:
         """Whether a weight operand arrives through DequantizeLinear (possibly through copies)."""
+        return self.weight_dq(tensor) is not None
+
+    def weight_dq(self, tensor: str) -> Any:
+        """The DequantizeLinear a weight operand arrives through (looking through copies), or
+        ``None``."""
         node = self.producer.get(tensor)
         while node is not None and node.op_type in COPY_OPS:
             node = self.producer.get(node.input[0])
-        return node is not None and node.op_type == "DequantizeLinear"
+        return node if node is not None and node.op_type == "DequantizeLinear" else None
 
     def backbone(self, tensor: str) -> Any:
         """The weighted op whose epilogue chain ends in ``tensor`` (each step read only by the

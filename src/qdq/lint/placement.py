@@ -126,8 +126,8 @@ def _weighted(g: LintGraph, node: Any) -> list[Finding]:
                     "NVIDIA/TensorRT#4366, #1699",
                 )
             )
-    if node.op_type in ("Conv", "ConvTranspose"):
-        out.extend(_channels(g, node, name))
+    if node.op_type in ("Conv", "ConvTranspose") and g.int8_weighted(node):
+        out.extend(_channels(g, node, name))  # INT8 layouts; FP8 convolutions: rules F02/F03
     return out
 
 

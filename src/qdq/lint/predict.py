@@ -16,6 +16,13 @@ is one INT8 MHA layer (:mod:`qdq.lint.attention`). Non-weighted quantizable ops 
 their inputs are INT8 and their output is quantized. Every Quantize whose producer outputs float,
 every extra scale on one tensor, and every Dequantize read by a float layer is a standalone layer
 (a Q/DQ-origin reformat).
+
+FP8 is the same model with another row of :data:`qdq.lint.formats.FORMATS`: a layer computes in
+the format its quantized inputs share and writes that format only when its readers quantize in
+it, so a boundary between INT8, FP8 and float layers costs the same standalone Q/DQ an INT8/float
+boundary does. The FP8 row differs where TensorRT does: FP8 kernels are GEMM, convolution and MHA
+only (pooling, pointwise and data-movement layers with FP8 Q/DQ run float), and a convolution
+TensorRT has no FP8 kernel for (:func:`qdq.lint.fp8.no_kernel`) runs float.
 """
 
 from __future__ import annotations
@@ -24,12 +31,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.attention import Attention
+from qdq.lint.formats import FORMATS, INT8, is_quantized
+from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
 
 __all__ = ["PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
-
-INT8 = "int8"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
 _EPILOGUE = frozenset(
@@ -59,12 +66,13 @@ class PredictedLayer:
     Attributes:
         name: the ONNX node names joined with ``" + "``, as TensorRT names fused layers.
         nodes: those ONNX node names.
-        kind: ``"weighted"``, ``"attention"`` (a fused MHA core with INT8 products), ``"pooling"``,
-            ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone Quantize/Dequantize, i.e. a
-            Q/DQ-origin reformat) or ``"other"``.
-        input_precision, output_precision: ``"int8"`` or the float precision of the target
-            (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly typed).
-        reason: why a layer is float or standalone (empty for INT8 layers).
+        kind: ``"weighted"``, ``"attention"`` (a fused MHA core with INT8 or FP8 products),
+            ``"pooling"``, ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone
+            Quantize/Dequantize, i.e. a Q/DQ-origin reformat) or ``"other"``.
+        input_precision, output_precision: ``"int8"``, ``"fp8"`` or the float precision of the
+            target (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly
+            typed).
+        reason: why a layer is float or standalone (empty for quantized layers).
     """
 
     name: str
@@ -78,6 +86,11 @@ class PredictedLayer:
     def int8(self) -> bool:
         """Whether the layer computes in INT8 (its input is INT8)."""
         return self.input_precision == INT8
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the layer computes in a quantized format (INT8 or FP8)."""
+        return is_quantized(self.input_precision)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict."""
@@ -105,9 +118,9 @@ class _Predictor:
         self.guard = guard
         self.order = {id(n): i for i, n in enumerate(g.nodes)}
         self.absorbed: set[int] = set()
-        self.int8_out: set[str] = set()  # tensors a layer writes as INT8
+        self.q_out: dict[str, str] = {}  # tensors a layer writes quantized -> their format
         self.float_readers: set[int] = set()  # ids of nodes that run float
-        self.attention: dict[int, Attention] = {}  # first MatMul -> fused INT8 attention core
+        self.attention: dict[int, Attention] = {}  # first MatMul -> fused quantized MHA core
         self.internal: set[int] = set()  # Q/DQ nodes inside a fused kernel (attention probs)
         self.shape_nodes = _shape_nodes(g)
         self.tails: dict[str, Any] = {}  # epilogue end (before a residual Add) -> weighted op
@@ -221,19 +234,19 @@ class _Predictor:
             for o in inside
             if o in g.outputs or any(c not in region for c in g.consumers.get(o, []))
         ]
-        ins_int8 = bool(ext_in) and all(self._int8_tensor(i) for i in ext_in)
+        fmt = self._common_format(ext_in)
         quantizable = all(m.op_type in _QUANTIZABLE_PW for m in region)
-        if quantizable and ins_int8 and ext_out and all(self._quantized_only(o) for o in ext_out):
-            self.int8_out.update(ext_out)
-            return PredictedLayer(" + ".join(names), names, "pointwise", INT8, INT8)
+        if (
+            quantizable
+            and fmt is not None
+            and FORMATS[fmt].plain_layers
+            and ext_out
+            and all(self._quantized_as(o) == fmt for o in ext_out)
+        ):
+            self.q_out.update(dict.fromkeys(ext_out, fmt))
+            return PredictedLayer(" + ".join(names), names, "pointwise", fmt, fmt)
         self.float_readers.update(id(m) for m in region)
-        reason = (
-            "no INT8 implementation"
-            if not quantizable or not ext_in
-            else "inputs not all INT8"
-            if not ins_int8
-            else "output not quantized"
-        )
+        reason = self._float_reason(quantizable and bool(ext_in), ext_in, fmt)
         return PredictedLayer(" + ".join(names), names, "pointwise", self.fp, self.fp, reason)
 
     # ------------------------------------------------------------------ grouping
@@ -296,36 +309,40 @@ class _Predictor:
         g = self.g
         node, last = members[0], members[-1].output[0]
         names = tuple(g.name(m) for m in members)
-        if not g.int8_weighted(node):
+        fmt = g.weighted_format(node)
+        missing = no_kernel(g, node, fmt) if fmt is not None else _unfused(g, node)
+        if fmt is None or missing:
             self.float_readers.update(id(m) for m in members)
-            return PredictedLayer(
-                " + ".join(names), names, "weighted", self.fp, self.fp, "not both inputs quantized"
-            )
+            return PredictedLayer(" + ".join(names), names, "weighted", self.fp, self.fp, missing)
         skip_float = any(
             m.op_type == "Add" and not _const_add(g, m) and _other_float(g, m, members)
             for m in members[1:]
         )
+        written = self._quantized_as(last)
         if skip_float:
             out, reason = self.fp, "fused residual Add's other operand is float"
-        elif self._quantized_only(last):
-            out, reason = INT8, ""
+        elif written == fmt:
+            out, reason = fmt, ""
+        elif written is not None:
+            out, reason = self.fp, f"its readers quantize to {FORMATS[written].label}"
         else:
             out, reason = self.fp, "output has float readers"
-        if out == INT8:
-            self.int8_out.add(last)
+        if out == fmt:
+            self.q_out[last] = fmt
         else:  # the fused Add reads its residual operand in the output's precision
             for _, skip in quantized_skips(g, members):
                 self.float_skips[id(skip.dq)] = " + ".join(names)
-        return PredictedLayer(" + ".join(names), names, "weighted", INT8, out, reason)
+        return PredictedLayer(" + ".join(names), names, "weighted", fmt, out, reason)
 
     def _attention_layer(self, core: Attention) -> PredictedLayer:
-        """TensorRT's fused MHA: INT8 products, the softmax and its Q/DQ inside; the output is
-        INT8 only when every reader quantizes it."""
+        """TensorRT's fused MHA: INT8 (or FP8) products, the softmax and its Q/DQ inside; the
+        output is quantized only when every reader quantizes it in the core's format."""
         names = tuple(self.g.name(m) for m in core.members)
-        if all(self._quantized_only(o) for o in core.context.output if o):
-            self.int8_out.update(core.context.output)
-            return PredictedLayer(" + ".join(names), names, "attention", INT8, INT8)
-        return PredictedLayer(" + ".join(names), names, "attention", INT8, self.fp)
+        fmt = core.fmt
+        if all(self._quantized_as(o) == fmt for o in core.context.output if o):
+            self.q_out.update(dict.fromkeys((o for o in core.context.output if o), fmt))
+            return PredictedLayer(" + ".join(names), names, "attention", fmt, fmt)
+        return PredictedLayer(" + ".join(names), names, "attention", fmt, self.fp)
 
     def _plain_layer(self, node: Any) -> PredictedLayer:
         g = self.g
@@ -333,45 +350,75 @@ class _Predictor:
         pool = "Pool" in op or g.global_pool(node)  # ReduceMean over H, W is a global pool
         kind = "pooling" if pool else "concat" if op == "Concat" else "other"
         data = [i for i in node.input if i and not g.is_const(i)]
-        ins_int8 = bool(data) and all(self._int8_tensor(i) for i in data)
-        out_q = all(self._quantized_only(o) for o in node.output if o)
+        fmt = self._common_format(data)
+        outs = self._outputs_as(node.output)
         name = g.name(node)
         commuting = op in ("MaxPool", "Slice", "Split", "Concat") or _nearest(node)
         quantizable = op in _QUANTIZABLE or pool
-        if quantizable and ins_int8 and (out_q or commuting):
-            self.int8_out.update(node.output)
-            return PredictedLayer(name, (name,), kind, INT8, INT8)
-        if commuting and out_q and op != "Concat":
-            self.int8_out.update(node.output)  # the Quantize moves back across it
-            return PredictedLayer(name, (name,), kind, INT8, INT8)
+        plain = fmt is not None and FORMATS[fmt].plain_layers
+        if quantizable and plain and fmt is not None and (outs == fmt or commuting):
+            self.q_out.update(dict.fromkeys((o for o in node.output if o), fmt))
+            return PredictedLayer(name, (name,), kind, fmt, fmt)
+        if commuting and outs is not None and FORMATS[outs].plain_layers and op != "Concat":
+            # the Quantize moves back across it
+            self.q_out.update(dict.fromkeys((o for o in node.output if o), outs))
+            return PredictedLayer(name, (name,), kind, outs, outs)
         self.float_readers.add(id(node))
-        reason = (
-            "no INT8 implementation"
-            if not quantizable
-            else "inputs not all INT8"
-            if not ins_int8
-            else "output not quantized"
-        )
+        reason = self._float_reason(quantizable, data, fmt)
         return PredictedLayer(name, (name,), kind, self.fp, self.fp, reason)
 
-    def _int8_tensor(self, tensor: str) -> bool:
-        """Read as INT8: through DequantizeLinear, or written INT8 by a layer."""
-        return self.g.qinput(tensor) is not None or self._int8_tensor_written(tensor)
+    def _float_reason(self, quantizable: bool, inputs: list[str], fmt: str | None) -> str:
+        """Why a quantizable-looking plain or pointwise layer runs float."""
+        if not quantizable:
+            return "no INT8 implementation"
+        if fmt is None:
+            seen = {f for f in map(self._tensor_format, inputs) if f is not None}
+            if len(seen) > 1:
+                return "inputs mix " + " and ".join(sorted(FORMATS[f].label for f in seen))
+            return f"inputs not all {FORMATS[seen.pop() if seen else INT8].label}"
+        if not FORMATS[fmt].plain_layers:
+            return f"no {FORMATS[fmt].label} implementation"
+        return "output not quantized"
 
-    def _quantized_only(self, tensor: str) -> bool:
-        """Every reader of ``tensor`` quantizes it (through ops a Quantize moves across)."""
+    def _common_format(self, tensors: list[str]) -> str | None:
+        """The format every one of ``tensors`` is read in, or ``None`` (one is float, formats
+        differ, or there are none)."""
+        found = {self._tensor_format(t) for t in tensors}
+        return found.pop() if len(found) == 1 else None
+
+    def _tensor_format(self, tensor: str) -> str | None:
+        """The format ``tensor`` is read in: through DequantizeLinear, or as a layer wrote it."""
+        q = self.g.qinput(tensor)
+        return q.fmt if q is not None else self._written_format(tensor)
+
+    def _outputs_as(self, outputs: Any) -> str | None:
+        """The one format every (non-empty) output is quantized as (:meth:`_quantized_as`)."""
+        found = {self._quantized_as(o) for o in outputs if o}
+        return found.pop() if len(found) == 1 else None
+
+    def _quantized_as(self, tensor: str) -> str | None:
+        """The format every reader of ``tensor`` quantizes it in (looking through copy ops, and
+        through ops a Quantize moves across in formats that have such layers), or ``None``: a
+        reader reads it in float, it is returned, or its readers quantize in different formats."""
         g = self.g
         if tensor in g.outputs or any(  # returned, directly or through the tracer's Cast
             c.op_type == "Cast" and c.output[0] in g.outputs for c in g.consumers.get(tensor, [])
         ):
-            return False
+            return None
         readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
         readers = [c for c in readers if c.op_type == "QuantizeLinear" or c in g.float_uses(tensor)]
-        return bool(readers) and all(
-            c.op_type == "QuantizeLinear"
-            or (c.op_type in _COMMUTING and all(self._quantized_only(o) for o in c.output))
-            for c in readers
-        )
+        found: set[str | None] = set()
+        for c in readers:
+            if c.op_type == "QuantizeLinear":
+                found.add(g.qdq_format(c))
+            elif c.op_type in COPY_OPS:
+                found.add(self._outputs_as(c.output))
+            elif c.op_type in _COMMUTING:
+                fmt = self._outputs_as(c.output)
+                found.add(fmt if fmt is not None and FORMATS[fmt].plain_layers else None)
+            else:
+                return None
+        return found.pop() if len(found) == 1 else None
 
     # ------------------------------------------------------------------ standalone Q/DQ
     def _with_standalone_qdq(
@@ -386,7 +433,8 @@ class _Predictor:
             reason = self._safe("standalone Q/DQ", [n], "", self._standalone, n)
             if reason:
                 name = g.name(n)
-                src, dst = (self.fp, INT8) if n.op_type == "QuantizeLinear" else (INT8, self.fp)
+                fmt = g.qdq_format(n)
+                src, dst = (self.fp, fmt) if n.op_type == "QuantizeLinear" else (fmt, self.fp)
                 if n.input[0] in g.inputs:
                     src = self.io.get(n.input[0], src)
                 extra.setdefault(self.order[id(n)], []).append(
@@ -410,14 +458,18 @@ class _Predictor:
             t = node.input[0]
             if t in g.inputs:
                 return "quantizes the network input"
-            if not self._int8_tensor_written(t):
+            written = self._written_format(t)
+            if written is None:
                 return "its producer outputs float"
-            # one INT8 version per tensor: each further scale is a requantize
-            scales: list[tuple[float, ...]] = []
+            if written != g.qdq_format(node):
+                label, to = FORMATS[written].label, FORMATS[g.qdq_format(node)].label
+                return f"its producer writes {label}: a {label} -> {to} requantize"
+            # one quantized version per tensor: each further scale is a requantize
+            scales: list[tuple[str, tuple[float, ...]]] = []
             for q in g.consumers.get(t, []):
                 if q.op_type != "QuantizeLinear":
                     continue
-                s = _scale(g, q)
+                s = (g.qdq_format(q), _scale(g, q))
                 if s in scales and q is not node:
                     continue
                 scales.append(s)
@@ -434,17 +486,17 @@ class _Predictor:
             return "its readers run float"
         return ""
 
-    def _int8_tensor_written(self, tensor: str) -> bool:
-        """Written INT8 by a layer (possibly through copy ops). The copies may pass through the
-        layer itself: a GEMM that absorbed a Reshape/Transpose writes INT8 after them, and a
-        further view of that tensor (HaloNet's q, blocked again for its relative-position GEMMs)
-        walks back past the layer's end to the GEMM."""
+    def _written_format(self, tensor: str) -> str | None:
+        """The format a layer writes ``tensor`` in (possibly through copy ops), or ``None``. The
+        copies may pass through the layer itself: a GEMM that absorbed a Reshape/Transpose writes
+        INT8 after them, and a further view of that tensor (HaloNet's q, blocked again for its
+        relative-position GEMMs) walks back past the layer's end to the GEMM."""
         g = self.g
         node = g.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS and tensor not in self.int8_out:
+        while node is not None and node.op_type in COPY_OPS and tensor not in self.q_out:
             tensor = node.input[0]
             node = g.producer.get(tensor)
-        return tensor in self.int8_out
+        return self.q_out.get(tensor)
 
 
 def quantized_skips(g: LintGraph, members: list[Any]) -> list[tuple[Any, QInput]]:
@@ -461,6 +513,16 @@ def int8_capable(g: LintGraph, node: Any) -> bool:
     quantizable pointwise op."""
     op = node.op_type
     return g.weighted(node) or op in _QUANTIZABLE or op in _QUANTIZABLE_PW or g.global_pool(node)
+
+
+def _unfused(g: LintGraph, node: Any) -> str:
+    """Why a weighted op whose inputs do not share one quantized format runs float."""
+    act = g.qinput(node.input[0])
+    weight = g.weight_dq(node.input[1]) if len(node.input) > 1 else None
+    if act is None or weight is None:
+        return "not both inputs quantized"
+    a, w = FORMATS[act.fmt].label, FORMATS[g.qdq_format(weight)].label
+    return f"activation {a}, weights {w}: no mixed-format kernel"
 
 
 def _shape_nodes(g: LintGraph) -> set[int]:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
+from qdq.lint.formats import FP8
+from qdq.lint.fp8 import check_fp8, no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.guard import Guard
 from qdq.lint.load import LintInputError, load_model
@@ -35,6 +37,8 @@ SUMMARY_KEYS = (
     "scale_mismatches",
     "alignment_reformats",
     "folded_weighted_layers",
+    "fp8_weighted_layers",
+    "fp8_flops_percent",
 )
 
 _SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
@@ -56,9 +60,19 @@ class LintReport:
         return tuple(x for ly in self.layers if ly.kind != "qdq" and ly.int8 for x in ly.nodes)
 
     @property
+    def fp8_layers(self) -> tuple[str, ...]:
+        """ONNX nodes predicted to run inside FP8 layers."""
+        return tuple(
+            x for ly in self.layers if ly.kind != "qdq" and ly.input_precision == FP8
+            for x in ly.nodes
+        )  # fmt: skip
+
+    @property
     def float_layers(self) -> tuple[str, ...]:
-        """ONNX compute nodes predicted to run in float."""
-        return tuple(x for ly in self.layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes)
+        """ONNX compute nodes predicted to run in float (neither INT8 nor FP8)."""
+        return tuple(
+            x for ly in self.layers if ly.kind != "qdq" and not ly.quantized for x in ly.nodes
+        )
 
     @property
     def exit_code(self) -> int:
@@ -96,7 +110,13 @@ class LintReport:
             f"{self.model}: {self.verdict} ({self.target})",
             f"  INT8 weighted layers {s['int8_weighted_layers']}/{s['weighted_layers']} "
             f"({s['int8_flops_percent']}% of FLOPs), "
-            f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}, "
+            + (
+                f"FP8 weighted layers {s['fp8_weighted_layers']}/{s['weighted_layers']} "
+                f"({s['fp8_flops_percent']}% of FLOPs), "
+                if s["fp8_weighted_layers"]
+                else ""
+            )
+            + f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}, "
             f"scale mismatches {s['scale_mismatches']}, "
             f"alignment reformats {s['alignment_reformats']}"
             + (
@@ -136,11 +156,13 @@ def lint(
         model: the ONNX file or model.
         target: ``"trt10"`` (weakly typed, INT8+FP16 builds) or ``"trt11"`` (strongly typed: the
             float remainder runs at the ONNX dtype), optionally with a minor version
-            (``"trt8.6"``, ``"trt10.5"``) for the version-dependent rules (V07, V10, V12, P11).
+            (``"trt8.6"``, ``"trt10.5"``) for the version-dependent rules (V07, V10, V12, P11)
+            and a GPU (``"trt10-hopper"``, ``"trt10.12-sm89"``) for the FP8 rules (F01, F06).
         strongly_typed: ``True`` for a ``--stronglyTyped`` build on TensorRT 10.12+.
-        flags: weak-typing precision flags of the build (default ``int8`` and ``fp16``); without
-            ``int8`` a Q/DQ model does not build (V13), without ``fp16`` the float remainder
-            runs FP32 (B01).
+        flags: weak-typing precision flags of the build (default ``int8`` and ``fp16``, and
+            ``fp8`` for a GPU with FP8); without ``int8`` a Q/DQ model does not build (V13),
+            without ``fp16`` the float remainder runs FP32 (B01), without ``fp8`` FP8 Q/DQ get
+            no FP8 kernels (F07).
 
     Returns:
         The :class:`LintReport`. A rule or prediction step that fails on part of the graph does not
@@ -179,7 +201,9 @@ def lint(
         "layer prediction", (), predict_layers, g, dtype, guard, default=[]
     )
     by_name = {g.name(n): n for n in g.nodes}
-    floats = [by_name[x] for ly in layers if ly.kind != "qdq" and not ly.int8 for x in ly.nodes]
+    floats = [
+        by_name[x] for ly in layers if ly.kind != "qdq" and not ly.quantized for x in ly.nodes
+    ]
     if t.strongly_typed:
         findings += guard.call(
             "strong-typing rules B02/V11", (), _strong_typing, g, floats, default=[]
@@ -187,6 +211,7 @@ def lint(
     findings += guard.call(
         "build rules V13/B01/P05/P11", (), build_rules, g, t, layers, floats, default=[]
     )
+    findings += guard.call("FP8 rules F01-F07", (), check_fp8, g, t, default=[])
     summary: dict[str, int] = guard.call(
         "summary", (), _summary, proto, g, layers, floats, findings, default={}
     )
@@ -203,6 +228,10 @@ def _summary(
     total_flops = sum(flops.values())
     int8_ids = {id(n) for n in g.nodes if g.int8_weighted(n)}
     int8_flops = sum(f for n, f in flops.items() if n in int8_ids)
+    fp8_ids = {  # an FP8 op TensorRT has no FP8 kernel for runs float (fp8.no_kernel)
+        id(n) for n in g.nodes if g.weighted_format(n) == FP8 and not no_kernel(g, n, FP8)
+    }
+    fp8_flops = sum(f for n, f in flops.items() if n in fp8_ids)
     return {  # a weighted op the builder folds (constant inputs only) is no engine layer
         "weighted_layers": sum(1 for n in g.nodes if g.weighted(n) and id(n) not in folded),
         "int8_weighted_layers": sum(1 for n in g.nodes if g.int8_weighted(n)),
@@ -212,6 +241,8 @@ def _summary(
         "scale_mismatches": sum(1 for f in findings if f.rule in ("S01", "S02", "S03", "S04")),
         "alignment_reformats": sum(1 for f in findings if f.rule == "H01" and f.severity == WARN),
         "folded_weighted_layers": len(folded),
+        "fp8_weighted_layers": len(fp8_ids - folded),
+        "fp8_flops_percent": round(100 * fp8_flops / total_flops) if total_flops else 0,
     }
 
 

@@ -30,7 +30,7 @@ def residual_add(g: LintGraph, node: Any) -> list[Finding]:
         ops.append(
             (qi is not None, g.backbone(qi.source if qi is not None else i), fusible(g, i, node))
         )
-    if not any(bb is not None and g.int8_weighted(bb) for _, bb, _ in ops):
+    if not any(bb is not None and g.quantized_weighted(bb) for _, bb, _ in ops):
         return []
     fix = "quantize only the skip (non-conv) operand, sharing the scale of its other quantized uses"
     n_quantized = sum(q for q, _, _ in ops)
@@ -150,7 +150,7 @@ def _conv_branch(g: LintGraph, tensor: str, add: Any) -> bool:
     nothing but ``add``, in float or through Q/DQ: TensorRT could fuse ``add`` into that conv."""
     source = q.source if (q := g.qinput(tensor)) is not None else tensor
     bb = g.backbone(source)
-    if bb is None or not g.int8_weighted(bb):
+    if bb is None or not g.quantized_weighted(bb):
         return False
     readers = [*g.float_uses(source), *(c for _, c, _ in g.quantized_uses(source))]
     return all(c is add for c in readers)

@@ -1,9 +1,11 @@
-"""The TensorRT version and build configuration the linter predicts for.
+"""The TensorRT version, GPU and build configuration the linter predicts for.
 
 ``"trt10"`` means a weakly typed TensorRT 10 build with ``--int8 --fp16`` (the recipe in the rule
 specification §2.1); ``"trt11"`` means strongly typed TensorRT 11. A minor version
 (``"trt8.6"``, ``"trt10.5"``, ``"trt10.12"``) makes the version-dependent rules exact: the
 ConvTranspose weight axis (V12), pre-quantized weights (V10) and the parser's opset range (V07).
+A GPU after a dash (``"trt10-hopper"``, ``"trt10.12-ada"``, ``"trt10-sm89"``) names the compute
+capability, which decides whether FP8 layers build at all (F01: 8.9 and newer).
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FLAGS", "Target", "parse_target"]
+__all__ = ["FLAGS", "GPUS", "Target", "parse_target"]
 
-FLAGS = frozenset({"int8", "fp16", "best"})
-_PATTERN = re.compile(r"^trt(\d+)(?:\.(\d+))?$")
+FLAGS = frozenset({"int8", "fp16", "fp8", "best"})
+_PATTERN = re.compile(r"^trt(\d+)(?:\.(\d+))?(?:-([a-z0-9_.]+))?$")
+#: GPU generations by compute capability (NVIDIA's CUDA GPU compute capability list): Ada (8.9),
+#: Hopper (9.0) and Blackwell (10.0, 12.0) have FP8 tensor cores, the generations before do not
+GPUS = {
+    "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "orin": (8, 7), "ada": (8, 9),
+    "hopper": (9, 0), "blackwell": (10, 0),
+}  # fmt: skip
+_SM = re.compile(r"^sm_?(\d+)(?:\.(\d))?$")
 # highest ONNX opset of the bundled parser, by first release (onnx-tensorrt docs/operators.md;
 # TensorRT ONNX opset guide): 8.6 -> 17, 10.0 -> 20, 11.x -> 25
 _MAX_OPSET = {(8, 6): 17, (10, 0): 20, (11, 0): 25}
@@ -26,16 +35,21 @@ class Target:
     """A TensorRT version and typing mode.
 
     Attributes:
-        label: the target string as given (``"trt10.5"``).
+        label: the target string as given (``"trt10.5"``, ``"trt10-hopper"``).
         version: ``(major, minor)``; a bare major means its first release (``"trt10"`` is 10.0).
         strongly_typed: float layers run at the ONNX dtype (always on 11.x, opt-in on 10.12+).
-        flags: weak-typing precision flags (``int8``, ``fp16``, ``best``); empty when strongly typed.
+        flags: weak-typing precision flags (``int8``, ``fp16``, ``fp8``, ``best``); empty when
+            strongly typed.
+        gpu: the GPU generation (``"hopper"``) or ``"sm<major><minor>"``; ``None`` when not named.
+        compute_capability: its ``(major, minor)``; ``None`` when no GPU is named.
     """
 
     label: str
     version: tuple[int, int]
     strongly_typed: bool
     flags: frozenset[str]
+    gpu: str | None = None
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def float_dtype(self) -> str:
@@ -54,38 +68,61 @@ class Target:
         """Whether the target is TensorRT ``major.minor`` or newer."""
         return self.version >= (major, minor)
 
+    def runs(self, capability: tuple[int, int] | None) -> bool | None:
+        """Whether the target's GPU has kernels needing compute ``capability`` (``None``: any GPU);
+        ``None`` when the target names no GPU.
+
+        Example:
+            >>> parse_target("trt10-hopper").runs((8, 9)), parse_target("trt10-ampere").runs((8, 9))
+            (True, False)
+        """
+        if capability is None:
+            return True
+        if self.compute_capability is None:
+            return None
+        return self.compute_capability >= capability
+
 
 def parse_target(
     text: str | Target, *, strongly_typed: bool | None = None, flags: Iterable[str] | None = None
 ) -> Target:
-    """Parse ``"trt<major>[.<minor>]"`` (8 to 11).
+    """Parse ``"trt<major>[.<minor>][-<gpu>]"`` (TensorRT 8 to 11; a GPU of :data:`GPUS` or
+    ``sm<cc>`` such as ``sm89``, ``sm_90``, ``sm120``).
 
     Args:
         text: the target string (or an already parsed ``Target``, returned as is).
         strongly_typed: ``None`` for the version's default (strong on 11.x, weak before); ``True``
             on 10.12+ for ``--stronglyTyped`` builds.
-        flags: weak-typing trtexec precision flags; ``None`` means ``int8`` and ``fp16``.
+        flags: weak-typing trtexec precision flags; ``None`` means ``int8`` and ``fp16``, and
+            ``fp8`` too when the named GPU has FP8 (compute capability 8.9+).
 
     Raises:
-        ValueError: an unknown target, strong typing before 10.12, weak typing on 11.x, an
+        ValueError: an unknown target or GPU, strong typing before 10.12, weak typing on 11.x, an
             unknown flag, or flags on a strongly typed build (TensorRT rejects them).
+
+    Example:
+        >>> t = parse_target("trt10.12-hopper")
+        >>> t.version, t.gpu, t.compute_capability, sorted(t.flags)
+        ((10, 12), 'hopper', (9, 0), ['fp16', 'fp8', 'int8'])
     """
     if isinstance(text, Target):
         return text
     m = _PATTERN.match(str(text).strip().lower())
     if m is None or not 8 <= int(m.group(1)) <= 11:
         raise ValueError(
-            f"target must look like 'trt10', 'trt10.5', 'trt8.6' or 'trt11' "
-            f"(TensorRT 8 to 11), got {text!r}"
+            f"target must look like 'trt10', 'trt10.5', 'trt8.6', 'trt11' or with a GPU "
+            f"'trt10-hopper', 'trt10.12-sm89' (TensorRT 8 to 11), got {text!r}"
         )
     version = (int(m.group(1)), int(m.group(2) or 0))
+    gpu, capability = _gpu(m.group(3), text)
     strong = version >= (11, 0) if strongly_typed is None else strongly_typed
     if strong and version < (10, 12):
         raise ValueError(f"{text}: strongly typed builds need TensorRT 10.12 or newer")
     if not strong and version >= (11, 0):
         raise ValueError(f"{text}: TensorRT 11 builds are always strongly typed")
     if flags is None:
-        chosen = frozenset() if strong else frozenset({"int8", "fp16"})
+        fp8 = {"fp8"} if capability is not None and capability >= (8, 9) else set()
+        chosen = frozenset() if strong else frozenset({"int8", "fp16", *fp8})
     else:
         chosen = frozenset(f.strip().lower().lstrip("-") for f in flags if f.strip())
         unknown = chosen - FLAGS
@@ -96,4 +133,23 @@ def parse_target(
                 f"{text}: precision flags {sorted(chosen)} do not exist for strongly typed builds "
                 "(removed in TensorRT 11; incompatible with --stronglyTyped on 10.12+)"
             )
-    return Target(str(text), version, strong, chosen)
+    return Target(str(text), version, strong, chosen, gpu, capability)
+
+
+def _gpu(name: str | None, text: object) -> tuple[str | None, tuple[int, int] | None]:
+    """``(generation, compute capability)`` of the GPU named in a target string."""
+    if name is None:
+        return None, None
+    if name in GPUS:
+        return name, GPUS[name]
+    m = _SM.match(name)
+    if m is not None:
+        digits = m.group(1)
+        if m.group(2) is not None:  # sm8.9
+            return name, (int(digits), int(m.group(2)))
+        if len(digits) >= 2:  # sm89, sm90, sm100, sm120
+            return name, (int(digits[:-1]), int(digits[-1]))
+    raise ValueError(
+        f"{text}: unknown GPU {name!r}; name a generation ({', '.join(GPUS)}) or a compute "
+        "capability (sm75, sm86, sm89, sm90, sm100, sm120)"
+    )

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
+from qdq.lint.formats import FORMATS, FP8, INT8, dtype_format, qdq_format
 from qdq.lint.guard import Guard
 from qdq.lint.target import Target, parse_target
 
@@ -119,6 +120,7 @@ def check_validity(
             )
     if not has_qdq and not qoperator:
         out.append(_not_quantized(g))
+    out.extend(guard.call("validity rule V07 (formats)", (), _format_opsets, g, default=[]))
     if has_qdq and g.opset and g.opset < 10:
         out.append(
             Finding(
@@ -162,24 +164,56 @@ def _not_quantized(g: _Graph) -> Finding:
     )
 
 
+def _format_opsets(g: _Graph) -> list[Finding]:
+    """V07: Q/DQ of a format the model's opset cannot type (FP8 needs opset 19)."""
+    out: list[Finding] = []
+    if not g.opset:
+        return out
+    for fmt in (FP8,):
+        need = FORMATS[fmt].min_opset
+        nodes = [
+            n.name or n.output[0]
+            for n in g.graph.node
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+            and qdq_format(n, g.const, g.producers) == fmt
+        ]
+        if nodes and g.opset < need:
+            label = FORMATS[fmt].label
+            out.append(
+                Finding(
+                    "V07",
+                    ERROR,
+                    tuple(nodes[:10]),
+                    f"model opset {g.opset}: {len(nodes)} {label} Q/DQ node(s) "
+                    f"({', '.join(nodes[:3])}) need opset >= {need}",
+                    f"parse failure: QuantizeLinear/DequantizeLinear take {label} from opset {need}",
+                    f"export with opset >= {need} (qdq.export_onnx(..., opset={need}))",
+                    f"{_SRC}; ONNX QuantizeLinear-{need}",
+                )
+            )
+    return out
+
+
 def _prequantized_weights(g: _Graph) -> list[Finding]:
-    """V10: INT8 weight initializers read by DequantizeLinear alone ("DQ-only" weights)."""
-    names = [
-        n.name or n.output[0]
+    """V10: INT8 or FP8 weight initializers read by DequantizeLinear alone ("DQ-only" weights)."""
+    found = [
+        (n.name or n.output[0], dtype_format(g.const[n.input[0]].dtype.name))
         for n in g.graph.node
         if n.op_type == "DequantizeLinear"
         and n.input[0] in g.const
-        and g.const[n.input[0]].dtype == np.int8
+        and g.const[n.input[0]].dtype.name in ("int8", "float8_e4m3fn")
     ]
-    if not names:
+    if not found:
         return []
+    names = [name for name, _ in found]
+    labels = "/".join(FORMATS[f].label for f in (INT8, FP8) if f in {fmt for _, fmt in found})
     old = not g.target.at_least(10)
     return [
         Finding(
             "V10",
             ERROR if old else INFO,
             tuple(names[:10]),
-            f"{len(names)} DequantizeLinear node(s) read pre-quantized INT8 weights"
+            f"{len(names)} DequantizeLinear node(s) read pre-quantized {labels} weights"
             + (f"; {g.target.label} expects FP32 weights with Q -> DQ" if old else ""),
             "parse or build failure" if old else "supported on TensorRT >= 10",
             "export FP32 weights with QuantizeLinear -> DequantizeLinear" if old else "",
@@ -219,6 +253,18 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
             )
         )
     if zp is not None:
+        if zp.dtype.name == "float8_e5m2":
+            out.append(
+                Finding(
+                    "V02",
+                    ERROR,
+                    (name,),
+                    f"{name}: FP8 E5M2 quantization is not supported by TensorRT",
+                    "rejected: TensorRT's FP8 type is E4M3 (FP8E4M3)",
+                    "quantize to FLOAT8E4M3FN (scale = amax / 448)",
+                    "TensorRT 'Working with Quantized Types' (INT8, INT4, FP8E4M3, FP4E2M1)",
+                )
+            )
         if zp.dtype == np.uint8:
             out.append(
                 Finding(
@@ -231,14 +277,16 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                     _SRC,
                 )
             )
-        if np.any(zp != 0):
-            vals = sorted({int(v) for v in np.unique(zp)})[:4]
+        if np.any(zp.astype(np.float32) != 0):
+            number = int if zp.dtype.kind in "iu" else float
+            vals = sorted({number(v) for v in np.unique(zp.astype(np.float64))})[:4]
+            label = FORMATS[dtype_format(zp.dtype.name)].label
             out.append(
                 Finding(
                     "V01",
                     ERROR,
                     (name,),
-                    f"{name}: zero_point != 0 ({vals}); TensorRT supports symmetric INT8 only",
+                    f"{name}: zero_point != 0 ({vals}); TensorRT supports symmetric {label} only",
                     "parse error",
                     "re-export with ActivationSymmetric=True, WeightSymmetric=True",
                     _SRC,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
+from qdq.lint.formats import INT8
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.predict import PredictedLayer, int8_capable, quantized_skips
 from qdq.lint.target import Target
@@ -22,7 +23,10 @@ def build_rules(
     (INT8 in, float out) and P03d (a quantized residual read by a float-output fusion), read off
     the predicted layers."""
     out: list[Finding] = []
-    has_qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.nodes)
+    has_qdq = any(  # INT8 Q/DQ (an FP8 one without --fp8 is F07)
+        n.op_type in ("QuantizeLinear", "DequantizeLinear") and g.qdq_format(n) == INT8
+        for n in g.nodes
+    )
     if not t.strongly_typed and has_qdq and not t.flags & {"int8", "best"}:
         out.append(
             Finding(
@@ -65,7 +69,7 @@ def _float_output_skips(g: LintGraph, layers: list[PredictedLayer]) -> list[Find
     by_name = {g.name(n): n for n in g.nodes}
     out: list[Finding] = []
     for ly in layers:
-        if ly.kind != "weighted" or not ly.int8 or ly.output_precision == "int8":
+        if ly.kind != "weighted" or not ly.quantized or ly.output_precision == ly.input_precision:
             continue
         members = [by_name[x] for x in ly.nodes]
         out.extend(_p03d(g, ly, members, add, skip) for add, skip in quantized_skips(g, members))
@@ -110,8 +114,8 @@ def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: 
     q, dq = g.name(skip.q), g.name(skip.dq)
     effect = (
         f"{ly.name} writes {ly.output_precision} and reads its residual input in "
-        f"{ly.output_precision} too: {dq} runs as a standalone Dequantize (INT8 → "
-        f"{ly.output_precision} reformat)"
+        f"{ly.output_precision} too: {dq} runs as a standalone Dequantize "
+        f"({ly.input_precision.upper()} → {ly.output_precision} reformat)"
     )
     message = (
         f"{g.name(add)}: residual input {skip.source} is quantized but the fused layer's output "
