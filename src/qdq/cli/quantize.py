@@ -62,10 +62,18 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument("--out", default="qdq-out", metavar="DIR", help="output directory (qdq-out)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument(
+        "--format",
+        default="int8",
+        choices=("int8", "fp8"),
+        help="int8 (default) or fp8: FP8 E4M3 where TensorRT has an FP8 kernel for the layer "
+        "(Ada, Hopper, Blackwell), INT8 where it has none (rules F01-F06)",
+    )
+    p.add_argument(
         "--calib",
-        default="mse",
+        default=None,
         choices=("mse", "entropy", "percentile", "max"),
-        help="calibration method (default mse; one histogram pass)",
+        help="calibration method (default mse; with --format fp8, max for FP8 layers as in "
+        "TensorRT's FP8 recipes; one histogram pass)",
     )
     p.add_argument("--percentile", type=float, help="for --calib percentile (default 99.99)")
     p.add_argument(
@@ -171,7 +179,9 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         choices=("auto", "dynamo", "torchscript"),
         help="ONNX exporter (auto: dynamo, else TorchScript)",
     )
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset, 13..21 (17)")
+    p.add_argument(
+        "--opset", type=int, default=None, help="ONNX opset, 13..21 (17; 19 with --format fp8)"
+    )
     p.add_argument(
         "--target",
         default="trt10",
@@ -301,6 +311,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             args.data,
             out=args.out,
             calib=args.calib,
+            format=args.format,
             percentile=args.percentile,
             exporter=args.exporter,
             opset=args.opset,

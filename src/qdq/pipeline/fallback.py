@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -21,7 +22,7 @@ def fallback_search(
     prepared: nn.Module,
     calib_batches: list[Any],
     max_drop: float,
-    calib: str,
+    calib: str | None,
     percentile: float | None,
     exporter: str,
     target: str,
@@ -29,11 +30,13 @@ def fallback_search(
     static: bool,
     show: bool,
     improve: Any,
+    fmt: str = "int8",
 ) -> Any:
     """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch.
 
     ``float_model`` is what was prepared (the user's model, or its equalized copy); the FP32
-    reference is always the user's model.
+    reference is always the user's model. ``fmt``: the plan's format; ``calib`` ``None``: each
+    quantizer's own method (max for FP8 quantizers, mse for INT8 ones).
     """
     from qdq.accuracy import auto_quantize
     from qdq.config import QuantConfig
@@ -47,7 +50,10 @@ def fallback_search(
                              show=False, every=every)  # fmt: skip
         return float(score(outs, ref, qdata.labels, qdata.metric, qdata.targets)["metric"])
 
-    cfg = QuantConfig.tensorrt(method=calib, percentile=99.99 if percentile is None else percentile)
+    cfg = QuantConfig.tensorrt(
+        method=calib or "mse", percentile=99.99 if percentile is None else percentile
+    )
+    cfg = replace(cfg, format=fmt)
     return auto_quantize(
         float_model,
         example,
@@ -55,6 +61,7 @@ def fallback_search(
         metric=metric,
         max_drop=max_drop,
         config=cfg,
+        method=calib,
         prepared=prepared,
         improve=improve,
         fp32_metric=metric(source.module),

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_map
 from qdq._modes import eval_no_grad
 from qdq.calib.batches import batch_samples, expected_inputs, run_batch
 from qdq.calib.parts import CalibrationParts
+from qdq.config import QuantConfig
 from qdq.pipeline.budget import Budget
 from qdq.pipeline.device import to_device
 from qdq.pipeline.improve import PtqOptions, improver
@@ -196,7 +197,7 @@ def run_search(
     size: int,
     static: bool,
     device: torch.device,
-    method: str,
+    method: str | None,
     percentile: float | None,
     seconds: float,
     options: SearchOptions,
@@ -206,6 +207,7 @@ def run_search(
     budget: float | None = None,
     refit: float = 0.0,
     forward: float | None = None,
+    fmt: str = "int8",
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
@@ -256,6 +258,7 @@ def run_search(
         show_progress=show_progress,
         refit=refit,
         forward_seconds=forward,
+        config=QuantConfig(format=fmt),
     )
 
 
@@ -293,13 +296,14 @@ def calibrate_and_improve(
     size: int,
     static: bool,
     device: torch.device,
-    calib: str,
+    calib: str | None,
     percentile: float | None,
     ptq: PtqOptions | SearchOptions | None,
     per_image: tuple[str, ...] | None,
     show_progress: bool,
     budget: Budget | None = None,
     no_search: str = "",
+    fmt: str = "int8",
 ) -> Calibrated:
     """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
     (a given recipe's steps) or ``recipe_search`` → ``refit`` (``ptq`` a :class:`SearchOptions`
@@ -308,7 +312,9 @@ def calibrate_and_improve(
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
     they meet ``model.forward``; ``example``: one forward's positional inputs; ``budget``: the
     job's time budget, planned after calibration (:meth:`Budget.plan`), whose share the search
-    and the refit get; ``no_search``: why the search must not run (recipe ``none``), if it must
+    and the refit get; ``fmt``: the plan's format (``QuantConfig.format``); ``calib`` ``None``:
+    each quantizer's own method (an FP8 plan: max for FP8 layers, mse for INT8 ones);
+    ``no_search``: why the search must not run (recipe ``none``), if it must
     not.
 
     With the search, calibration collects the statistics of each part of the calibration
@@ -340,6 +346,7 @@ def calibrate_and_improve(
     prepared, equalized, collected = _calibrated(
         stages, model, example, calib_batches, options, calib=calib, percentile=percentile,
         samples=num_samples(cal), note=held_note, show_progress=show_progress, parts=parts,
+        fmt=fmt,
     )  # fmt: skip
     calibration = stages.timings["calibrate"]
     if budget is not None:  # the stages to come, estimated: the search gets what they leave
@@ -385,7 +392,8 @@ def calibrate_and_improve(
                                percentile=percentile, seconds=seconds, options=searching,
                                per_image=per_image, show_progress=show_progress, folds=folds,
                                budget=allowed, refit=refit_share if searching.refit else 0.0,
-                               forward=budget.per_sample if budget else None)  # fmt: skip
+                               forward=budget.per_sample if budget else None,
+                               fmt=fmt)  # fmt: skip
             assert found.model is not None and found.float_model is not None
             prepared, float_model = (found.model, found.float_model) if collected is None else (
                 prepared, found.float_model)  # fmt: skip
@@ -420,7 +428,7 @@ def calibrate_and_improve(
                 prepared, equalized, _ = _calibrated(
                     _unstaged, model, example, calib_batches, options, calib=calib,
                     percentile=percentile, samples=num_samples(every), note="",
-                    show_progress=False,
+                    show_progress=False, fmt=fmt,
                 )  # fmt: skip
                 float_model = model if equalized is None else equalized.model
             improve, reports = improver(options, calib_batches, show_progress)
@@ -486,11 +494,27 @@ def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | No
     return allowed if given is None else min(allowed, given)
 
 
+def method_label(calib: str | None) -> str:
+    """The calibration method as the job prints it (``None``: each quantizer's own, the default
+    of an FP8 plan)."""
+    return calib if calib is not None else "max (FP8) / mse (INT8)"
+
+
+def plan_format(prepared: nn.Module) -> dict[str, int]:
+    """How many quantizers of ``prepared`` each format has (``{"int8": n, "fp8": m}``)."""
+    from collections import Counter
+
+    import qdq
+
+    counts = Counter(q.spec.format for q in qdq.quantizers_of(prepared).values())
+    return dict(sorted(counts.items()))
+
+
 def _from_parts(
     prepared: nn.Module,
     collected: CalibrationParts,
     fold: int,
-    calib: str,
+    calib: str | None,
     percentile: float | None,
 ) -> nn.Module:
     """A copy of ``prepared`` calibrated on every part but the ``fold``-th."""
@@ -522,12 +546,13 @@ def _calibrated(
     calib_batches: list[Any],
     options: PtqOptions,
     *,
-    calib: str,
+    calib: str | None,
     percentile: float | None,
     samples: int,
     note: str,
     show_progress: bool,
     parts: list[list[Any]] | None = None,
+    fmt: str = "int8",
 ) -> tuple[nn.Module, Any, CalibrationParts | None]:
     """``(prepared, equalized, collected)``: the stages ``equalize`` (when ``options`` has it;
     its report or ``None``) → ``capture_plan`` → ``calibrate`` on ``calib_batches`` (``samples``
@@ -546,7 +571,7 @@ def _calibrated(
             float_model = equalized.model
             st.detail = equalized.summary()
     with stage("capture_plan") as st:
-        prepared = qdq.prepare(float_model, example)
+        prepared = qdq.prepare(float_model, example, QuantConfig(format=fmt))
         st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
     collected = None
     with stage("calibrate") as st:
@@ -557,7 +582,7 @@ def _calibrated(
                                percentile=percentile)  # fmt: skip
             total = sum(map(len, parts))
             st.detail = (
-                f"{calib} on {samples} samples (one histogram pass over all {total} batches, "
+                f"{method_label(calib)} on {samples} samples (one histogram pass over all {total} batches, "
                 f"each fold's share kept apart){note}"
             )
         else:
@@ -568,5 +593,5 @@ def _calibrated(
                 percentile=percentile,
                 show_progress=show_progress,
             )
-            st.detail = f"{calib} on {samples} samples (one histogram pass){note}"
+            st.detail = f"{method_label(calib)} on {samples} samples (one histogram pass){note}"
     return prepared, equalized, collected

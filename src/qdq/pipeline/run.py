@@ -55,10 +55,11 @@ from qdq.pipeline.inputs import (
 from qdq.pipeline.kinds import check_kind_name
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
+from qdq.pipeline.options import check_method, check_options
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import output_names, recorded_output
 from qdq.pipeline.per_image import per_image_keys, refuse_options
-from qdq.pipeline.recipe import SearchOptions, calibrate_and_improve
+from qdq.pipeline.recipe import SearchOptions, calibrate_and_improve, method_label, plan_format
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages
@@ -128,10 +129,10 @@ def quantize(
     data: object = None,
     *,
     out: str | Path,
-    calib: str = "mse",
+    calib: str | None = None,
     percentile: float | None = None,
     exporter: str = "auto",
-    opset: int = 17,
+    opset: int | None = None,
     target: str = "trt10",
     data_options: DataOptions | None = None,
     batch_size: int = 32,
@@ -148,6 +149,7 @@ def quantize(
     device: str | torch.device | None = None,
     output_kind: str | None = None,
     time_budget: float | None = None,
+    format: str = "int8",
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -167,10 +169,13 @@ def quantize(
             zoo model's own data. Spec and in-memory data are split into calibration and
             evaluation samples by a seeded permutation.
         out: the output directory (created; see ``overwrite``).
-        calib: ``"mse"`` (default), ``"entropy"``, ``"percentile"`` or ``"max"``.
+        calib: ``"mse"``, ``"entropy"``, ``"percentile"`` or ``"max"`` for every quantizer;
+            ``None`` (default): mse, and in an FP8 plan max for its FP8 quantizers (TensorRT's
+            FP8 recipes) and mse for its INT8 ones. Entropy has no FP8 meaning (refused there).
         percentile: for ``calib="percentile"`` (default 99.99).
         exporter: ``"auto"`` (dynamo, else TorchScript), ``"dynamo"`` or ``"torchscript"``.
-        opset: ONNX opset, 13..21.
+        opset: ONNX opset, 13..21; default 17, or 19 with FP8 quantizers (the first opset with
+            FP8 Q/DQ; a lower one is refused).
         target: TensorRT version for the linter (``"trt8.6"``, ``"trt10"``, ``"trt11"`` ...).
         data_options: sample counts, image preprocessing and the split seed (for spec data).
         batch_size: samples per batch for calibration and evaluation (a ``.pt2`` with a static
@@ -212,6 +217,9 @@ def quantize(
             the estimated cost of the stages every job runs. The recipe search, the refit,
             ``compare_methods`` and the per-layer errors fit in it; ``report.json["budget"]``
             says what was planned, spent and left out.
+        format: ``"int8"`` (default) or ``"fp8"``: FP8 E4M3 where TensorRT has an FP8 kernel
+            for the layer, INT8 where it has none (``QuantConfig.format``, rules F01-F06 in
+            docs/placement.md); the report lists each layer's format.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -228,29 +236,12 @@ def quantize(
         >>> res.metric_name, round(res.fp32_metric, 3), round(res.int8_metric, 3)  # doctest: +SKIP
         ('top1_accuracy', 0.921, 0.92)
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if max_drop is not None and (
-        isinstance(max_drop, bool)
-        or not isinstance(max_drop, (int, float))
-        or not 0 <= max_drop < float("inf")
-    ):
-        raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
-    if isinstance(ptq, str):  # a recipe name
-        ptq = PtqOptions.from_recipe(ptq)
-    elif ptq is not None and not isinstance(ptq, (PtqOptions, SearchOptions)):
-        raise TypeError(
-            "ptq must be None or a SearchOptions (the recipe search), or a recipe: its name "
-            f"('kernel-sum+bias', 'none') or a PtqOptions; got {type(ptq).__name__}"
-        )
+    ptq = check_options(batch_size, max_drop, ptq)
     user = load_metric(metric)  # a bad metric spec fails before anything runs
     given_budget = check_budget(time_budget)
     if output_kind is not None:
         check_kind_name(output_kind)  # nor an unknown output kind
-    if calib not in CALIBRATION_METHODS:
-        raise ValueError(
-            f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
-        )
+    calib = check_method(calib, format)
     from qdq.lint import parse_target
 
     parse_target(target)  # a bad target fails now, not after the export
@@ -346,7 +337,7 @@ def quantize(
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
                                      show_progress=show_progress, budget=budget,
-                                     no_search=no_search)  # fmt: skip
+                                     no_search=no_search, fmt=format)  # fmt: skip
         prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
         fallback = None
         if max_drop is not None:
@@ -354,7 +345,7 @@ def quantize(
                 fallback = fallback_search(source, float_model, qdata, example, prepared, calib_batches,
                                      max_drop, calib, percentile, exporter, target, size, static,
                                      show_progress,
-                                     done.improve)  # fmt: skip
+                                     done.improve, format)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -411,10 +402,10 @@ def quantize(
 
 @dataclass(frozen=True)
 class _Settings:
-    calib: str
+    calib: str | None
     percentile: float | None
     exporter: str
-    opset: int
+    opset: int | None
     target: str
     batch_size: int
     compare_methods: bool
@@ -516,12 +507,13 @@ def _export_and_measure(
                 "recipe": "none" if ptq is None else ptq["recipe"],
                 "qat_epochs": 0 if qat is None else qat[0]["epochs"],
                 "max_drop": None if fallback is None else fallback.max_drop,
-                "method": s.calib,
+                "method": method_label(s.calib),
+                "format": plan_format(prepared),
                 "percentile": s.percentile,
                 "batch_size": size,
                 "target": s.target,
                 "exporter": s.exporter,
-                "opset": s.opset,
+                "opset": exported.opset,
                 "device": s.device,
                 "world_size": dist.world_size(),  # torchrun: the ranks that calibrated and trained
             },

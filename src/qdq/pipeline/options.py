@@ -1,0 +1,65 @@
+"""The main job's arguments checked before anything runs (:func:`qdq.pipeline.quantize`): each
+bad value refused with a message naming it."""
+
+from __future__ import annotations
+
+from qdq.config import CALIBRATION_METHODS, FORMATS
+from qdq.pipeline.improve import PtqOptions
+from qdq.pipeline.recipe import SearchOptions
+
+__all__ = ["check_method", "check_options"]
+
+
+def check_options(
+    batch_size: object, max_drop: object, ptq: PtqOptions | SearchOptions | str | None
+) -> PtqOptions | SearchOptions | None:
+    """Check the batch size, ``max_drop`` and the PTQ recipe; return the recipe (a name parsed).
+
+    Raises:
+        ValueError: a batch size that is not a positive int, a negative or infinite
+            ``max_drop``, an unknown recipe name.
+        TypeError: ``ptq`` of another type.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if max_drop is not None and (
+        isinstance(max_drop, bool)
+        or not isinstance(max_drop, (int, float))
+        or not 0 <= max_drop < float("inf")
+    ):
+        raise ValueError(f"max_drop must be a number >= 0 (metric units), got {max_drop!r}")
+    if isinstance(ptq, str):  # a recipe name
+        ptq = PtqOptions.from_recipe(ptq)
+    elif ptq is not None and not isinstance(ptq, (PtqOptions, SearchOptions)):
+        raise TypeError(
+            "ptq must be None or a SearchOptions (the recipe search), or a recipe: its name "
+            f"('kernel-sum+bias', 'none') or a PtqOptions; got {type(ptq).__name__}"
+        )
+    return ptq
+
+
+def check_method(calib: str | None, fmt: str) -> str | None:
+    """The calibration method every quantizer uses: ``calib``, else mse (INT8) or ``None`` in an
+    FP8 plan (each quantizer's own: max for FP8 layers, mse for INT8 ones).
+
+    Example:
+        >>> check_method(None, "int8"), check_method(None, "fp8"), check_method("max", "fp8")
+        ('mse', None, 'max')
+
+    Raises:
+        ValueError: an unknown format or method, or entropy with FP8.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if calib is not None and calib not in CALIBRATION_METHODS:
+        raise ValueError(
+            f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    if calib == "entropy" and fmt == "fp8":
+        raise ValueError(
+            "calib='entropy' is TensorRT's procedure on INT8's 127 levels and has no FP8 meaning; "
+            "use max (TensorRT's FP8 recipes), mse or percentile with format='fp8'"
+        )
+    if calib is None:  # an FP8 plan: each quantizer's own method (max for FP8, mse for INT8)
+        calib = "mse" if fmt == "int8" else None
+    return calib

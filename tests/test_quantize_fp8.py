@@ -1,0 +1,116 @@
+"""``qdq quantize --format fp8`` and ``qdq.pipeline.quantize(format="fp8")`` end to end (issue 49):
+the plan's formats, FP8 layers calibrated by max and INT8 ones by mse by default, the export at
+opset 19, ONNX Runtime agreeing with the torch fake-quant model, the formats in the report; the
+bad inputs refused."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qdq.cli.main import main
+from qdq.pipeline import quantize
+
+pytest.importorskip("onnxruntime")
+
+MODEL_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        '''A stem (3 channels: INT8, F03), a depthwise conv (INT8, F02), FP8 convs, a head.'''
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.stem = nn.Conv2d(3, 32, 3, padding=1)
+            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.pw = nn.Conv2d(32, 64, 1)
+            self.c2 = nn.Conv2d(64, 64, 3, padding=1)
+            self.fc = nn.Linear(64, 32)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = torch.relu(self.dw(x))
+            y = torch.relu(self.pw(x))
+            y = y + torch.relu(self.c2(y))
+            return self.fc(y.mean((2, 3)))
+
+
+    def build():
+        return Net().eval()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("fp8job")
+    model = root / "net.py"
+    model.write_text(MODEL_PY)
+    data = root / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((48, 3, 12, 12)).astype(np.float32))
+    return model, data
+
+
+def test_fp8_job_end_to_end(files, tmp_path: Path) -> None:
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "out", format="fp8", ptq="none",
+                   show_progress=False)  # fmt: skip
+    report = res.report
+    assert report["settings"]["format"] == {"fp8": 7, "int8": 4}
+    assert report["settings"]["opset"] == 19
+    assert report["settings"]["method"] == "max (FP8) / mse (INT8)"
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    methods = {q["path"]: (q["format"], q["method"]) for q in manifest["quantizers"]}
+    assert methods["pw.input_quantizer"] == ("fp8", "max")
+    assert methods["dw.input_quantizer"] == ("int8", "mse")
+    # the exported ONNX in ONNX Runtime agrees with the fake-quant model
+    int8, torch_fq = report["int8"], report["int8_torch"]
+    assert int8["cosine_mean"] == pytest.approx(torch_fq["cosine_mean"], abs=1e-5)
+    assert int8["cosine_mean"] > 0.99
+
+
+def test_fp8_job_takes_an_explicit_method_and_refuses_entropy(files, tmp_path: Path) -> None:
+    model, data = files
+    with pytest.raises(ValueError, match="no FP8 meaning"):
+        quantize(f"{model}:build", str(data), out=tmp_path / "a", format="fp8", calib="entropy",
+                 ptq="none", show_progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="unknown format 'fp16'"):
+        quantize(f"{model}:build", str(data), out=tmp_path / "b", format="fp16")
+    with pytest.raises(ValueError, match="opset >= 19"):
+        quantize(f"{model}:build", str(data), out=tmp_path / "c", format="fp8", opset=17,
+                 ptq="none", show_progress=False)  # fmt: skip
+    assert not (tmp_path / "c" / "model.qdq.onnx").exists()
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "d", format="fp8", calib="mse",
+                   ptq="none", show_progress=False)  # fmt: skip
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert {q["method"] for q in manifest["quantizers"] if q["kind"] == "input"} == {"mse"}
+    assert res.report["settings"]["method"] == "mse"
+
+
+def test_fp8_from_the_cli(files, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, data = files
+    out = tmp_path / "cli"
+    code = main(["quantize", "--model", f"{model}:build", "--data", str(data), "--out", str(out),
+                 "--format", "fp8", "--recipe", "none", "--no-progress"])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["format"] == {"fp8": 7, "int8": 4}
+    assert "opset 19" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["quantize", "--model", f"{model}:build", "--format", "int4"])
+
+
+def test_int8_default_is_unchanged(files, tmp_path: Path) -> None:
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "i", ptq="none",
+                   show_progress=False)  # fmt: skip
+    assert res.report["settings"]["format"] == {"int8": 11}
+    assert res.report["settings"]["opset"] == 17 and res.report["settings"]["method"] == "mse"
