@@ -64,7 +64,7 @@ def test_fp8_job_end_to_end(files, tmp_path: Path) -> None:
     res = quantize(f"{model}:build", str(data), out=tmp_path / "out", format="fp8", ptq="none",
                    show_progress=False)  # fmt: skip
     report = res.report
-    assert report["settings"]["format"] == {"fp8": 7, "int8": 4}
+    assert report["settings"]["format"] == {"fp8": 6, "int8": 5}
     assert report["settings"]["opset"] == 19
     assert report["settings"]["method"] == "max (FP8) / mse (INT8)"
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -102,7 +102,7 @@ def test_fp8_from_the_cli(files, tmp_path: Path, capsys: pytest.CaptureFixture[s
                  "--format", "fp8", "--recipe", "none", "--no-progress"])  # fmt: skip
     assert code == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["settings"]["format"] == {"fp8": 7, "int8": 4}
+    assert report["settings"]["format"] == {"fp8": 6, "int8": 5}
     assert "opset 19" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["quantize", "--model", f"{model}:build", "--format", "int4"])

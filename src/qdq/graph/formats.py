@@ -6,7 +6,8 @@ is quantized at all; this step only decides how). The rules, as :mod:`qdq.rules.
 them with their sources:
 
 * F01: Conv / Linear / MatMul and the two attention products run FP8 on Ada, Hopper and Blackwell;
-* F02: grouped and depthwise convolutions, and ConvTranspose, have no FP8 kernel: INT8;
+* F02: grouped and depthwise convolutions, ConvTranspose, and pooling and element-wise layers (a
+  quantized tensor no Conv/GEMM reads) have no FP8 kernel: INT8;
 * F03: a convolution with at most 16 input or output channels or a kernel area above 32: INT8
   (ModelOpt keeps these out of FP8);
 * F04: a GEMM with K or N below 16: INT8 (the INT8 placement usually left it float already, P14);
@@ -159,7 +160,10 @@ def _why(
     readers = [m for m in groups[p.group].members if by_name[m].owner in layer]
     if readers:
         return fmt, "F05", f"shares its Quantize with {readers[0]}, read in {fmt.upper()}"
-    return fmt, "F01", "a quantized tensor no weighted layer reads: FP8 like the layers around it"
+    return "int8", "F02", (
+        "read by no Conv/GEMM: TensorRT has FP8 kernels for GEMMs, convolutions and attention "
+        "only, so pooling and element-wise layers stay INT8, as in the INT8 plan"
+    )
 
 
 def _with_format(ctx: PlanContext, p: QuantPoint, fmt: str, rule: str, why: str) -> QuantPoint:

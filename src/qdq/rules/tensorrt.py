@@ -191,9 +191,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "F02",
         "core",
-        "Grouped/depthwise convolutions and ConvTranspose stay INT8 in an FP8 plan",
-        "TensorRT has no FP8 kernels for grouped or depthwise convolutions (its release notes "
-        "recommend INT8 for ConvNets with them) and documents FP8 convolution, not deconvolution.",
+        "Grouped/depthwise convolutions, ConvTranspose, pooling and element-wise layers stay INT8 "
+        "in an FP8 plan",
+        "TensorRT has no optimized FP8 kernels for grouped or depthwise convolutions (the 10.12 "
+        "release notes recommend INT8 for ConvNets with them), documents FP8 convolution, not "
+        "deconvolution, and FP8 kernels for GEMM, convolution and attention only.",
     ),
     Rule(
         "F03",
