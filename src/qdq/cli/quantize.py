@@ -414,10 +414,17 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     if lint is None:
         print(f"lint {r['lint_verdict']} (the lint stage failed; see below)")
     else:
+        fp8 = (
+            f", FP8 {lint['fp8_weighted_layers']}/{lint['weighted_layers']} "
+            f"({lint['fp8_flops_percent']}% of FLOPs)"
+            if lint.get("fp8_weighted_layers")
+            else ""
+        )
         print(
             f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
-            f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs); "
-            f"lint {r['lint_verdict']} ({r['lint_target']}, {len(r['lint_findings'])} findings)"
+            f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs)"
+            f"{fp8}; lint {r['lint_verdict']} ({r['lint_target']}, "
+            f"{len(r['lint_findings'])} findings)"
         )
     for s in r["skipped_layers"][:10]:
         print(f"  float: {s['name']} ({s['type']}) {s['rule']}: {s['reason']}")
