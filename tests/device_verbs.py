@@ -223,3 +223,76 @@ def check_parity(device: str, tmp: Path) -> None:
     assert report.top1_agreement is not None and report.top1_agreement >= 0.99
     mismatches = {p: lp.qdq_mismatches for p, lp in report.layers.items() if lp.qdq_mismatches}
     assert not mismatches, mismatches
+
+
+def fp8_net(device: str) -> nn.Module:
+    """Convs wide enough for FP8 (F01), a depthwise conv that stays INT8 (F02), a residual Add, a
+    pooled Linear head: an FP8 plan with both formats."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 32, 3, padding=1)
+            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.pw = nn.Conv2d(32, 64, 1)
+            self.conv = nn.Conv2d(64, 64, 3, padding=1)
+            self.fc = nn.Linear(64, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.dw(torch.relu(self.stem(x))))
+            y = torch.relu(self.pw(x))
+            y = torch.relu(self.conv(y)) + y
+            return self.fc(y.mean((2, 3)))
+
+    torch.manual_seed(0)
+    return Net().eval().to(device)
+
+
+def check_fp8(device: str, tmp: Path) -> None:
+    """An FP8 plan on ``device`` (issue 49): calibrated there, every Q/DQ on ``device`` computes the
+    bits of its CPU copy, a QAT step with learned amax under bf16 autocast, ``torch.compile``
+    of the prepared model, and an export equal to the CPU copy's, verified in ONNX Runtime."""
+    import onnx
+
+    data = batches(device)
+    prepared = qdq.prepare(fp8_net(device), (data[0][:1],), qdq.QuantConfig(format="fp8"))
+    qdq.calibrate(prepared, data, show_progress=False)  # FP8 layers max, INT8 layers mse
+    assert_on(prepared, device)
+    quantizers = qdq.quantizers_of(prepared)
+    assert {q.spec.format for q in quantizers.values()} == {"int8", "fp8"}
+    on_cpu = copy.deepcopy(prepared).cpu()
+    cpu_quantizers = qdq.quantizers_of(on_cpu)
+    gen = torch.Generator().manual_seed(5)
+    for path, q in quantizers.items():  # the Q/DQ grid, bit for bit across devices
+        shape = (64, 32, 3, 3) if q.spec.axis is not None else (4096,)
+        x = torch.randn(*shape, generator=gen) * float(q.amax.max()) * 1.5
+        if q.spec.axis is not None:
+            x = x[: q.amax.numel()]
+        with torch.no_grad():
+            a, b = q(x.to(device)).cpu(), cpu_quantizers[path](x)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), path
+    x = data[1]
+    with torch.no_grad():
+        eager = prepared(x)
+        compiled = torch.compile(prepared)(x)
+    assert torch.allclose(eager, compiled, rtol=1e-4, atol=1e-5)
+    qat = qdq.qat.prepare(copy.deepcopy(prepared), learn_amax="lsq")
+    qat.train()
+    kind = torch.device(device).type
+    opt = torch.optim.SGD(qat.parameters(), lr=1e-3)
+    for x in data[:2]:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            loss = qat(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss)
+    learned = [p for n, p in qat.named_parameters() if "quantizer" in n]
+    assert learned and all(p.grad is not None and torch.isfinite(p.grad).all() for p in learned)
+    xe = data[0][:1]
+    a = qdq.export_onnx(prepared, (xe,), tmp / "dev.onnx")  # verified in ONNX Runtime
+    b = qdq.export_onnx(on_cpu, (xe.cpu(),), tmp / "cpu.onnx")
+    assert a.opset == b.opset == 19
+    assert (
+        onnx.load(a.path).graph.SerializeToString() == onnx.load(b.path).graph.SerializeToString()
+    )

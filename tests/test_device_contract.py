@@ -77,3 +77,7 @@ def test_export_is_deterministic_for_a_copy(exporter: str, tmp_path: Path) -> No
 
 def test_parity_on_the_models_device(tmp_path: Path) -> None:
     verbs.check_parity("cpu", tmp_path)
+
+
+def test_fp8_plan_on_the_models_device(tmp_path: Path) -> None:
+    verbs.check_fp8("cpu", tmp_path)

@@ -97,6 +97,10 @@ def test_qat_steps_on_cuda(dtype: torch.dtype | None) -> None:
     verbs.check_qat_steps("cuda", dtype)
 
 
+def test_fp8_plan_on_cuda(tmp_path: Path) -> None:
+    verbs.check_fp8("cuda", tmp_path)
+
+
 def test_finetune_resumes_from_its_checkpoint_on_cuda(tmp_path: Path) -> None:
     verbs.check_finetune_resume("cuda", tmp_path)
 

@@ -114,3 +114,14 @@ def test_int8_default_is_unchanged(files, tmp_path: Path) -> None:
                    show_progress=False)  # fmt: skip
     assert res.report["settings"]["format"] == {"int8": 11}
     assert res.report["settings"]["opset"] == 17 and res.report["settings"]["method"] == "mse"
+
+
+def test_fp8_max_drop_fallback_keeps_the_format(files, tmp_path: Path) -> None:
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "f", format="fp8", ptq="none",
+                   max_drop=0.0, show_progress=False)  # fmt: skip
+    fb = res.report["fallback"]
+    assert fb is not None and fb["max_drop"] == 0.0
+    formats = res.report["settings"]["format"]
+    assert formats.get("fp8", 0) > 0  # the re-planned models are FP8 plans too
+    assert res.report["settings"]["opset"] == 19
