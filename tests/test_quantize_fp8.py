@@ -125,3 +125,73 @@ def test_fp8_max_drop_fallback_keeps_the_format(files, tmp_path: Path) -> None:
     formats = res.report["settings"]["format"]
     assert formats.get("fp8", 0) > 0  # the re-planned models are FP8 plans too
     assert res.report["settings"]["opset"] == 19
+
+
+MIXED_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        '''conv a reads a well-behaved tensor, conv b a heavy-tailed one (sinh): INT8 loses there.'''
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.stem = nn.Conv2d(3, 32, 3, padding=1)
+            self.a = nn.Conv2d(32, 64, 3, padding=1)
+            self.b = nn.Conv2d(64, 64, 3, padding=1)
+            self.fc = nn.Linear(64, 32)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            y = torch.sinh(6 * self.a(x))
+            y = torch.relu(self.b(y))
+            return self.fc(y.mean((2, 3)))
+
+
+    def build():
+        return Net().eval()
+    """
+)
+
+
+def test_mixed_moves_the_conv_int8_loses_on_to_fp8(tmp_path: Path) -> None:
+    model = tmp_path / "mixed.py"
+    model.write_text(MIXED_PY)
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((48, 3, 12, 12)).astype(np.float32))
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed", ptq="none",
+                   show_progress=False)  # fmt: skip
+    choice = res.report["settings"]["format_choice"]
+    rows = {r["layer"]: r for r in choice["rows"]}
+    assert rows["a"]["chosen"] == "int8" and rows["a"]["int8_db"] > rows["a"]["fp8_db"]
+    assert rows["b"]["chosen"] == "fp8" and rows["b"]["fp8_db"] > rows["b"]["int8_db"] + 3
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    formats = {q["path"]: q["format"] for q in manifest["quantizers"]}
+    assert formats["a.weight_quantizer"] == "int8" and formats["a.input_quantizer"] == "int8"
+    assert formats["b.weight_quantizer"] == "fp8" and formats["b.input_quantizer"] == "fp8"
+    assert formats["fc.input_quantizer"] == "fp8"  # GEMMs FP8 in a mixed plan (F01)
+    assert res.report["settings"]["opset"] == 19
+    assert "formats" in res.report["timings_s"]
+
+
+def test_mixed_plan_rules_and_a_users_format_override() -> None:
+    import torch
+    from torch import nn
+
+    import qdq
+    from qdq import QuantConfig
+    from qdq.config import Override
+
+    net = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
+                        nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 6 * 6, 64))  # fmt: skip
+    cfg = QuantConfig(format="mixed", overrides=(Override(name="4", format="fp8"),))
+    plan = qdq.plan_of(qdq.prepare(net.eval(), (torch.randn(1, 3, 12, 12),), cfg))
+    got = {p.name: (p.spec.format, p.format_rule) for p in plan.points if p.decision == "quantize"}
+    assert got["2:weight"] == ("int8", "F07") and got["2:input"] == ("int8", "F07")
+    assert got["4:weight"] == ("fp8", "F06") and got["4:input"] == ("fp8", "USER")
+    assert got["6:input"] == ("fp8", "F01")
+    with pytest.raises(ValueError, match="format must be one of int8, fp8"):
+        Override(name="x", format="mixed")

@@ -5,12 +5,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CALIBRATION_METHODS", "FORMATS", "CalibSpec", "Override", "QuantConfig", "QuantSpec"]
+__all__ = [
+    "CALIBRATION_METHODS",
+    "FORMATS",
+    "PLAN_FORMATS",
+    "CalibSpec",
+    "Override",
+    "QuantConfig",
+    "QuantSpec",
+]
 
 CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
 #: Quantization formats: ``"int8"`` (signed integers, zero-point 0) and ``"fp8"`` (OCP/ONNX
 #: float8 E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest finite value 448).
 FORMATS = ("int8", "fp8")
+#: What a plan can ask for (``QuantConfig.format``): one format where TensorRT has its kernels
+#: (``"int8"``, ``"fp8"``), or ``"mixed"``: each layer the format TensorRT runs fastest, moved to
+#: FP8 where INT8 loses accuracy (docs/placement.md, "Formats").
+PLAN_FORMATS = (*FORMATS, "mixed")
 _CALIBRATORS = ("max", "histogram")
 
 
@@ -126,7 +138,9 @@ class Override:
 
     Actions: ``exclude`` keeps the op in float (for a weighted op: both its input and weight);
     ``calib`` replaces the calibration spec of the matching activation points; ``num_bits``
-    changes their bit width.
+    changes their bit width; ``format`` (``"int8"`` / ``"fp8"``) sets a weighted layer's format in
+    a plan that is not INT8 only (``QuantConfig(format="fp8" | "mixed")``; rule ``USER``; the
+    one-format-per-tensor rule F05 still applies).
 
     Example:
         >>> Override(regex=r"^head\.", exclude=True).matches("head.cls", torch.nn.Conv2d, "conv")
@@ -140,6 +154,7 @@ class Override:
     exclude: bool = False
     calib: CalibSpec | None = None
     num_bits: int | None = None
+    format: str | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -160,6 +175,10 @@ class Override:
             raise ValueError(f"num_bits must be in 2..8, got {self.num_bits}")
         if self.calib is not None and not isinstance(self.calib, CalibSpec):
             raise TypeError(f"calib must be a CalibSpec, got {type(self.calib).__name__}")
+        if self.format is not None and self.format not in FORMATS:
+            raise ValueError(
+                f"an Override's format must be one of {', '.join(FORMATS)}, got {self.format!r}"
+            )
 
     def matches(self, name: str, module_type: type | None, op: str) -> bool:
         """Whether a point named ``name`` (module class ``module_type``, op kind ``op``) matches."""
@@ -189,9 +208,12 @@ class QuantConfig:
         conv_transpose_axis: ``None`` (per-tensor ConvTranspose weights, valid on every TensorRT,
             rule V12) or ``1`` (per output channel, TensorRT >= 10.2).
         overrides: applied in order; later ones win.
-        format: ``"int8"`` (every quantized layer INT8) or ``"fp8"`` (FP8 E4M3 where TensorRT
-            has an FP8 kernel for the layer, INT8 where it has none: rules F01-F06,
-            docs/placement.md); the specs above are the INT8 ones, the planner derives FP8's.
+        format: ``"int8"`` (every quantized layer INT8), ``"fp8"`` (FP8 E4M3 where TensorRT
+            has an FP8 kernel for the layer, INT8 where it has none: rules F01-F06) or
+            ``"mixed"`` (convolutions INT8, GEMMs and attention FP8: F07; ``Override(format=)``
+            moves single layers, as ``qdq quantize --format mixed`` does where INT8 loses
+            accuracy); docs/placement.md. The specs above are the INT8 ones, the planner derives
+            FP8's.
 
     Example:
         >>> cfg = QuantConfig.tensorrt().exclude(regex=r"^fc$").with_calib(method="percentile")
@@ -211,8 +233,10 @@ class QuantConfig:
     def __post_init__(self) -> None:
         from qdq.rules import FAMILIES
 
-        if self.format not in FORMATS:
-            raise ValueError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.format not in PLAN_FORMATS:
+            raise ValueError(
+                f"unknown format {self.format!r}; choose one of {', '.join(PLAN_FORMATS)}"
+            )
         disabled = frozenset(self.disabled)
         unknown = disabled - FAMILIES
         if unknown:

@@ -64,9 +64,10 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--format",
         default="int8",
-        choices=("int8", "fp8"),
-        help="int8 (default) or fp8: FP8 E4M3 where TensorRT has an FP8 kernel for the layer "
-        "(Ada, Hopper, Blackwell), INT8 where it has none (rules F01-F06)",
+        choices=("int8", "fp8", "mixed"),
+        help="int8 (default); fp8: FP8 E4M3 where TensorRT has an FP8 kernel for the layer (Ada, "
+        "Hopper, Blackwell), INT8 where it has none; mixed: convolutions INT8, GEMMs and "
+        "attention FP8, a convolution moved to FP8 where INT8 measurably loses (rules F01-F07)",
     )
     p.add_argument(
         "--calib",

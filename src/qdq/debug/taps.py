@@ -124,7 +124,11 @@ class Taps:
 def _fake_quant(q: Quantizer, x: torch.Tensor) -> torch.Tensor:
     """``x`` through ``q``'s Q/DQ whatever its mode (the FP32 run bypasses every quantizer)."""
     return fake_quant_unchecked(
-        x, q.amax, num_bits=q.spec.num_bits, axis=q.spec.axis, narrow_range=q.spec.narrow_range,
+        x,
+        q.amax,
+        num_bits=q.spec.num_bits,
+        axis=q.spec.axis,
+        narrow_range=q.spec.narrow_range,
         fmt=q.spec.format,
     )
 

@@ -16,7 +16,13 @@ them with their sources:
   nothing changes: no format boundary inside a group, the fewest reformats;
 * F06: FP8 weights per tensor (TensorRT rejects per-channel FP8 convolution weights; per-channel
   FP8 GEMM scales exist from TensorRT 10.6 on Hopper and 10.7 on Ada only, so per tensor builds on
-  every FP8 target).
+  every FP8 target);
+* F07 (``format="mixed"``): each layer the format TensorRT runs fastest: convolutions INT8 (FP8
+  convolutions measured no faster: ModelOpt's FAR3D example, INT8 24.6 ms against FP8 31.5 ms on
+  an RTX 6000 Ada; users report FP8 convolutions no faster than FP16 on Ada with TensorRT 10.3),
+  GEMMs and attention FP8. ``Override(format=...)`` moves single layers (rule ``USER``): the job's
+  ``--format mixed`` moves to FP8 the layers where INT8 measurably loses accuracy
+  (:mod:`qdq.accuracy.formats`).
 
 Non-weighted points (a residual Add's skip input, Concat and pooling groups) take the format of
 their group. FP8 activations calibrate by ``max`` when the config kept the default method
@@ -36,8 +42,13 @@ from qdq.graph.context import PlanContext
 from qdq.graph.patterns import conv_groups
 from qdq.graph.plan import QuantPoint, ScaleGroup
 
-__all__ = ["WEIGHTED", "assign_formats", "fp8_kernel"]
+__all__ = ["MIXED_CONV", "WEIGHTED", "assign_formats", "fp8_kernel"]
 
+#: F07's reason: a convolution of a mixed plan
+MIXED_CONV = (
+    "mixed: INT8, the faster format for convolutions in TensorRT (FP8 convolutions measured "
+    "slower or no faster than INT8 on Ada)"
+)
 #: the layer kinds a format is chosen for (their activation inputs follow them)
 WEIGHTED = ("conv", "conv_transpose", "linear", "matmul")
 
@@ -101,9 +112,17 @@ def assign_formats(
             node = nodes.get(p.owner)
             groups_n = (conv_groups(node) or 1) if node is not None else 1
             layer[p.owner] = fp8_kernel(p.op, _shape(ctx, p), groups_n)
+            if ctx.config.format == "mixed" and p.op == "conv" and layer[p.owner][0] == "fp8":
+                layer[p.owner] = ("int8", "F07", MIXED_CONV)
     for p in points:  # activation x activation: the attention products (P16) or P01 products
         if p.quantized and p.op == "matmul" and p.owner not in layer:
             layer[p.owner] = ("fp8", "F01", "FP8 attention product (TensorRT's fused FP8 MHA)")
+    for owner in layer:  # the user's (or the job's measured) choice per layer
+        node = nodes.get(owner)
+        kind = ctx.kinds[node] if node is not None else ""
+        for o in ctx.config.overrides:
+            if o.format is not None and o.matches(owner, ctx.owner_types.get(node), kind):
+                layer[owner] = (o.format, "USER", f"{o.format.upper()} set by the QuantConfig")
     group_fmt = _settle(points, groups, layer)
     out = []
     for p in points:
@@ -160,9 +179,13 @@ def _why(
     readers = [m for m in groups[p.group].members if by_name[m].owner in layer]
     if readers:
         return fmt, "F05", f"shares its Quantize with {readers[0]}, read in {fmt.upper()}"
-    return "int8", "F02", (
-        "read by no Conv/GEMM: TensorRT has FP8 kernels for GEMMs, convolutions and attention "
-        "only, so pooling and element-wise layers stay INT8, as in the INT8 plan"
+    return (
+        "int8",
+        "F02",
+        (
+            "read by no Conv/GEMM: TensorRT has FP8 kernels for GEMMs, convolutions and attention "
+            "only, so pooling and element-wise layers stay INT8, as in the INT8 plan"
+        ),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from qdq.config import QuantConfig
 from qdq.pipeline.data import QuantData
 from qdq.pipeline.evaluate import score, torch_outputs
 from qdq.pipeline.models import ModelSource
@@ -30,16 +31,15 @@ def fallback_search(
     static: bool,
     show: bool,
     improve: Any,
-    fmt: str = "int8",
+    config: QuantConfig | None = None,
 ) -> Any:
     """:func:`qdq.auto_quantize` from the calibrated model, scored by the report's metric in torch.
 
     ``float_model`` is what was prepared (the user's model, or its equalized copy); the FP32
-    reference is always the user's model. ``fmt``: the plan's format; ``calib`` ``None``: each
-    quantizer's own method (max for FP8 quantizers, mse for INT8 ones).
+    reference is always the user's model. ``config``: the plan's (its format and overrides);
+    ``calib`` ``None``: each quantizer's own method (max for FP8 quantizers, mse for INT8 ones).
     """
     from qdq.accuracy import auto_quantize
-    from qdq.config import QuantConfig
 
     every = qdata.metric is not None
     ref = torch_outputs(source.module, qdata.evaluation, size, static=static, desc="FP32",
@@ -53,7 +53,8 @@ def fallback_search(
     cfg = QuantConfig.tensorrt(
         method=calib or "mse", percentile=99.99 if percentile is None else percentile
     )
-    cfg = replace(cfg, format=fmt)
+    if config is not None:
+        cfg = replace(cfg, format=config.format, overrides=config.overrides)
     return auto_quantize(
         float_model,
         example,

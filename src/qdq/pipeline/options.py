@@ -3,7 +3,7 @@ bad value refused with a message naming it."""
 
 from __future__ import annotations
 
-from qdq.config import CALIBRATION_METHODS, FORMATS
+from qdq.config import CALIBRATION_METHODS, PLAN_FORMATS
 from qdq.pipeline.improve import PtqOptions
 from qdq.pipeline.recipe import SearchOptions
 
@@ -40,7 +40,7 @@ def check_options(
 
 def check_method(calib: str | None, fmt: str) -> str | None:
     """The calibration method every quantizer uses: ``calib``, else mse (INT8) or ``None`` in an
-    FP8 plan (each quantizer's own: max for FP8 layers, mse for INT8 ones).
+    FP8 or mixed plan (each quantizer's own: max for FP8 layers, mse for INT8 ones).
 
     Example:
         >>> check_method(None, "int8"), check_method(None, "fp8"), check_method("max", "fp8")
@@ -49,16 +49,16 @@ def check_method(calib: str | None, fmt: str) -> str | None:
     Raises:
         ValueError: an unknown format or method, or entropy with FP8.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt not in PLAN_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(PLAN_FORMATS)}")
     if calib is not None and calib not in CALIBRATION_METHODS:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
         )
-    if calib == "entropy" and fmt == "fp8":
+    if calib == "entropy" and fmt != "int8":
         raise ValueError(
             "calib='entropy' is TensorRT's procedure on INT8's 127 levels and has no FP8 meaning; "
-            "use max (TensorRT's FP8 recipes), mse or percentile with format='fp8'"
+            f"use max (TensorRT's FP8 recipes), mse or percentile with format={fmt!r}"
         )
     if calib is None:  # an FP8 plan: each quantizer's own method (max for FP8, mse for INT8)
         calib = "mse" if fmt == "int8" else None

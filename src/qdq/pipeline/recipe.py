@@ -207,7 +207,7 @@ def run_search(
     budget: float | None = None,
     refit: float = 0.0,
     forward: float | None = None,
-    fmt: str = "int8",
+    config: QuantConfig | None = None,
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
@@ -258,7 +258,7 @@ def run_search(
         show_progress=show_progress,
         refit=refit,
         forward_seconds=forward,
-        config=QuantConfig(format=fmt),
+        config=config,
     )
 
 
@@ -303,7 +303,7 @@ def calibrate_and_improve(
     show_progress: bool,
     budget: Budget | None = None,
     no_search: str = "",
-    fmt: str = "int8",
+    config: QuantConfig | None = None,
 ) -> Calibrated:
     """The stages ``equalize`` (a recipe with it) → ``capture_plan`` → ``calibrate`` → ``ptq``
     (a given recipe's steps) or ``recipe_search`` → ``refit`` (``ptq`` a :class:`SearchOptions`
@@ -312,7 +312,8 @@ def calibrate_and_improve(
     ``cal``: the calibration samples (the search holds out its share of them); ``inputs``: how
     they meet ``model.forward``; ``example``: one forward's positional inputs; ``budget``: the
     job's time budget, planned after calibration (:meth:`Budget.plan`), whose share the search
-    and the refit get; ``fmt``: the plan's format (``QuantConfig.format``); ``calib`` ``None``:
+    and the refit get; ``config``: the plan's :class:`~qdq.config.QuantConfig` (its format and the
+    layers a mixed plan moved; default ``QuantConfig.tensorrt()``); ``calib`` ``None``:
     each quantizer's own method (an FP8 plan: max for FP8 layers, mse for INT8 ones);
     ``no_search``: why the search must not run (recipe ``none``), if it must
     not.
@@ -346,7 +347,7 @@ def calibrate_and_improve(
     prepared, equalized, collected = _calibrated(
         stages, model, example, calib_batches, options, calib=calib, percentile=percentile,
         samples=num_samples(cal), note=held_note, show_progress=show_progress, parts=parts,
-        fmt=fmt,
+        config=config,
     )  # fmt: skip
     calibration = stages.timings["calibrate"]
     if budget is not None:  # the stages to come, estimated: the search gets what they leave
@@ -393,7 +394,7 @@ def calibrate_and_improve(
                                per_image=per_image, show_progress=show_progress, folds=folds,
                                budget=allowed, refit=refit_share if searching.refit else 0.0,
                                forward=budget.per_sample if budget else None,
-                               fmt=fmt)  # fmt: skip
+                               config=config)  # fmt: skip
             assert found.model is not None and found.float_model is not None
             prepared, float_model = (found.model, found.float_model) if collected is None else (
                 prepared, found.float_model)  # fmt: skip
@@ -428,7 +429,7 @@ def calibrate_and_improve(
                 prepared, equalized, _ = _calibrated(
                     _unstaged, model, example, calib_batches, options, calib=calib,
                     percentile=percentile, samples=num_samples(every), note="",
-                    show_progress=False, fmt=fmt,
+                    show_progress=False, config=config,
                 )  # fmt: skip
                 float_model = model if equalized is None else equalized.model
             improve, reports = improver(options, calib_batches, show_progress)
@@ -552,7 +553,7 @@ def _calibrated(
     note: str,
     show_progress: bool,
     parts: list[list[Any]] | None = None,
-    fmt: str = "int8",
+    config: QuantConfig | None = None,
 ) -> tuple[nn.Module, Any, CalibrationParts | None]:
     """``(prepared, equalized, collected)``: the stages ``equalize`` (when ``options`` has it;
     its report or ``None``) → ``capture_plan`` → ``calibrate`` on ``calib_batches`` (``samples``
@@ -571,7 +572,7 @@ def _calibrated(
             float_model = equalized.model
             st.detail = equalized.summary()
     with stage("capture_plan") as st:
-        prepared = qdq.prepare(float_model, example, QuantConfig(format=fmt))
+        prepared = qdq.prepare(float_model, example, config)
         st.detail = qdq.plan_of(prepared).summary().splitlines()[0]
     collected = None
     with stage("calibrate") as st:

@@ -41,6 +41,7 @@ from qdq.pipeline.extras import (
     layer_errors,
 )
 from qdq.pipeline.fallback import fallback_search
+from qdq.pipeline.formats import plan_config
 from qdq.pipeline.headline import kind_refused
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
@@ -217,9 +218,13 @@ def quantize(
             the estimated cost of the stages every job runs. The recipe search, the refit,
             ``compare_methods`` and the per-layer errors fit in it; ``report.json["budget"]``
             says what was planned, spent and left out.
-        format: ``"int8"`` (default) or ``"fp8"``: FP8 E4M3 where TensorRT has an FP8 kernel
-            for the layer, INT8 where it has none (``QuantConfig.format``, rules F01-F06 in
-            docs/placement.md); the report lists each layer's format.
+        format: ``"int8"`` (default), ``"fp8"`` (FP8 E4M3 where TensorRT has an FP8 kernel for
+            the layer, INT8 where it has none) or ``"mixed"`` (each layer the format TensorRT runs
+            fastest: convolutions INT8, GEMMs and attention FP8, a convolution moved to FP8 where
+            INT8's quantization noise is measurably worse: stage ``formats``,
+            :mod:`qdq.pipeline.formats`); ``QuantConfig.format``, rules F01-F07 in
+            docs/placement.md. The report counts the quantizers of each format
+            (``settings.format``) and, for mixed, what was measured (``settings.format_choice``).
 
     Returns:
         The :class:`QuantizeResult`.
@@ -333,11 +338,13 @@ def quantize(
         budget = Budget(given_budget, eval_samples=n_eval,
                         layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
                         methods=len(CALIBRATION_METHODS) if compare_methods else 0)  # fmt: skip
+        config, chosen = plan_config(stages, source.module, example, cal, inputs, size=size,
+                                     static=static, device=dev, fmt=format)  # fmt: skip
         done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
                                      show_progress=show_progress, budget=budget,
-                                     no_search=no_search, fmt=format)  # fmt: skip
+                                     no_search=no_search, config=config)  # fmt: skip
         prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
         fallback = None
         if max_drop is not None:
@@ -345,7 +352,7 @@ def quantize(
                 fallback = fallback_search(source, float_model, qdata, example, prepared, calib_batches,
                                      max_drop, calib, percentile, exporter, target, size, static,
                                      show_progress,
-                                     done.improve, format)  # fmt: skip
+                                     done.improve, config)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -387,6 +394,7 @@ def quantize(
                     names if len(names) == len(sample_outs) else None,
                     str(dev),
                     keys,
+                    None if chosen is None else chosen.to_dict(),
                 ),
                 caught,
                 fallback,
@@ -417,6 +425,7 @@ class _Settings:
     output_names: tuple[str, ...] | None = None  # pytree paths of the output tensors
     device: str = "cpu"  # where the torch stages ran
     per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
+    format_choice: dict[str, Any] | None = None  # what --format mixed measured (FormatChoice)
 
 
 def _export_and_measure(
@@ -509,6 +518,7 @@ def _export_and_measure(
                 "max_drop": None if fallback is None else fallback.max_drop,
                 "method": method_label(s.calib),
                 "format": plan_format(prepared),
+                "format_choice": s.format_choice,
                 "percentile": s.percentile,
                 "batch_size": size,
                 "target": s.target,

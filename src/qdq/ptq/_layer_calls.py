@@ -55,7 +55,11 @@ def is_weight_quantizer(q: Quantizer) -> bool:
 def fake_quantize(q: Quantizer, x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """``x`` fake-quantized by ``q``'s spec with ``amax`` (what ``q`` does in QUANTIZE mode)."""
     return fake_quant_unchecked(
-        x, amax, num_bits=q.spec.num_bits, axis=q.spec.axis, narrow_range=q.spec.narrow_range,
+        x,
+        amax,
+        num_bits=q.spec.num_bits,
+        axis=q.spec.axis,
+        narrow_range=q.spec.narrow_range,
         fmt=q.spec.format,
     )
 

@@ -223,6 +223,16 @@ RULES: tuple[Rule, ...] = (
         "TensorRT rejects per-channel FP8 convolution weights; per-channel FP8 GEMM scales exist "
         "from TensorRT 10.6 (Hopper) and 10.7 (Ada) only. Per tensor builds on every FP8 target.",
     ),
+    Rule(
+        "F07",
+        "core",
+        "Mixed plans: convolutions INT8, GEMMs and attention FP8; layers moved where INT8 loses",
+        "FP8 convolutions are measured no faster than INT8 (ModelOpt's FAR3D example on an RTX "
+        "6000 Ada: FP16 45.0 ms, INT8 24.6 ms, FP8 31.5 ms; users report FP8 convolutions no "
+        "faster than FP16 on Ada with TensorRT 10.3), while FP8 GEMMs and fused FP8 attention are "
+        "TensorRT's FP8 headline. qdq quantize --format mixed moves a convolution's input tensor "
+        "to FP8 where FP8's quantization noise is measurably lower (qdq.accuracy.formats).",
+    ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
 

@@ -1,0 +1,194 @@
+"""``format="mixed"``: move to FP8 the layers where INT8 measurably loses accuracy (issue 49).
+
+A mixed plan (:mod:`qdq.graph.formats`, rule F07) starts from the format TensorRT runs fastest per
+layer: convolutions INT8, GEMMs and attention FP8. :func:`choose_formats` then measures, on a
+calibrated mixed plan, what each INT8 convolution that has an FP8 kernel would lose in either
+format: the quantization noise of its input (the tensors one calibration batch feeds it, INT8 at
+its calibrated amax, FP8 at the abs-max TensorRT's FP8 recipes use) and of its weight (INT8 per
+output channel, FP8 per tensor), as an SQNR in dB of the two together (independent noises add).
+One Quantize serves every reader of a tensor (F05), so the choice is per input tensor: it moves to
+FP8 when each of its readers can run FP8 and FP8 is better by :data:`MARGIN_DB` on average. A
+layer under :data:`MIN_DB` in both formats is kept in FP16 (excluded). The outcome is a list of
+``Override(format=...)`` / ``Override(exclude=True)`` for :class:`~qdq.config.QuantConfig`, and a
+table of what was measured.
+
+The measure is the layer's own noise, not the network's metric: cheap (one forward of one batch,
+no re-calibration) and the same quantity ``qdq debug`` reports per layer. INT8's noise on a
+tensor with outliers (a few values far above the rest: the activation outliers of transformers,
+some depthwise-heavy ConvNets) is what FP8's logarithmic grid avoids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.calib.batches import expected_inputs, run_batch
+from qdq.config import Override
+from qdq.quant import Quantizer, QuantMode, fake_quant
+
+__all__ = ["MARGIN_DB", "MIN_DB", "FormatChoice", "FormatRow", "choose_formats"]
+
+#: FP8 must beat INT8 by this many dB (its noise at most half INT8's) for a tensor to move
+MARGIN_DB = 3.0
+#: below this SQNR in both formats a layer is kept in FP16 (its quantization noise is 1 % of the
+#: signal's power or more)
+MIN_DB = 20.0
+
+
+@dataclass(frozen=True)
+class FormatRow:
+    """One INT8 convolution of a mixed plan that could run FP8.
+
+    Attributes:
+        layer: the layer (the plan's owner name).
+        tensor: the input quantizer it shares with the other readers of its input.
+        int8_db / fp8_db: the SQNR of its input and weight quantization together, in each format.
+        chosen: ``"int8"``, ``"fp8"`` or ``"fp16"``.
+        reason: one line.
+    """
+
+    layer: str
+    tensor: str
+    int8_db: float
+    fp8_db: float
+    chosen: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """What :func:`choose_formats` measured and decided."""
+
+    rows: tuple[FormatRow, ...]
+    overrides: tuple[Override, ...] = field(default=())
+
+    def summary(self) -> str:
+        """One line: how many layers went where."""
+        moved = [r for r in self.rows if r.chosen == "fp8"]
+        fp16 = [r for r in self.rows if r.chosen == "fp16"]
+        return (
+            f"{len(moved)} of {len(self.rows)} INT8 convolutions moved to FP8 (FP8 better by >= "
+            f"{MARGIN_DB:g} dB on every reader of their input), {len(fp16)} kept in FP16 "
+            f"(< {MIN_DB:g} dB in both formats)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the report's ``formats``)."""
+        return {"summary": self.summary(), "rows": [asdict(r) for r in self.rows]}
+
+
+def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
+    """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
+    calibration ``batch``; return the layers that move and the overrides that move them.
+
+    Raises:
+        ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
+    """
+    import qdq
+
+    plan = qdq.plan_of(prepared)
+    quantizers = qdq.quantizers_of(prepared)
+    candidates = sorted(
+        {p.owner for p in plan.points if p.format_rule == "F07" and p.kind == "weight"}
+    )
+    if not any(p.format_rule for p in plan.points):
+        raise ValueError("choose_formats needs a plan of QuantConfig(format='mixed')")
+    reads: dict[str, str] = {}  # layer -> its input quantizer
+    weights: dict[str, str] = {}  # layer -> its weight quantizer
+    readers: dict[str, list[str]] = {}  # input quantizer -> every weighted layer reading it
+    for p in plan.points:
+        group = plan.groups[p.group] if p.group is not None else None
+        if group is None or not p.format_rule:
+            continue
+        if p.kind == "weight":
+            weights[p.owner] = group.quantizer
+        elif p.op in ("conv", "conv_transpose", "linear", "matmul"):
+            reads[p.owner] = group.quantizer
+            readers.setdefault(group.quantizer, []).append(p.owner)
+    wanted = {reads[c] for c in candidates if c in reads} | {weights[c] for c in candidates}
+    seen = _inputs(prepared, {path: quantizers[path] for path in wanted}, batch)
+    noise: dict[str, tuple[float, float]] = {}
+    for layer in candidates:
+        if layer not in reads or reads[layer] not in seen or weights[layer] not in seen:
+            continue
+        act, w = reads[layer], weights[layer]
+        a8, af = _noise(quantizers[act], seen[act])
+        w8, wf = _noise(quantizers[w], seen[w])
+        noise[layer] = (a8 + w8, af + wf)
+    rows, overrides = [], []
+    for tensor, layers in sorted(readers.items()):
+        measured = [x for x in layers if x in noise]
+        if not measured:
+            continue
+        blocked = [x for x in layers if x not in noise]  # a reader with no FP8 choice
+        gains = [_db(noise[x][1]) - _db(noise[x][0]) for x in measured]
+        move = not blocked and sum(gains) / len(gains) >= MARGIN_DB
+        for x, gain in zip(measured, gains, strict=True):
+            i8, f8 = _db(noise[x][0]), _db(noise[x][1])
+            if max(i8, f8) < MIN_DB:
+                chosen, why = "fp16", f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8: below {MIN_DB:g}"
+                overrides.append(Override(name=x, exclude=True))
+            elif move:
+                chosen, why = "fp8", f"FP8 {gain:+.1f} dB over INT8 (its input's readers move too)"
+                overrides.append(Override(name=x, format="fp8"))
+            else:
+                chosen = "int8"
+                why = (
+                    f"its input is also read by {blocked[0]}, which has no FP8 choice"
+                    if blocked
+                    else f"FP8 {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its input's readers"
+                )
+            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), chosen, why))
+    return FormatChoice(tuple(rows), tuple(overrides))
+
+
+def _inputs(
+    prepared: nn.Module, quantizers: dict[str, Quantizer], batch: Any
+) -> dict[str, torch.Tensor]:
+    """What each quantizer of ``quantizers`` reads on ``batch`` (its first call)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(path: str) -> Any:
+        def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if path not in seen and isinstance(args[0], torch.Tensor):
+                seen[path] = args[0].detach().float().cpu()
+
+        return pre
+
+    handles = [q.register_forward_pre_hook(hook(p)) for p, q in quantizers.items()]
+    was_training = prepared.training
+    try:
+        prepared.eval()
+        with torch.no_grad():
+            run_batch(prepared, batch, 0, expected_inputs(prepared))
+    finally:
+        for h in handles:
+            h.remove()
+        prepared.train(was_training)
+    return seen
+
+
+def _noise(q: Quantizer, x: torch.Tensor) -> tuple[float, float]:
+    """The relative quantization noise (noise power over signal power) of ``x`` by ``q`` in INT8
+    and in FP8 (activations at their abs-max, weights per tensor)."""
+    power = float(x.square().mean())
+    if power == 0.0 or q.mode is not QuantMode.QUANTIZE or not q.is_calibrated:
+        return 0.0, 0.0
+    amax = q.amax.detach().float().cpu()
+    int8 = fake_quant(x, amax, axis=q.spec.axis, narrow_range=q.spec.narrow_range)
+    try:  # the abs-max over every calibration batch, as FP8's max calibration sets it
+        top = q.calibrator.compute_amax("max").detach().float().cpu().max()
+    except ValueError:  # no statistics kept (a weight calibrated from its tensor)
+        top = x.abs().max()
+    top = torch.maximum(top, x.abs().max()) if q.spec.axis is not None else top
+    fp8 = fake_quant(x, top, fmt="fp8")
+    return float((x - int8).square().mean()) / power, float((x - fp8).square().mean()) / power
+
+
+def _db(relative: float) -> float:
+    return math.inf if relative <= 0.0 else -10.0 * math.log10(relative)
