@@ -993,6 +993,16 @@ def test_format_is_validated_and_int8_plans_carry_no_format_rule() -> None:
     assert {pt.spec.format for pt in p.points if pt.spec is not None} == {"int8"}
 
 
+def test_mixed_plan_runs_convolutions_int8_and_gemms_fp8() -> None:
+    """F07: the format TensorRT runs fastest per layer; the depthwise conv stays INT8 (F02)."""
+    p = plan(_MixedNet(), 2, 3, 16, 16, config=QuantConfig(format="mixed"))
+    f = _formats(p)
+    assert f["pw:input"] == ("int8", "F07") and f["c2:weight"] == ("int8", "F07")
+    assert p.point("c2:weight").spec.axis == 0  # INT8 weights per channel
+    assert f["dw:input"] == ("int8", "F02") and f["fc:input"] == ("fp8", "F01")
+    assert f["fc:weight"] == ("fp8", "F06")
+
+
 # last: the rules every test above saw
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:
