@@ -465,14 +465,20 @@ def calibrate_and_improve(
 def _per_sample(model: nn.Module, batch: Any, warm: bool) -> float:
     """Seconds per sample of a forward of ``model`` on ``batch`` (eval mode, no autograd), after
     a forward of its first sample when ``warm`` (first calls pay one-time costs: kernel checks,
-    caches). A quick forward is timed up to :data:`RETIMES` times, until :data:`RETIME` seconds
+    caches), on as many of its samples as :data:`RETIME` seconds allow by that first forward
+    (2 to :data:`TIMED`). A quick forward is timed up to :data:`RETIMES` times, until :data:`RETIME` seconds
     are spent, and the median kept: on a shared machine one timing of a few milliseconds swings
     10x with the load of the moment, where the evaluation's many batches average it out."""
     expected = expected_inputs(model)
     times: list[float] = []
     with eval_no_grad(model):
         if warm:
+            start = time.perf_counter()
             run_batch(model, tree_map(_head(1), batch), 0, expected)
+            one = time.perf_counter() - start
+            # a large model is timed on fewer samples (YOLOv8n at 640 took 14 s on 16)
+            keep = max(2, min(TIMED, int(RETIME / max(one, 1e-6))))
+            batch = tree_map(_head(keep), batch)
         while len(times) < RETIMES and sum(times) < RETIME:
             start = time.perf_counter()
             run_batch(model, batch, 0, expected)
