@@ -45,7 +45,8 @@ def test_the_default_searches_on_held_out_calibration_samples(tmp_path: Path) ->
     stages: list[tuple[str, str]] = []
     res = quantize(_net(), _data(), out=tmp_path / "out", exporter="torchscript", batch_size=4,
                    show_progress=False, on_stage=lambda n, s, d: stages.append((n, d)),
-                   ptq=SearchOptions(candidates=("none", "kernel-sum", "bias")))  # fmt: skip
+                   ptq=SearchOptions(candidates=("none", "kernel-sum", "bias")),
+                   time_budget=3600.0)  # fmt: skip  (no load exhausts it: every candidate runs)
     r = res.report
     found = r["ptq"]["recipe_search"]
     # 16 calibration samples: 12 calibrate, 4 (one batch of 4) are scored on; the candidates
@@ -220,12 +221,14 @@ def test_a_per_image_detector_is_searched_by_detection_f1(tmp_path: Path) -> Non
         source="random",
         split="8 calibration, 3 evaluation",
     )
+    # a budget no load can exhaust: what is asserted is the score, not what the time allowed
     res = quantize(TinyDetector().eval(), data, out=tmp_path / "out", exporter="torchscript",
-                   show_progress=False, ptq=SearchOptions(candidates=("none", "bias")))  # fmt: skip
+                   show_progress=False, ptq=SearchOptions(candidates=("none", "bias")),
+                   time_budget=3600.0)  # fmt: skip
     found = res.report["ptq"]["recipe_search"]
     assert found["score"] == "detection F1 vs FP32" and found["margin"]["ceiling"] is None
     assert found["held_out_batches"] == 2 * found["folds"]  # 2 of the 8 images per fold
-    assert all(t["status"] == "scored" and 0 <= t["score"] <= 1 for t in found["rows"])
+    assert all(t["status"].startswith("scored") and 0 <= t["score"] <= 1 for t in found["rows"])
 
 
 def test_copy_prepared_keeps_a_graph_modules_quantizers_working(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from qdq.pipeline.device import to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches
 from qdq.pipeline.stages import Stages
 
-__all__ = ["FORMAT_BATCHES", "plan_config"]
+__all__ = ["FORMAT_BATCHES", "method_label", "plan_config", "plan_format"]
 
 #: calibration batches the mixed plan's measurement calibrates on (its amax; the noise is
 #: measured on the first)
@@ -52,3 +52,19 @@ def plan_config(
         choice = choose_formats(prepared, some[0])
         st.detail = choice.summary()
     return replace(config, overrides=choice.overrides), choice
+
+
+def method_label(calib: str | None) -> str:
+    """The calibration method as the job prints it (``None``: each quantizer's own, the default
+    of an FP8 plan)."""
+    return calib if calib is not None else "max (FP8) / mse (INT8)"
+
+
+def plan_format(prepared: nn.Module) -> dict[str, int]:
+    """How many quantizers of ``prepared`` each format has (``{"int8": n, "fp8": m}``)."""
+    from collections import Counter
+
+    import qdq
+
+    counts = Counter(q.spec.format for q in qdq.quantizers_of(prepared).values())
+    return dict(sorted(counts.items()))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -37,15 +36,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from qdq._modes import eval_no_grad
-from qdq.calib.batches import batch_samples, expected_inputs, run_batch
 from qdq.calib.parts import CalibrationParts
 from qdq.config import QuantConfig
 from qdq.pipeline.budget import Budget
 from qdq.pipeline.device import to_device
+from qdq.pipeline.formats import method_label
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
 from qdq.pipeline.stages import Stages
+from qdq.pipeline.timing import TIMED, head, per_sample
 from qdq.ptq.search import CANDIDATES, Fold, SearchResult, default_budget, recipe, search
 from qdq.qat import distributed as dist
 
@@ -63,11 +62,6 @@ __all__ = [
 
 #: the fewest calibration samples the search splits (below, the recipe is ``none``)
 MIN_SAMPLES = 8
-#: calibration samples the time budget's forwards are timed on (:mod:`qdq.pipeline.budget`;
-#: fewer would weigh the per-call overhead of a small model's eval batches too much)
-TIMED = 16
-#: a timed forward is repeated while the timings add up to less than this, at most RETIMES times
-RETIME, RETIMES = 0.5, 5
 #: the seed of the draw of the held-out samples (:func:`held_out_split`)
 HELD_OUT_SEED = 0
 
@@ -352,10 +346,10 @@ def calibrate_and_improve(
     calibration = stages.timings["calibrate"]
     if budget is not None:  # the stages to come, estimated: the search gets what they leave
         with stages("budget") as st:
-            batch = calib_batches[0] if static else tree_map(_head(TIMED), calib_batches[0])
+            batch = calib_batches[0] if static else tree_map(head(TIMED), calib_batches[0])
             budget.plan(points=len(qdq.plan_of(prepared).points),
-                        fp32=_per_sample(model, batch, not static),
-                        int8=_per_sample(prepared, batch, not static),
+                        fp32=per_sample(model, batch, not static),
+                        int8=per_sample(prepared, batch, not static),
                         search=searching is not None and held is not None)  # fmt: skip
             st.detail = budget.describe()
     float_model = model if equalized is None else equalized.model  # what gets quantized
@@ -462,35 +456,6 @@ def calibrate_and_improve(
     )
 
 
-def _per_sample(model: nn.Module, batch: Any, warm: bool) -> float:
-    """Seconds per sample of a forward of ``model`` on ``batch`` (eval mode, no autograd), after
-    a forward of its first sample when ``warm`` (first calls pay one-time costs: kernel checks,
-    caches), on as many of its samples as :data:`RETIME` seconds allow by that first forward
-    (2 to :data:`TIMED`). A quick forward is timed up to :data:`RETIMES` times, until :data:`RETIME` seconds
-    are spent, and the median kept: on a shared machine one timing of a few milliseconds swings
-    10x with the load of the moment, where the evaluation's many batches average it out."""
-    expected = expected_inputs(model)
-    times: list[float] = []
-    with eval_no_grad(model):
-        if warm:
-            start = time.perf_counter()
-            run_batch(model, tree_map(_head(1), batch), 0, expected)
-            one = time.perf_counter() - start
-            # a large model is timed on fewer samples (YOLOv8n at 640 took 14 s on 16)
-            keep = max(2, min(TIMED, int(RETIME / max(one, 1e-6))))
-            batch = tree_map(_head(keep), batch)
-        while len(times) < RETIMES and sum(times) < RETIME:
-            start = time.perf_counter()
-            run_batch(model, batch, 0, expected)
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] / max(batch_samples(batch), 1)
-
-
-def _head(n: int) -> Callable[[Any], Any]:
-    """The first ``n`` samples of a batch's tensor (other leaves as they are)."""
-    return lambda t: t[:n] if isinstance(t, torch.Tensor) and t.dim() > 0 else t
-
-
 def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | None:
     """The search's seconds: what the job's budget leaves it, and at most ``--search-budget``
     (``None``: neither; the search's own default)."""
@@ -499,22 +464,6 @@ def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | No
         return given
     allowed = budget.search_seconds()
     return allowed if given is None else min(allowed, given)
-
-
-def method_label(calib: str | None) -> str:
-    """The calibration method as the job prints it (``None``: each quantizer's own, the default
-    of an FP8 plan)."""
-    return calib if calib is not None else "max (FP8) / mse (INT8)"
-
-
-def plan_format(prepared: nn.Module) -> dict[str, int]:
-    """How many quantizers of ``prepared`` each format has (``{"int8": n, "fp8": m}``)."""
-    from collections import Counter
-
-    import qdq
-
-    counts = Counter(q.spec.format for q in qdq.quantizers_of(prepared).values())
-    return dict(sorted(counts.items()))
 
 
 def _from_parts(

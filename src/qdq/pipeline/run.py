@@ -41,7 +41,7 @@ from qdq.pipeline.extras import (
     layer_errors,
 )
 from qdq.pipeline.fallback import fallback_search
-from qdq.pipeline.formats import plan_config
+from qdq.pipeline.formats import method_label, plan_config, plan_format
 from qdq.pipeline.headline import kind_refused
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
@@ -60,7 +60,7 @@ from qdq.pipeline.options import check_method, check_options
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import output_names, recorded_output
 from qdq.pipeline.per_image import per_image_keys, refuse_options
-from qdq.pipeline.recipe import SearchOptions, calibrate_and_improve, method_label, plan_format
+from qdq.pipeline.recipe import SearchOptions, calibrate_and_improve
 from qdq.pipeline.report import build_report
 from qdq.pipeline.sample import check_batch_major, check_sample
 from qdq.pipeline.stages import StageCallback, Stages

@@ -46,17 +46,15 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from qdq._deadline import deadline
-from qdq._modes import eval_no_grad
 from qdq._progress import progress
 from qdq.api import quantizers_of as qdq_quantizers
-from qdq.calib.batches import batch_samples, expected_inputs, run_batch
-from qdq.debug.stats import sample_cosines
+from qdq.calib.batches import batch_samples
 from qdq.ptq.costs import Costs, matmul_flops
 from qdq.ptq.race import Margin, Runs, choose, contenders, describe, race, run_one
 from qdq.ptq.schedule import Admission, Schedule
+from qdq.ptq.scoring import output_cosine
 from qdq.ptq.step import STEPS, StepReport, step_runs
 
 __all__ = [
@@ -417,7 +415,7 @@ def search(
     margin = Margin(significance, tie, effect, 1.0 if score is None else None)
     if score is None:
         score_name = "output cosine"
-    scorers = [f.score or _output_cosine(model, list(f.held)) for f in splits]
+    scorers = [f.score or output_cosine(model, list(f.held)) for f in splits]
     fit = [sum(batch_samples(b) for b in f.calib) for f in splits]
     held = [sum(batch_samples(b) for b in f.held) for f in splits]
     # per fold and base (equalized or not): its float model, its calibrated prepared model and
@@ -562,46 +560,3 @@ def _size(prepared: nn.Module) -> tuple[int, int]:
 def _clock(at: float) -> str:
     """The wall-clock time ``at`` (a ``time.perf_counter()`` value) falls on, as HH:MM:SS."""
     return time.strftime("%H:%M:%S", time.localtime(time.time() + at - time.perf_counter()))
-
-
-def _floats(output: Any) -> list[torch.Tensor]:
-    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
-    floats = [t for t in leaves if t.is_floating_point()]
-    if not floats:
-        raise ValueError("the model's output holds no floating-point tensor to score")
-    return floats
-
-
-def _output_cosine(model: nn.Module, held: list[Any]) -> Callable[[nn.Module], torch.Tensor]:
-    """``score(prepared)``: per held-out sample, the cosine similarity of each float output
-    tensor with the FP32 model's (scale-invariant: :func:`qdq.debug.stats.sample_cosines`),
-    averaged over the output tensors (the FP32 outputs computed
-    once); one number (the mean over samples, then outputs) when the outputs do not all have one
-    row per sample. Every output counts alike, so that a detector's box head weighs as much as
-    its class scores."""
-
-    def outputs(m: nn.Module) -> list[list[torch.Tensor]]:
-        expected = expected_inputs(m)
-        out = []
-        with eval_no_grad(m):
-            for i, batch in enumerate(held):
-                tensors = _floats(run_batch(m, batch, i, expected))
-                out.append([t.detach().float().flatten(1) if t.dim() > 1
-                            else t.detach().float().reshape(1, -1) for t in tensors])  # fmt: skip
-        return out
-
-    reference = outputs(model)
-
-    def cosine(prepared: nn.Module) -> torch.Tensor:
-        per_output: list[list[torch.Tensor]] = [[] for _ in reference[0]]
-        for got, ref in zip(outputs(prepared), reference, strict=True):
-            if len(got) != len(ref):
-                raise ValueError(f"{len(got)} float outputs where the FP32 model has {len(ref)}")
-            for sims, g, r in zip(per_output, got, ref, strict=True):
-                sims.append(sample_cosines(g, r))
-        columns = [torch.cat(sims).double().cpu() for sims in per_output]
-        if len({len(c) for c in columns}) == 1:  # batch-major outputs: one score per sample
-            return torch.stack(columns).mean(0)
-        return torch.stack([c.mean() for c in columns]).mean()  # else one number
-
-    return cosine
