@@ -36,7 +36,7 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
     """
     import onnx
 
-    from qdq.export.onnx_export import ExportError
+    from qdq.export.errors import ExportError
 
     try:  # full_check runs strict, type-checked shape inference (a second pass found nothing more)
         onnx.checker.check_model(model if path is None else str(path), full_check=True)
@@ -104,7 +104,7 @@ def _check_zero_points(graph: Any, base_dir: str) -> None:
     """``base_dir``: where a model written with external data keeps its data file."""
     from onnx import TensorProto, numpy_helper
 
-    from qdq.export.onnx_export import ExportError
+    from qdq.export.errors import ExportError
 
     inits = {i.name: i for i in graph.initializer}
     for n in graph.node:
