@@ -75,6 +75,10 @@ def test_fp8_job_end_to_end(files, tmp_path: Path) -> None:
     int8, torch_fq = report["int8"], report["int8_torch"]
     assert int8["cosine_mean"] == pytest.approx(torch_fq["cosine_mean"], abs=1e-5)
     assert int8["cosine_mean"] > 0.99
+    quantizers = {q["path"]: q["format"] for q in report["quantizers"]}
+    assert quantizers["pw.input_quantizer"] == "fp8" and quantizers["dw.input_quantizer"] == "int8"
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "FP8 (F01)" in page and "INT8 (F02)" in page  # the plan table's format column
 
 
 def test_fp8_job_takes_an_explicit_method_and_refuses_entropy(files, tmp_path: Path) -> None:

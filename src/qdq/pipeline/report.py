@@ -232,6 +232,7 @@ def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
         "members": [] if group is None else list(group.members),
         "rule": None if group is None else plan.point(group.leader).rule,
         "method": q.amax_method or q.calib.method,
+        "format": q.spec.format,
         "per_channel": q.spec.axis is not None,
         # every value at or below 2**-24: any method gives the observed max (floored at use)
         "below_floor": bool(getattr(q.calibrator, "below_floor", False)),

@@ -449,7 +449,11 @@ def _points(r: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for p in r["plan"]["points"]:
         rule = p["share_rule"] if p["decision"] == "share" and p["share_rule"] else p["rule"]
-        rows.append({**p, "shown_rule": rule})
+        spec = p.get("spec") or {}
+        fmt = str(spec.get("format", "")).upper() if p["decision"] != "skip" else ""
+        if fmt and p.get("format_rule"):
+            fmt = f"{fmt} ({p['format_rule']})"
+        rows.append({**p, "shown_rule": rule, "shown_format": fmt})
     return rows
 
 
