@@ -43,10 +43,11 @@ def _run(tmp_path: Path, ptq: object, data: QuantData | None = None) -> dict:
 
 def test_the_default_searches_on_held_out_calibration_samples(tmp_path: Path) -> None:
     stages: list[tuple[str, str]] = []
+    # a time budget no load exhausts: every candidate runs, whatever the machine's speed
     res = quantize(_net(), _data(), out=tmp_path / "out", exporter="torchscript", batch_size=4,
                    show_progress=False, on_stage=lambda n, s, d: stages.append((n, d)),
                    ptq=SearchOptions(candidates=("none", "kernel-sum", "bias")),
-                   time_budget=3600.0)  # fmt: skip  (no load exhausts it: every candidate runs)
+                   time_budget=3600.0)  # fmt: skip
     r = res.report
     found = r["ptq"]["recipe_search"]
     # 16 calibration samples: 12 calibrate, 4 (one batch of 4) are scored on; the candidates

@@ -120,8 +120,9 @@ def assign_formats(
     for owner in layer:  # the user's (or the job's measured) choice per layer
         node = nodes.get(owner)
         kind = ctx.kinds[node] if node is not None else ""
+        owner_type = ctx.owner_types.get(node) if node is not None else None
         for o in ctx.config.overrides:
-            if o.format is not None and o.matches(owner, ctx.owner_types.get(node), kind):
+            if o.format is not None and o.matches(owner, owner_type, kind):
                 layer[owner] = (o.format, "USER", f"{o.format.upper()} set by the QuantConfig")
     group_fmt = _settle(points, groups, layer)
     out = []

@@ -55,7 +55,7 @@ def export_model(
     onnx_path: Path,
     manifest_path: Path,
     *,
-    opset: int,
+    opset: int | None,
     exporter: str,
     static: bool,
     per_image: bool,

@@ -318,7 +318,7 @@ def search(
     *,
     score: Callable[[nn.Module], float | torch.Tensor] | None = None,
     score_name: str = "score",
-    method: str = "mse",
+    method: str | None = "mse",
     percentile: float | None = None,
     config: Any = None,
     candidates: Sequence[str] = CANDIDATES,
@@ -346,7 +346,8 @@ def search(
             held-out sample (the score is its mean; the choice then tests the gains sample by
             sample). Default: the cosine similarity with the FP32 model's outputs, per sample,
             averaged over the output tensors, on ``held_out``. ``score_name`` names it.
-        method / percentile: the calibration method (:func:`qdq.calibrate`).
+        method / percentile: the calibration method (:func:`qdq.calibrate`; ``None``: each
+            quantizer's own, as an FP8 or mixed plan calibrates).
         config: the :class:`qdq.QuantConfig` for :func:`qdq.prepare`.
         candidates: recipe names (:func:`recipe`), tried in this order.
         budget: seconds for the whole search, the race over ``folds`` included (default:
