@@ -93,3 +93,32 @@ def percentile_reference(counts, edges, percentile):
         if running * 100.0 >= percentile * total:
             return float(edges[j + 1])
     return float(edges[-1])
+
+
+def random_histogram(
+    rng: np.random.Generator, trial: int
+) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """``(counts, edges, observed_max)`` of a hard case for the bounded mse searches, by
+    ``trial``: dense, sparse, decaying, spiky and huge counts; power-of-two and other bin
+    widths, irregular edges; an observed max inside the top bin or none."""
+    n = int(rng.integers(2, 4097))
+    kind = trial % 6
+    if kind == 0:
+        counts = rng.integers(0, 1000, n)
+    elif kind == 1:
+        counts = (rng.random(n) < 0.05) * rng.integers(0, 10**9, n)
+    elif kind == 2:
+        counts = np.round(1e6 * np.exp(-np.arange(n) / rng.uniform(5, 500))).astype(np.int64)
+    elif kind == 3:
+        counts = rng.integers(0, 3, n) * (rng.random(n) < 0.5)
+    elif kind == 4:
+        counts = np.zeros(n, dtype=np.int64)
+        counts[rng.integers(0, n, 3)] = rng.integers(1, 10**6, 3)
+    else:
+        counts = rng.integers(0, 2**62, n)
+    width = (2.0 ** int(rng.integers(-30, 10)) / 2048) * (1.0 if trial % 5 else 0.3)
+    edges = np.arange(n + 1) * width
+    if trial % 7 == 0:
+        edges = np.concatenate([[0.0], np.cumsum(rng.random(n) + 1e-3)]) * width
+    top = float(edges[-1]) * rng.uniform(0.5, 1.0) if trial % 3 else None
+    return counts, edges, top

@@ -26,6 +26,7 @@ from reference_calib import (
     mse_exhaustive,
     mse_reference,
     percentile_reference,
+    random_histogram,
 )
 
 METHODS = ("max", "entropy", "mse", "percentile")
@@ -345,26 +346,7 @@ def test_mse_bounded_search_equals_the_exhaustive_one(seed: int) -> None:
     # bit widths, an observed max inside the top bin or none: the same amax, bit for bit
     rng = np.random.default_rng(seed)
     for trial in range(60):
-        n = int(rng.integers(2, 4097))
-        kind = trial % 6
-        if kind == 0:
-            counts = rng.integers(0, 1000, n)
-        elif kind == 1:
-            counts = (rng.random(n) < 0.05) * rng.integers(0, 10**9, n)
-        elif kind == 2:
-            counts = np.round(1e6 * np.exp(-np.arange(n) / rng.uniform(5, 500))).astype(np.int64)
-        elif kind == 3:
-            counts = rng.integers(0, 3, n) * (rng.random(n) < 0.5)
-        elif kind == 4:
-            counts = np.zeros(n, dtype=np.int64)
-            counts[rng.integers(0, n, 3)] = rng.integers(1, 10**6, 3)
-        else:
-            counts = rng.integers(0, 2**62, n)
-        width = (2.0 ** int(rng.integers(-30, 10)) / 2048) * (1.0 if trial % 5 else 0.3)
-        edges = np.arange(n + 1) * width
-        if trial % 7 == 0:
-            edges = np.concatenate([[0.0], np.cumsum(rng.random(n) + 1e-3)]) * width
-        top = float(edges[-1]) * rng.uniform(0.5, 1.0) if trial % 3 else None
+        counts, edges, top = random_histogram(rng, trial)
         bits = int(rng.choice([8, 4, 2]))
         expected = mse_exhaustive(counts, edges, top, bits)
         assert mse_amax(counts, edges, observed_max=top, num_bits=bits) == expected

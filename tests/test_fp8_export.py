@@ -8,41 +8,21 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import qdq
+from device_verbs import fp8_net
 from qdq import QuantConfig
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 
-class _Net(nn.Module):
-    """A stem that stays INT8 (3 input channels, F03), a depthwise conv (INT8, F02), FP8 1x1 and
-    3x3 convs with a residual Add, a Linear head in FP8."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 32, 3, padding=1)
-        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
-        self.pw = nn.Conv2d(32, 64, 1)
-        self.c2 = nn.Conv2d(64, 64, 3, padding=1)
-        self.fc = nn.Linear(64, 32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.stem(x))
-        x = F.relu(self.dw(x))
-        y = F.relu(self.pw(x))
-        y = y + F.relu(self.c2(y))
-        return self.fc(y.mean((2, 3)))
-
-
 @pytest.fixture(scope="module")
 def fp8_model() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     x = torch.randn(2, 3, 16, 16)
-    prepared = qdq.prepare(_Net().eval(), (x,), QuantConfig(format="fp8"))
+    prepared = qdq.prepare(fp8_net("cpu"), (x,), QuantConfig(format="fp8"))
     qdq.calibrate(prepared, [torch.randn(8, 3, 16, 16) for _ in range(2)], show_progress=False)
     return prepared, x
 
@@ -115,4 +95,4 @@ def test_fp8_qat_step_trains_and_int8_only_rounding_steps_skip_fp8_layers(fp8_mo
     model.eval()
     rows = kernel_sum_rounding(model, [x]).rows
     names = {r.name for r in rows}
-    assert "pw:weight" not in names and "c2:weight" not in names  # FP8: nearest rounding
+    assert "pw:weight" not in names and "conv:weight" not in names  # FP8: nearest rounding
