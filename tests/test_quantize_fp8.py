@@ -79,6 +79,10 @@ def test_fp8_job_end_to_end(files, tmp_path: Path) -> None:
     assert quantizers["pw.input_quantizer"] == "fp8" and quantizers["dw.input_quantizer"] == "int8"
     page = (tmp_path / "out" / "report.html").read_text()
     assert "FP8 (F01)" in page and "INT8 (F02)" in page  # the plan table's format column
+    # qdq parity plans the model again in the recorded formats and finds no unexplained code
+    code = main(["parity", str(tmp_path / "out" / "model.qdq.onnx"), "--model", f"{model}:build",
+                 "--data", str(data), "--json"])  # fmt: skip
+    assert code == 0
 
 
 def test_fp8_job_takes_an_explicit_method_and_refuses_entropy(files, tmp_path: Path) -> None:

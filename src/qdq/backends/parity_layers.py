@@ -251,13 +251,18 @@ def _codes(x: np.ndarray, scale: np.ndarray, q: Quantizer) -> np.ndarray:
 def _step(x: np.ndarray, scale: np.ndarray, q: Quantizer) -> np.ndarray:
     """The quantization step at each element of ``x``: the scale (INT8), or the spacing of the
     FP8 grid around ``|x| / scale`` times the scale (``2**(e-3)`` for a normal E4M3 value of
-    exponent ``e``, ``2**-9`` below ``2**-6``)."""
+    exponent ``e``, ``2**-9`` below ``2**-6``), at least INT8's step at the same amax
+    (``amax / 127``): float accumulation noise scales with the tensor's magnitude, not with the
+    element's, so near zero, where FP8's steps are tiny, a conv output computed in another order
+    moves by more than 1 % of the local step (measured: 3.4e-8 on a value of 2.5e-5 whose FP8
+    step is 3.0e-6, in a tensor with amax 0.68)."""
     scale = np.broadcast_to(scale, x.shape)
     if q.spec.format != "fp8":
         return scale
     mag = np.minimum(np.abs(x / scale), FP8_MAX).astype(np.float64)
     exponent = np.floor(np.log2(np.maximum(mag, 2.0**-6)))
-    return np.ldexp(1.0, (exponent - 3).astype(np.int64)) * scale
+    local = np.ldexp(1.0, (exponent - 3).astype(np.int64)) * scale
+    return np.maximum(local, scale * (FP8_MAX / 127.0))
 
 
 def _scale(q: Quantizer, ndim: int) -> np.ndarray:

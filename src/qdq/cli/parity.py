@@ -89,7 +89,7 @@ def _compare(
 ) -> Any:
     import qdq
     from qdq.backends.parity import parity
-    from qdq.export.manifest import find_manifest, sha256_of
+    from qdq.export.manifest import config_of, find_manifest, sha256_of
     from qdq.specs import load_data_spec, load_model_spec
 
     path = Path(onnx_path)
@@ -98,7 +98,8 @@ def _compare(
     manifest = find_manifest(path)  # X.onnx.manifest.json, or manifest.json naming X.onnx
     batches = load_data_spec(data_spec, batch_size=batch_size)
     float_model = load_model_spec(model_spec)
-    prepared = qdq.prepare(float_model, (batches[0],))
+    # the recorded formats (an FP8 or mixed export): each layer planned as it was exported
+    prepared = qdq.prepare(float_model, (batches[0],), config_of(manifest))
     qdq.load_calibration(prepared, manifest)
     recorded = json.loads(manifest.read_text(encoding="utf-8")).get("onnx") or {}
     if recorded.get("sha256") != sha256_of(path.read_bytes()):

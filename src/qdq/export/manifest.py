@@ -32,6 +32,7 @@ from torch import nn
 
 from qdq._version import __version__
 from qdq.api import plan_of, quantizers_of
+from qdq.config import Override, QuantConfig
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
 from qdq.quant.learned import manifest_entry
@@ -41,6 +42,7 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "SCHEMA",
     "build_manifest",
+    "config_of",
     "find_manifest",
     "load_calibration",
     "manifest_path_for",
@@ -422,3 +424,34 @@ def _is_number(v: object) -> bool:
 def _short(v: object) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def config_of(manifest: str | Path) -> QuantConfig | None:
+    """The :class:`QuantConfig` that plans the model of ``manifest`` again with each layer in its
+    recorded format (``None``: every quantizer INT8, the default config does): an FP8 plan
+    whose every weighted layer is pinned to the format the manifest records
+    (``Override(format=...)``), so that :func:`load_calibration` finds the same quantizers,
+    axes included, for an ``int8``, ``fp8`` or ``mixed`` export alike.
+
+    Raises:
+        FileNotFoundError / ValueError: no manifest, or not a qdq manifest (as
+            :func:`load_calibration`).
+    """
+    path = Path(manifest)
+    if not path.is_file():
+        raise FileNotFoundError(f"no manifest at {path}")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON: {err}") from None
+    entries = doc.get("quantizers") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path} is not a qdq manifest (no quantizers list)")
+    if all(e.get("format", "int8") == "int8" for e in entries if isinstance(e, dict)):
+        return None
+    pins = tuple(
+        Override(name=str(e["name"]).rsplit(":", 1)[0], format=str(e.get("format", "int8")))
+        for e in entries
+        if isinstance(e, dict) and e.get("kind") == "weight" and ":" in str(e.get("name", ""))
+    )
+    return QuantConfig(format="fp8", overrides=pins)
