@@ -1,13 +1,16 @@
-"""``format="mixed"``: move to FP8 the layers where INT8 measurably loses accuracy (issue 49).
+"""``format="mixed"``: each layer in the format that loses least where the fastest one loses
+measurably (issue 49).
 
 A mixed plan (:mod:`qdq.graph.formats`, rule F07) starts from the format TensorRT runs fastest per
 layer: convolutions INT8, GEMMs and attention FP8. :func:`choose_formats` then measures, on a
-calibrated mixed plan, what each INT8 convolution that has an FP8 kernel would lose in either
-format: the quantization noise of its input (the tensors one calibration batch feeds it, INT8 at
-its calibrated amax, FP8 at the abs-max TensorRT's FP8 recipes use) and of its weight (INT8 per
-output channel, FP8 per tensor), as an SQNR in dB of the two together (independent noises add).
-One Quantize serves every reader of a tensor (F05), so the choice is per input tensor: it moves to
-FP8 when each of its readers can run FP8 and FP8 is better by :data:`MARGIN_DB` on average. A
+calibrated mixed plan, what each weighted layer that could run either format would lose in each:
+the quantization noise of its input (the tensors one calibration batch feeds it; INT8 at its mse
+amax, FP8 at the abs-max TensorRT's FP8 recipes use) and of its weight (INT8 per output channel,
+FP8 per tensor), as an SQNR in dB of the two together (independent noises add). One Quantize
+serves every reader of a tensor (F05), so the choice is per input tensor: it moves to the other
+format when each of its readers can and that format is better by :data:`MARGIN_DB` on average
+(an INT8 convolution to FP8 where INT8 loses on outliers; an FP8 GEMM to INT8 where FP8's 3-bit
+mantissa loses on a well-behaved tensor: CREPE-tiny's classifier head). A
 layer under :data:`MIN_DB` in both formats is kept in FP16 (excluded). The outcome is a list of
 ``Override(format=...)`` / ``Override(exclude=True)`` for :class:`~qdq.config.QuantConfig`, and a
 table of what was measured.
@@ -42,12 +45,13 @@ MIN_DB = 20.0
 
 @dataclass(frozen=True)
 class FormatRow:
-    """One INT8 convolution of a mixed plan that could run FP8.
+    """One weighted layer of a mixed plan that could run INT8 or FP8.
 
     Attributes:
         layer: the layer (the plan's owner name).
         tensor: the input quantizer it shares with the other readers of its input.
         int8_db / fp8_db: the SQNR of its input and weight quantization together, in each format.
+        planned: its format before the measure (F07: convolutions INT8, GEMMs FP8).
         chosen: ``"int8"``, ``"fp8"`` or ``"fp16"``.
         reason: one line.
     """
@@ -56,6 +60,7 @@ class FormatRow:
     tensor: str
     int8_db: float
     fp8_db: float
+    planned: str
     chosen: str
     reason: str
 
@@ -69,12 +74,13 @@ class FormatChoice:
 
     def summary(self) -> str:
         """One line: how many layers went where."""
-        moved = [r for r in self.rows if r.chosen == "fp8"]
-        fp16 = [r for r in self.rows if r.chosen == "fp16"]
+        to_fp8 = sum(r.planned == "int8" and r.chosen == "fp8" for r in self.rows)
+        to_int8 = sum(r.planned == "fp8" and r.chosen == "int8" for r in self.rows)
+        fp16 = sum(r.chosen == "fp16" for r in self.rows)
         return (
-            f"{len(moved)} of {len(self.rows)} INT8 convolutions moved to FP8 (FP8 better by >= "
-            f"{MARGIN_DB:g} dB on every reader of their input), {len(fp16)} kept in FP16 "
-            f"(< {MIN_DB:g} dB in both formats)"
+            f"{len(self.rows)} layers measured: {to_fp8} moved INT8 -> FP8, {to_int8} FP8 -> INT8 "
+            f"(the other format better by >= {MARGIN_DB:g} dB on every reader of their input), "
+            f"{fp16} kept in FP16 (< {MIN_DB:g} dB in both formats)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,9 +99,12 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
 
     plan = qdq.plan_of(prepared)
     quantizers = qdq.quantizers_of(prepared)
-    candidates = sorted(
-        {p.owner for p in plan.points if p.format_rule == "F07" and p.kind == "weight"}
+    candidates = sorted(  # INT8 convs (F07) and FP8 GEMMs (F06 weights): both formats possible
+        {p.owner for p in plan.points if p.format_rule in ("F06", "F07") and p.kind == "weight"}
     )
+    planned = {
+        p.owner: p.spec.format for p in plan.points if p.kind == "weight" and p.spec is not None
+    }
     if not any(p.format_rule for p in plan.points):
         raise ValueError("choose_formats needs a plan of QuantConfig(format='mixed')")
     reads: dict[str, str] = {}  # layer -> its input quantizer
@@ -127,23 +136,29 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
             continue
         blocked = [x for x in layers if x not in noise]  # a reader with no FP8 choice
         gains = [_db(noise[x][1]) - _db(noise[x][0]) for x in measured]
-        move = not blocked and sum(gains) / len(gains) >= MARGIN_DB
+        now = {planned[x] for x in measured}
+        other = "int8" if now == {"fp8"} else "fp8"
+        sign = 1.0 if other == "fp8" else -1.0  # the other format's gain, in dB
+        move = not blocked and len(now) == 1 and sign * sum(gains) / len(gains) >= MARGIN_DB
         for x, gain in zip(measured, gains, strict=True):
             i8, f8 = _db(noise[x][0]), _db(noise[x][1])
+            here, gain = planned[x], sign * gain
             if max(i8, f8) < MIN_DB:
                 chosen, why = "fp16", f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8: below {MIN_DB:g}"
                 overrides.append(Override(name=x, exclude=True))
             elif move:
-                chosen, why = "fp8", f"FP8 {gain:+.1f} dB over INT8 (its input's readers move too)"
-                overrides.append(Override(name=x, format="fp8"))
+                chosen = other
+                why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
+                overrides.append(Override(name=x, format=other))
             else:
-                chosen = "int8"
+                chosen = here
                 why = (
-                    f"its input is also read by {blocked[0]}, which has no FP8 choice"
-                    if blocked
-                    else f"FP8 {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its input's readers"
+                    f"its input is also read by {blocked[0]}, which cannot change format"
+                    if blocked or len(now) > 1
+                    else f"{other.upper()} {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its "
+                    "input's readers"
                 )
-            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), chosen, why))
+            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
     return FormatChoice(tuple(rows), tuple(overrides))
 
 
@@ -175,19 +190,50 @@ def _inputs(
 
 def _noise(q: Quantizer, x: torch.Tensor) -> tuple[float, float]:
     """The relative quantization noise (noise power over signal power) of ``x`` by ``q`` in INT8
-    and in FP8 (activations at their abs-max, weights per tensor)."""
+    and in FP8, whichever format ``q`` is: a weight INT8 per output channel and FP8 per tensor
+    at its abs-max; an activation INT8 at its mse amax (the calibrated one, or mse on INT8's
+    grid from the same histogram) and FP8 at the abs-max of every calibration batch."""
     power = float(x.square().mean())
     if power == 0.0 or q.mode is not QuantMode.QUANTIZE or not q.is_calibrated:
         return 0.0, 0.0
-    amax = q.amax.detach().float().cpu()
-    int8 = fake_quant(x, amax, axis=q.spec.axis, narrow_range=q.spec.narrow_range)
-    try:  # the abs-max over every calibration batch, as FP8's max calibration sets it
-        top = q.calibrator.compute_amax("max").detach().float().cpu().max()
-    except ValueError:  # no statistics kept (a weight calibrated from its tensor)
-        top = x.abs().max()
-    top = torch.maximum(top, x.abs().max()) if q.spec.axis is not None else top
-    fp8 = fake_quant(x, top, fmt="fp8")
+    weight = q.name.endswith(":weight")
+    if weight:
+        flat = x.reshape(x.shape[0], -1) if x.dim() > 1 else x.reshape(1, -1)
+        int8 = (
+            fake_quant(x, flat.abs().amax(dim=1), axis=0)
+            if x.dim() > 1
+            else fake_quant(x, x.abs().max())
+        )
+        fp8 = fake_quant(x, x.abs().max(), fmt="fp8")
+    else:
+        top = _stat(q, "max", x.abs().max())
+        calibrated = q.amax.detach().float().cpu().reshape(())
+        int8 = fake_quant(x, calibrated if q.spec.format == "int8" else _int8_mse(q, top))
+        fp8 = fake_quant(x, top, fmt="fp8")
     return float((x - int8).square().mean()) / power, float((x - fp8).square().mean()) / power
+
+
+def _stat(q: Quantizer, method: str, default: torch.Tensor) -> torch.Tensor:
+    """``q``'s calibrator's amax by ``method`` over every calibration batch (``default`` when it
+    kept no statistics)."""
+    try:
+        return q.calibrator.compute_amax(method).detach().float().cpu().reshape(())
+    except (ValueError, TypeError, AttributeError):
+        return default.reshape(())
+
+
+def _int8_mse(q: Quantizer, top: torch.Tensor) -> torch.Tensor:
+    """The amax INT8's mse would choose from an FP8 quantizer's histogram."""
+    from qdq.calib.methods import mse_amax
+
+    histogram = getattr(q.calibrator, "histogram", None)
+    if histogram is None:
+        return top
+    try:
+        counts, edges = histogram()
+    except ValueError:
+        return top
+    return torch.tensor(mse_amax(counts, edges, observed_max=float(top)), dtype=torch.float32)
 
 
 def _db(relative: float) -> float:
