@@ -150,13 +150,15 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
                 chosen = other
                 why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
                 overrides.append(Override(name=x, format=other))
+            elif blocked or len(now) > 1:  # a reader that cannot move, or one in the other format
+                chosen = here
+                stuck = blocked[0] if blocked else next(y for y in measured if planned[y] != here)
+                why = f"its input is also read by {stuck}, which cannot change format with it"
             else:
                 chosen = here
                 why = (
-                    f"its input is also read by {blocked[0]}, which cannot change format"
-                    if blocked or len(now) > 1
-                    else f"{other.upper()} {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its "
-                    "input's readers"
+                    f"{other.upper()} {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its input's "
+                    "readers"
                 )
             rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
     return FormatChoice(tuple(rows), tuple(overrides))
@@ -196,14 +198,11 @@ def _noise(q: Quantizer, x: torch.Tensor) -> tuple[float, float]:
     power = float(x.square().mean())
     if power == 0.0 or q.mode is not QuantMode.QUANTIZE or not q.is_calibrated:
         return 0.0, 0.0
-    weight = q.name.endswith(":weight")
-    if weight:
-        flat = x.reshape(x.shape[0], -1) if x.dim() > 1 else x.reshape(1, -1)
-        int8 = (
-            fake_quant(x, flat.abs().amax(dim=1), axis=0)
-            if x.dim() > 1
-            else fake_quant(x, x.abs().max())
-        )
+    if q.name.endswith(":weight"):
+        if x.dim() > 1:  # INT8 per output channel
+            int8 = fake_quant(x, x.reshape(x.shape[0], -1).abs().amax(dim=1), axis=0)
+        else:
+            int8 = fake_quant(x, x.abs().max())
         fp8 = fake_quant(x, x.abs().max(), fmt="fp8")
     else:
         top = _stat(q, "max", x.abs().max())

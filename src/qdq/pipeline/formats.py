@@ -10,6 +10,7 @@ FP8 the input tensors where INT8 loses; the job then runs with those overrides.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 from torch import nn
@@ -47,8 +48,9 @@ def plan_config(
         return config, None
     with stages("formats") as st:
         prepared = qdq.prepare(model, example, config)
-        some = [to_device(inputs.arguments(b), device) for b, _ in batches(cal, size, static)]
-        qdq.calibrate(prepared, some[:FORMAT_BATCHES], show_progress=False)
+        some = [to_device(inputs.arguments(b), device)
+                for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
+        qdq.calibrate(prepared, some, show_progress=False)
         choice = choose_formats(prepared, some[0])
         st.detail = choice.summary()
     return replace(config, overrides=choice.overrides), choice
