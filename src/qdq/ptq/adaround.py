@@ -69,7 +69,7 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import ArgRef, Call, Site
 from qdq.ptq import _layers, _lockstep
 from qdq.ptq._layers import Layer
-from qdq.ptq.step import StepReport
+from qdq.ptq.report import StepReport
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
 __all__ = ["Rounding", "RoundingRow", "adaround", "clear_rounding"]

@@ -74,7 +74,7 @@ from qdq.graph.calls import SiteKey
 from qdq.graph.runtime import ArgRef, Call, Site
 from qdq.ptq import _layers, _lockstep
 from qdq.ptq._layers import Layer
-from qdq.ptq.step import StepReport
+from qdq.ptq.report import StepReport
 from qdq.quant import QuantMode, quantizer_mode
 
 __all__ = ["BiasCorrection", "BiasRow", "clear_bias_correction", "correct_bias"]

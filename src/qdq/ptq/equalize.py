@@ -81,7 +81,7 @@ from qdq.calib.histogram import HistogramCalibrator
 from qdq.graph.capture import module_path
 from qdq.graph.record import record
 from qdq.ptq._pairs import Pair, find_pairs, label, weight_of
-from qdq.ptq.step import StepReport
+from qdq.ptq.report import StepReport
 from qdq.quant import fake_quant
 
 __all__ = ["DEFAULT_ALPHA", "SAMPLE_VALUES", "EqualizeRow", "Equalized", "equalize"]

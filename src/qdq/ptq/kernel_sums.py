@@ -33,7 +33,7 @@ from torch import nn
 from qdq._modes import eval_no_grad
 from qdq.debug.stats import ErrorStats, finite_fields
 from qdq.ptq import _layers
-from qdq.ptq.step import StepReport
+from qdq.ptq.report import StepReport
 from qdq.quant import QuantMode, quant_range, quantizer_mode, scale_from_amax
 
 __all__ = ["KernelSumRow", "KernelSums", "kernel_sum_codes", "kernel_sum_rounding"]

@@ -60,7 +60,7 @@ from qdq.config import CALIBRATION_METHODS
 from qdq.debug.stats import finite, finite_fields
 from qdq.graph.runtime import runtime_of
 from qdq.ptq._layer_calls import LayerCall, LayerCalls, fake_quantize, is_weight_quantizer
-from qdq.ptq.step import StepReport
+from qdq.ptq.report import StepReport
 from qdq.quant import Quantizer, QuantMode, quantizer_mode
 
 __all__ = ["DEFAULT_CANDIDATES", "MethodChoice", "MethodRow", "choose_methods"]

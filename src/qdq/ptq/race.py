@@ -36,9 +36,9 @@ from qdq._deadline import DeadlinePassed
 from qdq._progress import progress
 
 if TYPE_CHECKING:
+    from qdq.ptq.report import StepReport
     from qdq.ptq.schedule import Admission, Schedule
     from qdq.ptq.search import Recipe, Trial
-    from qdq.ptq.step import StepReport
 
 __all__ = ["RACE", "Margin", "Runs", "choose", "contenders", "describe", "race", "run_one"]
 
