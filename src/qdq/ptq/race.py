@@ -36,9 +36,9 @@ from qdq._deadline import DeadlinePassed
 from qdq._progress import progress
 
 if TYPE_CHECKING:
+    from qdq.ptq.recipes import Recipe, Trial
     from qdq.ptq.report import StepReport
     from qdq.ptq.schedule import Admission, Schedule
-    from qdq.ptq.search import Recipe, Trial
 
 __all__ = ["RACE", "Margin", "Runs", "choose", "contenders", "describe", "race", "run_one"]
 
@@ -135,7 +135,7 @@ class Runs:
         return not self.status and value is not None and math.isfinite(value)
 
     def trial(self, name: str, used: int, iters: int | None = None) -> Trial:
-        from qdq.ptq.search import Trial
+        from qdq.ptq.recipes import Trial
 
         status = self.status or "scored"
         if status == "scored" and self.folds < used:

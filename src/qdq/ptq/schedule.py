@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from qdq.ptq.costs import MIN_ADAROUND_ITERS, Costs
 
 if TYPE_CHECKING:
-    from qdq.ptq.search import Recipe
+    from qdq.ptq.recipes import Recipe
 
 __all__ = ["Admission", "Schedule"]
 
