@@ -69,7 +69,7 @@ from time_to_result import (  # noqa: E402
 )
 
 PEER_SCRIPT = HERE / "peers" / "fp8_peers.py"
-FORMATS = ("int8", "fp8")
+FORMATS = ("int8", "fp8", "mixed")
 
 
 # ------------------------------------------------------------------------------------------ qdq
@@ -216,8 +216,12 @@ def run_row(row: Row, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     for fmt in FORMATS:
         log(f"{row.name}: qdq quantize --format {fmt}")
         rec["tools"][fmt] = run_qdq(row, fmt, a, work)
-    log(f"{row.name}: ModelOpt FP8")
-    rec["tools"]["modelopt"] = run_modelopt(row, a, work, meta)
+    if row.name in a.peers_from:  # ModelOpt's record of an earlier run on the same data
+        rec["tools"]["modelopt"] = a.peers_from[row.name]
+        rec["modelopt_from"] = str(a.peers_from_path)
+    else:
+        log(f"{row.name}: ModelOpt FP8")
+        rec["tools"]["modelopt"] = run_modelopt(row, a, work, meta)
     rec["wall_s"] = round(time.perf_counter() - start, 1)
     rec["load_after"] = round(os.getloadavg()[0], 2)
     return rec
@@ -280,21 +284,23 @@ def modelopt_cells(t: dict[str, Any] | None) -> tuple[str, str, str]:
 def table(recs: list[dict[str, Any]]) -> str:
     """The side-by-side table, then each row's notes."""
     lines = [
-        "| row | metric | FP32 | qdq INT8 | qdq FP8 | ModelOpt FP8, torch fake-quant | "
-        "ModelOpt FP8 ONNX in ORT | qdq INT8 export | qdq FP8 export | ModelOpt FP8 export |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| row | metric | FP32 | qdq INT8 | qdq FP8 | qdq mixed | ModelOpt FP8, torch fake-quant | "
+        "ModelOpt FP8 ONNX in ORT | qdq INT8 export | qdq FP8 export | qdq mixed export | "
+        "ModelOpt FP8 export |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes: list[str] = []
     for rec in recs:
         if rec.get("error"):
-            lines.append(f"| {rec['row']} | not run: {rec['error']} |" + " |" * 8)
+            lines.append(f"| {rec['row']} | not run: {rec['error']} |" + " |" * 10)
             continue
         tools = rec["tools"]
         mo_torch, mo_ort, mo_mix = modelopt_cells(tools.get("modelopt"))
         mixes = [_mix((tools.get(f) or {}).get("lint")) for f in FORMATS]
         lines.append(f"| {rec['row']} | {rec['metric_name']} | {rec['fp32_metric']:.4f} | "
                      f"{qdq_cell(tools.get('int8'))} | {qdq_cell(tools.get('fp8'))} | "
-                     f"{mo_torch} | {mo_ort} | {mixes[0]} | {mixes[1]} | {mo_mix} |")  # fmt: skip
+                     f"{qdq_cell(tools.get('mixed'))} | {mo_torch} | {mo_ort} | "
+                     f"{' | '.join(mixes)} | {mo_mix} |")  # fmt: skip
         notes += row_notes(rec)
     lines += ["", *aims(recs)]
     head = ["Cells: metric / mean cosine with FP32 (first output). Exports: predicted INT8 / FP8 "
@@ -318,11 +324,12 @@ def aims(recs: list[dict[str, Any]]) -> list[str]:
     """Issue 49's aims per row: FP8 within 0.3 points of FP32 (0.001 where the metric is a
     cosine), cosine >= 0.999 on the transformer rows, FP8 at or ahead of ModelOpt FP8 (metric,
     then cosine)."""
-    out = ["| row | qdq FP8 vs FP32 | qdq FP8 vs ModelOpt FP8 |", "|---|---|---|"]
+    out = ["| row | qdq FP8 vs FP32 | qdq FP8 vs ModelOpt FP8 | qdq mixed vs the better of INT8 "
+           "and FP8; reformats |", "|---|---|---|---|"]  # fmt: skip
     for rec in recs:
         fp8 = (rec.get("tools") or {}).get("fp8") or {}
         if fp8.get("metric") is None:
-            out.append(f"| {rec['row']} | no FP8 result | — |")
+            out.append(f"| {rec['row']} | no FP8 result | — | {mixed_aim(rec)} |")
             continue
         drop = 100 * (rec["fp32_metric"] - fp8["metric"])
         if rec["row"] in ("vit", "swin", "bert", "distilbert"):
@@ -342,8 +349,34 @@ def aims(recs: list[dict[str, Any]]) -> list[str]:
             verdict = "ahead" if ours > theirs else "tie" if ours == theirs else "BEHIND"
             second = (f"{verdict}: {fp8['metric']:.4f} / {fp8['cosine']:.5f} vs "
                       f"{mo['metric']:.4f} / {mo['cosine']:.5f} ({how})")  # fmt: skip
-        out.append(f"| {rec['row']} | {first} | {second} |")
+        out.append(f"| {rec['row']} | {first} | {second} | {mixed_aim(rec)} |")
     return out
+
+
+def mixed_aim(rec: dict[str, Any]) -> str:
+    """Issue 49's aim for ``mixed``: at least as accurate as the better of INT8 and FP8 (metric,
+    then cosine), with no more predicted reformats (unfused Q/DQ) than either."""
+    tools = rec.get("tools") or {}
+    mixed = tools.get("mixed") or {}
+    if mixed.get("metric") is None:
+        return "no mixed result"
+    done = {f: tools[f] for f in ("int8", "fp8") if (tools.get(f) or {}).get("metric") is not None}
+    if not done:
+        return "no INT8 / FP8 result"
+    best_fmt = max(done, key=lambda f: (done[f]["metric"], done[f]["cosine"]))
+    best = done[best_fmt]
+    ours, theirs = (mixed["metric"], mixed["cosine"]), (best["metric"], best["cosine"])
+    verdict = "at least as accurate" if ours >= theirs else "LESS accurate"
+    if ours < theirs and mixed["metric"] >= best["metric"]:
+        verdict = "same metric, lower cosine"
+    unfused = {f: ((tools.get(f) or {}).get("lint") or {}).get("unfused_qdq") for f in FORMATS}
+    fewest = min((v for f, v in unfused.items() if f != "mixed" and v is not None), default=None)
+    reformats = "—"
+    if unfused["mixed"] is not None and fewest is not None:
+        ok = "yes" if unfused["mixed"] <= fewest else "NO"
+        reformats = f"{unfused['mixed']} vs {unfused['int8']} / {unfused['fp8']}: {ok}"
+    return (f"{verdict}: {mixed['metric']:.4f} / {mixed['cosine']:.5f} vs {best_fmt.upper()} "
+            f"{best['metric']:.4f} / {best['cosine']:.5f}; {reformats}")  # fmt: skip
 
 
 def row_notes(rec: dict[str, Any]) -> list[str]:
@@ -363,6 +396,8 @@ def row_notes(rec: dict[str, Any]) -> list[str]:
             why = "killed" if t["killed"] else t.get("error")
             out.append(f"  - qdq {fmt}: FAILED after {t['wall_s']:.1f} s: {why}")
     t = rec["tools"].get("modelopt") or {}
+    if rec.get("modelopt_from"):
+        out.append(f"  - ModelOpt FP8 from {rec['modelopt_from']} (run at {t.get('date', '?')})")
     if t.get("not_run"):
         out.append(f"  - ModelOpt FP8: not run: {t['not_run']}")
     elif t:
@@ -396,6 +431,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--qdq-python", default=sys.executable, help="python that runs qdq")
     p.add_argument("--qdq-src", default=str(HERE.parent / "src"), help="qdq's src directory")
     p.add_argument("--peer-python", default="/tmp/peers/bin/python", help="ModelOpt's python")
+    p.add_argument(
+        "--peers-from",
+        type=Path,
+        help="take ModelOpt's records from this JSON "
+        "(an earlier run of this script on the same rows and data) instead of running it",
+    )
     p.add_argument("--work", type=Path, help="keep every row's files here (default: temporary)")
     p.add_argument("--eval-samples", type=int, help="evaluation samples of every row (smoke runs)")
     p.add_argument("--stage", choices=("prep",), help=argparse.SUPPRESS)
@@ -405,6 +446,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
     a.qdq_src = str(Path(a.qdq_src).resolve())
+    a.peers_from_path, a.peers_from = a.peers_from, {}
+    if a.peers_from_path is not None:
+        if not a.peers_from_path.is_file():
+            p.error(f"--peers-from {a.peers_from_path}: no such file")
+        rows = json.loads(a.peers_from_path.read_text(encoding="utf-8")).get("rows", {})
+        a.peers_from = {name: dict(rec["tools"]["modelopt"], date=rec.get("date"))
+                        for name, rec in rows.items() if "modelopt" in rec.get("tools", {})}  # fmt: skip
     return a
 
 
