@@ -1003,6 +1003,63 @@ def test_mixed_plan_runs_convolutions_int8_and_gemms_fp8() -> None:
     assert f["fc:weight"] == ("fp8", "F06")
 
 
+class _Attention(nn.Module):
+    """One attention core, written out: BMM1, softmax, BMM2, an output projection."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        probs = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
+        return self.proj(probs @ v)
+
+
+def test_fp8_attention_quantizes_its_softmax_output_at_the_fixed_scale_1_over_448() -> None:
+    """F08: BMM2's probabilities operand holds amax 1 from prepare on, whatever calibration sees;
+    BMM1's operands and V calibrate as usual, and an INT8 plan keeps calibrating the softmax."""
+    net = _Attention().eval()
+    x = torch.randn(2, 16, 64)
+    p = plan(net, 2, 16, 64, config=QuantConfig(format="fp8"))
+    fixed = [pt for pt in p.points if pt.calib is not None and pt.calib.fixed_amax is not None]
+    assert [(pt.op, pt.format_rule, pt.spec.format) for pt in fixed] == [("matmul", "F08", "fp8")]
+    assert "1/448" in fixed[0].reason
+    others = [pt for pt in p.points if pt.quantized and pt.op == "matmul" and pt not in fixed]
+    assert others and all(pt.calib.fixed_amax is None for pt in others)
+
+    prepared = qdq.prepare(net, (x,), config=QuantConfig(format="fp8"))
+    held = [q for q in qdq.quantizers_of(prepared).values() if q.fixed_amax]
+    assert len(held) == 1 and float(held[0].amax) == 1.0  # before any calibration
+    qdq.calibrate(prepared, [x * 3, x], show_progress=False)
+    assert float(held[0].amax) == 1.0 and held[0].amax_method == "fixed"
+    assert float(qdq.scale_from_amax(held[0].amax, fmt="fp8")) == pytest.approx(1 / 448)
+    calibrated = [q for q in qdq.quantizers_of(prepared).values() if not q.fixed_amax]
+    assert all(q.is_calibrated for q in calibrated)
+    qdq.recompute_amax(prepared, "percentile", percentile=99.0)
+    assert float(held[0].amax) == 1.0
+    with qdq.quantizer_mode(prepared, "quantize"):
+        assert torch.isfinite(prepared(x)).all()
+
+    int8 = plan(net, 2, 16, 64)
+    assert all(pt.calib is None or pt.calib.fixed_amax is None for pt in int8.points)
+
+
+def test_fixed_amax_is_validated_and_never_learned() -> None:
+    with pytest.raises(ValueError, match="fixed_amax must be finite and > 0"):
+        qdq.CalibSpec(fixed_amax=0.0)
+    with pytest.raises(TypeError, match="fixed_amax must be a number"):
+        qdq.CalibSpec(fixed_amax="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="one amax per tensor"):
+        fixed = qdq.CalibSpec(calibrator="max", method="max", fixed_amax=1.0)
+        qdq.Quantizer(qdq.QuantSpec(axis=0), fixed, name="w")
+    q = qdq.Quantizer(qdq.QuantSpec(format="fp8"), qdq.CalibSpec(fixed_amax=1.0), name="p")
+    q.learn_amax("lsq")
+    assert q.amax_grad is None and "amax" in dict(q.named_buffers())
+    assert "calib=fixed" in repr(q)
+
+
 # last: the rules every test above saw
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -87,16 +88,24 @@ class CalibSpec:
             (FP32 92.2 %); see docs/numerics.md.
         percentile: used by ``method="percentile"``, in (0, 100].
         num_bins: histogram resolution (a power of two >= 256).
+        fixed_amax: a data-independent amax (per tensor), or ``None``. The quantizer holds it
+            from the start and keeps it through calibration (statistics are still collected,
+            not used), the per-quantizer method choice and QAT (it is never learned). An FP8
+            plan gives the softmax output of an FP8 attention ``fixed_amax=1.0`` (scale 1/448,
+            rule F08): the probabilities lie in [0, 1] whatever the data.
 
     Example:
         >>> CalibSpec(method="percentile", percentile=99.999).method
         'percentile'
+        >>> CalibSpec(fixed_amax=1.0).fixed_amax
+        1.0
     """
 
     calibrator: str = "histogram"
     method: str = "mse"
     percentile: float = 99.99
     num_bins: int = 2048
+    fixed_amax: float | None = None
 
     def __post_init__(self) -> None:
         if self.calibrator not in _CALIBRATORS:
@@ -120,6 +129,13 @@ class CalibSpec:
         bins = _check_int("num_bins", self.num_bins)
         if bins < 256 or bins & (bins - 1):
             raise ValueError(f"num_bins must be a power of two >= 256, got {bins}")
+        if self.fixed_amax is not None:
+            if isinstance(self.fixed_amax, bool) or not isinstance(self.fixed_amax, (int, float)):
+                raise TypeError(
+                    f"fixed_amax must be a number or None, got {type(self.fixed_amax).__name__}"
+                )
+            if not (math.isfinite(self.fixed_amax) and self.fixed_amax > 0):
+                raise ValueError(f"fixed_amax must be finite and > 0, got {self.fixed_amax}")
 
     @classmethod
     def weights(cls) -> CalibSpec:

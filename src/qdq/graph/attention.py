@@ -35,6 +35,7 @@ __all__ = [
     "is_sdpa",
     "key_length",
     "multi_head_attention_math",
+    "probs_source",
 ]
 
 #: longest key sequence whose attention products run INT8 (ModelOpt's INT8 MHA limit); beyond it
@@ -225,7 +226,7 @@ def attention_role(node: fx.Node, kinds: dict[fx.Node, str]) -> str | None:
     if softmax is not None and _context_after(softmax, kinds) is not None:
         return "scores"
     for arg in node.args[:2]:
-        src = _probs_source(arg, kinds)
+        src = probs_source(arg, kinds)
         if src is not None and _scores_before(src, kinds) is not None:
             return "context"
     return None
@@ -276,7 +277,7 @@ def _context_after(softmax: fx.Node, kinds: dict[fx.Node, str]) -> fx.Node | Non
     return _first_user(softmax, kinds, "matmul", _layout)
 
 
-def _probs_source(arg: Any, kinds: dict[fx.Node, str]) -> fx.Node | None:
+def probs_source(arg: Any, kinds: dict[fx.Node, str]) -> fx.Node | None:
     """The softmax ``arg`` is a layout view of, or ``None``."""
     src = arg
     while isinstance(src, fx.Node) and _layout(src, kinds) and src.args:

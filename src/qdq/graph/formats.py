@@ -1,4 +1,4 @@
-"""Rule step 6: the format of every quantized layer (F01-F06), when the plan is not INT8 only.
+"""Rule step 6: the format of every quantized layer (F01-F08), when the plan is not INT8 only.
 
 With ``QuantConfig(format="fp8")`` every quantized weighted layer gets FP8 E4M3 where TensorRT
 has an FP8 kernel for it and INT8 where it has none (the INT8 placement, steps 1-5, decided what
@@ -24,6 +24,11 @@ them with their sources:
   ``--format mixed`` moves to FP8 the layers where INT8 measurably loses accuracy
   (:mod:`qdq.accuracy.formats`).
 
+* F08: the softmax output of an FP8 attention (BMM2's probabilities operand) is quantized at
+  the fixed amax 1 (scale 1/448, ``CalibSpec(fixed_amax=1.0)``): the probabilities lie in [0, 1]
+  whatever the data, and TensorRT's fused FP8 attention is built from that data-independent
+  Q/DQ (ModelOpt's FP8 exporter inserts exactly it).
+
 Non-weighted points (a residual Add's skip input, Concat and pooling groups) take the format of
 their group. FP8 activations calibrate by ``max`` when the config kept the default method
 (TensorRT's FP8 recipes use max calibration); an explicit method is kept.
@@ -37,6 +42,7 @@ from dataclasses import replace
 import torch.fx as fx
 
 from qdq.config import CalibSpec, QuantSpec
+from qdq.graph.attention import attention_role, probs_source
 from qdq.graph.capture import fetch_attr
 from qdq.graph.context import PlanContext
 from qdq.graph.patterns import conv_groups
@@ -125,14 +131,43 @@ def assign_formats(
             if o.format is not None and o.matches(owner, owner_type, kind):
                 layer[owner] = (o.format, "USER", f"{o.format.upper()} set by the QuantConfig")
     group_fmt = _settle(points, groups, layer)
+    probs = _softmax_groups(ctx, points, group_fmt)
     out = []
     for p in points:
         if not p.quantized or p.group is None or p.spec is None:
             out.append(p)
             continue
         fmt, rule, why = _why(p, by_name, groups, group_fmt, layer)
-        out.append(_with_format(ctx, p, fmt, rule, why))
+        q = _with_format(ctx, p, fmt, rule, why)
+        if p.group in probs and q.calib is not None:
+            q = replace(
+                q,
+                calib=replace(q.calib, fixed_amax=1.0),
+                reason=f"{q.reason}; the softmax output at the fixed amax 1 (F08: scale 1/448, "
+                "data-independent, as TensorRT's fused FP8 attention takes it)",
+                format_rule="F08",
+            )
+        out.append(q)
     return out
+
+
+def _softmax_groups(
+    ctx: PlanContext, points: list[QuantPoint], group_fmt: dict[int, str]
+) -> set[int]:
+    """The FP8 scale groups holding the probabilities of an attention (F08): BMM2's operand
+    that is a layout view of the softmax output."""
+    found = set()
+    for p in points:
+        if not p.quantized or p.group is None or p.kind != "input" or p.op != "matmul":
+            continue
+        if group_fmt.get(p.group) != "fp8" or not isinstance(p.arg, int):
+            continue
+        node = ctx.by_name.get(p.consumer)
+        if node is None or attention_role(node, ctx.kinds) != "context":
+            continue
+        if p.arg < len(node.args) and probs_source(node.args[p.arg], ctx.kinds) is not None:
+            found.add(p.group)
+    return found
 
 
 def _settle(

@@ -367,6 +367,8 @@ def _targets(
         why = None
         if modes[q] is QuantMode.BYPASS:
             why = "set to bypass (stays float)"
+        elif q.fixed_amax:
+            why = f"a fixed amax ({float(q.amax):g}, data-independent); kept it"
         elif q.amax.numel() != 1:
             why = "per-channel activation quantizer (its calibrator has no histogram)"
         elif not any(m != "max" for m, _ in usable):

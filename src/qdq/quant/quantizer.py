@@ -108,6 +108,13 @@ class Quantizer(PtqState):
         self._amax_grad: str | None = None
         #: ``(key, output)`` of the last fake-quantized fixed weight (:meth:`_weight_key`)
         self._weight_cache: tuple[tuple[Any, ...], torch.Tensor] | None = None
+        if calib.fixed_amax is not None:  # data-independent: held from the start
+            if self.spec.axis is not None:
+                raise ValueError(
+                    f"quantizer {name!r}: CalibSpec.fixed_amax is one amax per tensor; the spec "
+                    f"is per channel (axis={self.spec.axis})"
+                )
+            self._set_fixed_amax()
 
     # ------------------------------------------------------------------ state
     @property
@@ -193,6 +200,17 @@ class Quantizer(PtqState):
         self.amax_method, self.amax_percentile = "set", None
         self._learned_key = None
 
+    @property
+    def fixed_amax(self) -> bool:
+        """Whether amax is data-independent (``CalibSpec.fixed_amax``): calibration, the method
+        choice and QAT leave it as it is."""
+        return self.calib.fixed_amax is not None
+
+    def _set_fixed_amax(self) -> None:
+        assert self.calib.fixed_amax is not None
+        self.set_amax(float(self.calib.fixed_amax))
+        self.amax_method = "fixed"
+
     def _assign_amax(self, value: torch.Tensor) -> None:
         """Store ``value`` as amax: the buffer, or the data of the learned parameter (whose
         identity an optimizer holds)."""
@@ -216,6 +234,8 @@ class Quantizer(PtqState):
         it never turns negative. LSQ scales the gradient by ``1/sqrt(n·qmax)`` (``n`` values per
         amax entry), as its paper does; PACT passes the clip gradient unscaled.
 
+        A fixed amax (``CalibSpec.fixed_amax``) stays a buffer: ``learn_amax`` leaves it.
+
         Raises:
             ValueError: an unknown ``how``, or no amax yet (calibrate first).
         """
@@ -224,6 +244,8 @@ class Quantizer(PtqState):
                 f"quantizer {self.name!r}: learn_amax how must be one of {AMAX_GRADS} or None, "
                 f"got {how!r}"
             )
+        if how is not None and self.fixed_amax:
+            return  # data-independent: never learned (CalibSpec.fixed_amax)
         if how is not None and not self.is_calibrated:
             raise ValueError(f"quantizer {self.name!r} has no amax: calibrate before learning it")
         value = self.amax.detach().clone()
@@ -258,6 +280,9 @@ class Quantizer(PtqState):
         Raises:
             CalibrationError: nothing was collected (the message names this quantizer).
         """
+        if self.calib.fixed_amax is not None:  # statistics collected, never used
+            self._set_fixed_amax()
+            return self.amax.clone()
         m = self.calib.method if method is None else method
         if m == "percentile" and percentile is None:
             percentile = self.calib.percentile
@@ -491,7 +516,11 @@ class Quantizer(PtqState):
         else:
             lo, hi = float(self.amax.detach().min()), float(self.amax.detach().max())
             parts.append(f"amax=[{self.amax.numel()}] {lo:.4g}..{hi:.4g}")
-        parts.append(f"calib={self.calib.calibrator}/{self.calib.method}")
+        parts.append(
+            "calib=fixed"
+            if self.fixed_amax
+            else f"calib={self.calib.calibrator}/{self.calib.method}"
+        )
         if self._amax_grad is not None:
             parts.append(f"amax_grad={self._amax_grad}")
         parts.extend(

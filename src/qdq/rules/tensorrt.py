@@ -233,6 +233,15 @@ RULES: tuple[Rule, ...] = (
         "TensorRT's FP8 headline. qdq quantize --format mixed moves a convolution's input tensor "
         "to FP8 where FP8's quantization noise is measurably lower (qdq.accuracy.formats).",
     ),
+    Rule(
+        "F08",
+        "core",
+        "The softmax output of an FP8 attention is quantized at the fixed scale 1/448 (amax 1)",
+        "The probabilities lie in [0, 1] whatever the data, and TensorRT's fused FP8 attention "
+        "(MHA-v2) is built from a data-independent softmax-output Q/DQ at scale 1/448: ModelOpt "
+        "inserts exactly that for the fusion (its FP8 ONNX exporter, PR 1289). A calibrated amax "
+        "below 1 would clip the largest probabilities and give that Q/DQ another scale.",
+    ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
 
