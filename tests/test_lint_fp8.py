@@ -140,15 +140,15 @@ def two_formats_model() -> onnx.ModelProto:
     return f.model([a, b], (1, 64, 8, 8))
 
 
-def attention_model(fmt: str) -> onnx.ModelProto:
+def attention_model(fmt: str, probs_scale: float = 1 / 448) -> onnx.ModelProto:
     """q, k, v (1, 4, 16, 32) from x: softmax(q @ kᵀ) @ v with every operand through Q/DQ (the
-    probabilities at ModelOpt's fixed FP8 scale 1/448)."""
+    probabilities at ModelOpt's fixed FP8 scale 1/448 unless ``probs_scale`` says otherwise)."""
     f = F()
     q, k, v = (f.op("Mul", ["x", f.const(np.float32(c))]) for c in (0.125, 1.0, 0.5))
     kt = f.op("Transpose", [k], perm=[0, 1, 3, 2])
     scores = f.op("MatMul", [f.qdq(q, fmt), f.qdq(kt, fmt)], name="scores")
     probs = f.op("Softmax", [scores], axis=-1)
-    ctx = f.op("MatMul", [f.qdq(probs, fmt, 1 / 448), f.qdq(v, fmt)], name="context")
+    ctx = f.op("MatMul", [f.qdq(probs, fmt, probs_scale), f.qdq(v, fmt)], name="context")
     return f.model([ctx], (1, 4, 16, 32))
 
 
@@ -208,6 +208,9 @@ GRAPH_CASES: dict[str, tuple[Any, Any, str, str, set[str], set[str]]] = {
                              set()),
     "int8-attention-hopper": (lambda: attention_model(INT8), "trt10-hopper", "scores", INT8,
                               set(), set()),
+    "fp8-attention-calibrated-softmax-scale": (
+        lambda: attention_model(FP8, 0.97 / 448), "trt10-hopper", "scores", FP8, set(), {"F08"},
+    ),
 }  # fmt: skip
 
 
@@ -233,6 +236,14 @@ def test_fp8_verdicts(case: str) -> None:
         if f.rule.startswith("F"):
             assert f.nodes and f.effect and f.fix and f.source, f
             assert any(n in f.message for n in f.nodes), f
+
+
+def test_f08_fires_only_on_an_fp8_softmax_output_at_another_scale_than_1_over_448() -> None:
+    assert "F08" not in lint(attention_model(FP8), target="trt10-hopper").rules()
+    assert "F08" not in lint(attention_model(INT8, 0.97 / 127), target="trt10-hopper").rules()
+    report = lint(attention_model(FP8, 0.97 / 448), target="trt10-hopper")
+    (f,) = [f for f in report.findings if f.rule == "F08"]
+    assert "context" in f.message and "1/448" in f.message and f.severity == "INFO"
 
 
 def test_fp8_conv_on_hopper_runs_fp8_with_no_finding() -> None:

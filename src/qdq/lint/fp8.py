@@ -1,4 +1,4 @@
-"""FP8 rules F01-F07: where TensorRT has FP8 (E4M3) kernels and where an FP8 Q/DQ costs time or
+"""FP8 rules F01-F08: where TensorRT has FP8 (E4M3) kernels and where an FP8 Q/DQ costs time or
 does not build, predicted from the ONNX graph and the target (GPU, TensorRT version, build flags).
 
 The rule ids are those of qdq's planner (:mod:`qdq.rules.tensorrt`, F01-F06), which decides the
@@ -18,6 +18,8 @@ source; ``docs/lint.md`` ("FP8") lists them.
 * F06: per-channel FP8 weights: no FP8 kernel for convolutions; GEMMs from TensorRT 10.6 (Hopper)
   and 10.7 (Ada).
 * F07: a weakly typed build of an FP8 Q/DQ model without the FP8 builder flag.
+* F08: an FP8 attention's softmax output quantized at another scale than 1/448 (INFO: the scale
+  TensorRT's fused FP8 attention is built from; ModelOpt's FP8 exporter inserts it).
 """
 
 from __future__ import annotations
@@ -104,6 +106,39 @@ def check_fp8(g: LintGraph, t: Target) -> list[Finding]:
         if g.weighted(node) and not g.folded_node(node):
             out.extend(_layer_rules(g, t, node))
     out.extend(_tensor_formats(g))
+    out.extend(_softmax_scales(g))
+    return out
+
+
+def _softmax_scales(g: LintGraph) -> list[Finding]:
+    """F08 (INFO): an FP8 attention whose probabilities' Quantize has another scale than 1/448."""
+    out: list[Finding] = []
+    wanted = float(np.float32(1.0 / 448.0))
+    for a in g.attention:
+        if a.fmt != FP8:
+            continue
+        q = next(m for m in a.members if m.op_type == "QuantizeLinear")
+        scale = g.const.get(q.input[1]) if len(q.input) > 1 else None
+        if scale is None or np.asarray(scale).size != 1:
+            continue
+        value = float(np.asarray(scale, dtype=np.float32).reshape(()))
+        if value == wanted:
+            continue
+        out.append(
+            Finding(
+                "F08",
+                INFO,
+                (g.name(q), g.name(a.context)),
+                f"{g.name(q)}: the FP8 softmax output of the attention ending at "
+                f"{g.name(a.context)} is quantized at scale {value:.6g}, not 1/448",
+                "TensorRT's fused FP8 attention (MHA-v2) is built from a data-independent softmax "
+                "Q/DQ at scale 1/448; a calibrated scale below it also clips the largest "
+                "probabilities",
+                "quantize the softmax output at amax 1 (scale 1/448); qdq's FP8 plans do (F08)",
+                "NVIDIA/Model-Optimizer PR 1289 (its FP8 ONNX exporter inserts the softmax Q/DQ "
+                "at the fixed scale 1/448 for the MHA-v2 fusion); qdq rule F08",
+            )
+        )
     return out
 
 
