@@ -15,6 +15,7 @@ from torch import nn
 
 from qdq._progress import progress
 from qdq.calib import CalibrationError, Calibrator
+from qdq.calib.batched import read_back
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.calib.parts import CalibrationParts
 from qdq.config import CALIBRATION_METHODS, QuantConfig
@@ -25,6 +26,7 @@ from qdq.graph.planner import build_plan
 from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
 from qdq.quant import MIN_AMAX, Quantizer, QuantMode
+from qdq.quant.primitives import batched_amax_checks
 
 __all__ = [
     "calibrate",
@@ -380,10 +382,17 @@ def recompute_amax(
     plan_of(prepared)
     acts = _activation_quantizers(prepared)
     _check_method(acts, method, percentile)
-    for q in acts.values():
-        uses_percentile = (method or q.calib.method) == "percentile"
-        q.load_calib_amax(method, percentile=percentile if uses_percentile else None)
-    _warn_zero_amax(acts)
+    # what the calibrators read back, then the amax checks and the largest entry of every amax
+    # (for the warnings): two host syncs in all, not four or five per quantizer (issue 48)
+    read_back((q.calibrator, method or q.calib.method) for q in acts.values())
+    with batched_amax_checks() as checks:
+        for q in acts.values():
+            uses_percentile = (method or q.calib.method) == "percentile"
+            q.load_calib_amax(method, percentile=percentile if uses_percentile else None)
+        for n, q in acts.items():
+            if q.is_calibrated:
+                checks.watch(n, q.amax)
+    _warn_zero_amax(checks.largest)
     return prepared
 
 
@@ -416,11 +425,11 @@ def _check_method(acts: dict[str, Quantizer], method: str | None, percentile: fl
             )
 
 
-def _warn_zero_amax(acts: dict[str, Quantizer]) -> None:
-    floored = {
-        n: q for n, q in acts.items() if q.is_calibrated and bool((q.amax <= MIN_AMAX).all())
-    }
-    zero = [n for n, q in floored.items() if not bool((q.amax > 0).any())]
+def _warn_zero_amax(largest: dict[str, float]) -> None:
+    """Warn of the quantizers whose amax (``largest``: the largest entry of each calibrated
+    one's, by name) is 0 or at most :data:`~qdq.quant.MIN_AMAX` (every entry of it)."""
+    floored = {n: top for n, top in largest.items() if top <= MIN_AMAX}
+    zero = [n for n, top in floored.items() if not top > 0]
     tiny = [n for n in floored if n not in zero]
     if zero:
         warnings.warn(
@@ -430,7 +439,7 @@ def _warn_zero_amax(acts: dict[str, Quantizer]) -> None:
             stacklevel=3,
         )
     if tiny:
-        worst = max(float(floored[n].amax.max()) for n in tiny)
+        worst = max(floored[n] for n in tiny)
         warnings.warn(
             f"{len(tiny)} quantizer(s) saw only values at or below 2**-24 (largest {worst:.3g}; "
             f"vanishing activations, e.g. random weights): {tiny[:10]}; every calibration method "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 
+import numpy as np
 import torch
 
 __all__ = ["CalibrationError", "Calibrator", "all_reduce", "distributed_active"]
@@ -85,6 +86,23 @@ class Calibrator(abc.ABC):
 
     def _absorb(self, other: Calibrator) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot merge statistics")
+
+    def _pending_reads(self, method: str) -> list[torch.Tensor]:
+        """The device tensors :meth:`compute_amax` by ``method`` would read back now, as 1-D
+        int64 tensors on one device (bit patterns: a float64 is viewed as int64), or ``[]``.
+
+        :func:`qdq.calib.batched.read_back` reads those of every calibrator in one transfer and
+        hands each its values through :meth:`_receive_reads`, so that computing the amax of many
+        calibrators waits for the device once, not once per calibrator.
+        """
+        del method
+        return []
+
+    def _receive_reads(self, values: list[np.ndarray]) -> None:
+        """Take the host copies of :meth:`_pending_reads` (same order and sizes, int64): they
+        stand for the device values until the statistics change. Raises nothing: a bad batch is
+        reported when the amax is computed."""
+        raise NotImplementedError(f"{type(self).__name__} asked for no reads")
 
     @abc.abstractmethod
     def compute_amax(self, method: str = "max", *, percentile: float | None = None) -> torch.Tensor:

@@ -284,8 +284,10 @@ class HistogramCalibrator(Calibrator):
         self._exp_t: torch.Tensor | None = None
         self._max_t: torch.Tensor | None = None
         self._bad_t: torch.Tensor | None = None
-        #: the exponent and the largest |x| read back (``None``: not since the last batch)
-        self._read: tuple[int, float] | None = (_MIN_EXP, 0.0)
+        #: the exponent, the largest |x| and the first bad batch (-1: none) read back (``None``:
+        #: not since the last batch), and the counts read back (``None``: not since the last batch)
+        self._read: tuple[int, float, int] | None = (_MIN_EXP, 0.0, -1)
+        self._host_counts: np.ndarray | None = None
         self._numel = 0
 
     # ---------------------------------------------------------------- collection
@@ -324,7 +326,7 @@ class HistogramCalibrator(Calibrator):
     ) -> None:
         """Add ``counts`` (on the grid of ``2**exp``) to the running histogram on the device:
         both regridded to the larger range, exactly (``2**d`` bins into one), no read back."""
-        self._read = None
+        self._read, self._host_counts = None, None
         if self._counts is None or self._exp_t is None or self._max_t is None:
             self._counts, self._exp_t, self._max_t = counts, exp, torch.where(bad < 0, top, 0.0)
             self._bad_t = bad
@@ -348,7 +350,7 @@ class HistogramCalibrator(Calibrator):
 
     def _host(self) -> tuple[int, float]:
         """The exponent and the largest |x| (one read back from the device, kept until the next
-        batch).
+        batch; none when :func:`qdq.calib.batched.read_back` read them already).
 
         Raises:
             CalibrationError: a batch held NaN or inf (naming the first one).
@@ -357,10 +359,35 @@ class HistogramCalibrator(Calibrator):
             assert self._exp_t is not None and self._max_t is not None and self._bad_t is not None
             exp, top, bad = torch.stack([self._exp_t.to(torch.float64), self._max_t,
                                          self._bad_t.to(torch.float64)]).tolist()  # fmt: skip
-            if bad >= 0:
-                raise nonfinite_error(int(bad))
-            self._read = (int(exp), top)
-        return self._read
+            self._read = (int(exp), top, int(bad))
+        exp, top, bad = self._read
+        if bad >= 0:
+            raise nonfinite_error(bad)
+        return exp, top
+
+    def _pending_reads(self, method: str) -> list[torch.Tensor]:
+        if self._counts is None:
+            return []
+        parts = []
+        if self._read is None:
+            assert self._exp_t is not None and self._max_t is not None and self._bad_t is not None
+            device = self._counts.device
+            top = self._max_t.to(device=device, dtype=torch.float64).reshape(1)
+            parts.append(torch.cat([self._exp_t.to(device, torch.int64).reshape(1),
+                                    top.view(torch.int64),  # its bits: read back exactly
+                                    self._bad_t.to(device, torch.int64).reshape(1)]))  # fmt: skip
+        if method != "max" and self._host_counts is None:
+            parts.append(self._counts.to(torch.int64))
+        return parts
+
+    def _receive_reads(self, values: list[np.ndarray]) -> None:
+        rest = values
+        if self._read is None:
+            state, rest = values[0], values[1:]
+            top = float(state[1:2].view(np.float64)[0])
+            self._read = (int(state[0]), top, int(state[2]))
+        if rest:
+            self._host_counts = rest[0]
 
     def _absorb(self, other: Calibrator) -> None:
         assert isinstance(other, HistogramCalibrator)
@@ -382,7 +409,7 @@ class HistogramCalibrator(Calibrator):
 
     def _reset(self) -> None:
         self._counts = self._exp_t = self._max_t = self._bad_t = None
-        self._read = (_MIN_EXP, 0.0)
+        self._read, self._host_counts = (_MIN_EXP, 0.0, -1), None
         self._numel = 0
 
     def _sync(self, group: object) -> None:
@@ -406,7 +433,7 @@ class HistogramCalibrator(Calibrator):
             self._exp_t = torch.tensor(exp, dtype=torch.int64, device=device)
             self._max_t = torch.tensor(top, dtype=torch.float64, device=device)
             self._bad_t = torch.tensor(-1, dtype=torch.int64, device=device)
-            self._read = None
+            self._read, self._host_counts = None, None
 
     # ---------------------------------------------------------------- results
     @property
@@ -430,7 +457,9 @@ class HistogramCalibrator(Calibrator):
         if self._counts is None:
             raise CalibrationError("HistogramCalibrator collected only empty tensors")
         exp, _ = self._host()
-        counts = self._counts.cpu().numpy()
+        if self._host_counts is None:
+            self._host_counts = self._counts.cpu().numpy()
+        counts = self._host_counts
         nonzero = np.flatnonzero(counts)
         n = int(nonzero[-1]) + 1 if nonzero.size else 1
         width = 2.0 ** (exp - self._log2_grid)
@@ -456,12 +485,15 @@ class HistogramCalibrator(Calibrator):
                 "or 'percentile'"
             )
         self._check_method(method, percentile)
-        counts, edges = self.histogram()
-        device = self._counts.device if self._counts is not None else None
+        self._check_has_data()
+        if self._counts is None:
+            raise CalibrationError("HistogramCalibrator collected only empty tensors")
+        device = self._counts.device
         top = self._host()[1]
         if top <= FLOOR or method == "max":
-            value = top  # below the floor: the scale is floored whatever the method
-        elif method == "entropy":
+            return torch.tensor(top, dtype=torch.float32, device=device)  # no histogram read
+        counts, edges = self.histogram()
+        if method == "entropy":
             value = entropy_amax(counts, edges, num_bits=self.num_bits, unsigned=self.unsigned)
         elif method == "mse":
             value = mse_amax(counts, edges, observed_max=top, num_bits=self.num_bits, fmt=self.fmt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from qdq._validate import normalize_axis
@@ -34,6 +35,8 @@ class MaxCalibrator(Calibrator):
         self._amax: torch.Tensor | None = None
         #: per batch: (index, whether its maxima were finite), read once when amax is read
         self._finite: list[tuple[int, torch.Tensor]] = []
+        #: the first of those read back without NaN/inf by :meth:`_receive_reads`, not raised yet
+        self._bad_read: int | None = None
 
     def _collect(self, x: torch.Tensor, index: int) -> None:
         ax = normalize_axis(self.axis, x.dim())
@@ -60,16 +63,32 @@ class MaxCalibrator(Calibrator):
     def _reset(self) -> None:
         self._amax = None
         self._finite = []
+        self._bad_read = None
 
-    def _check_finite(self) -> None:
-        """Raise for the first batch collected with NaN/inf (one read back for all of them)."""
+    def _pending_reads(self, method: str) -> list[torch.Tensor]:
+        del method
         if not self._finite:
-            return
-        flags = torch.stack([f for _, f in self._finite]).cpu().tolist()
+            return []
+        return [torch.stack([f for _, f in self._finite]).to(torch.int64)]
+
+    def _receive_reads(self, values: list[np.ndarray]) -> None:
+        self._take_flags(values[0].tolist())
+
+    def _take_flags(self, flags: list[int] | list[bool]) -> None:
+        """Keep the first batch whose flag is false (NaN/inf) to raise; forget the flags."""
         bad = [index for (index, _), ok in zip(self._finite, flags, strict=True) if not ok]
         self._finite = []
-        if bad:
-            raise nonfinite_error(bad[0])
+        if bad and self._bad_read is None:
+            self._bad_read = bad[0]
+
+    def _check_finite(self) -> None:
+        """Raise for the first batch collected with NaN/inf (one read back for all of them,
+        none when :func:`qdq.calib.batched.read_back` read them already)."""
+        if self._finite:
+            self._take_flags(torch.stack([f for _, f in self._finite]).cpu().tolist())
+        if self._bad_read is not None:
+            index, self._bad_read = self._bad_read, None
+            raise nonfinite_error(index)
 
     def _sync(self, group: object) -> None:
         self._check_finite()

@@ -31,7 +31,9 @@ fuses this formulation itself), runs the torch operations below.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +46,8 @@ __all__ = [
     "FP8_MAX",
     "MIN_AMAX",
     "MIN_SCALE",
+    "AmaxChecks",
+    "batched_amax_checks",
     "fake_quant",
     "grad_scale",
     "quant_range",
@@ -188,9 +192,21 @@ def grad_scale(t: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def check_amax_values(amax: torch.Tensor, *, what: str) -> None:
-    """Raise ``ValueError`` if ``amax`` has a negative, NaN or infinite entry (naming ``what``)."""
+    """Raise ``ValueError`` if ``amax`` has a negative, NaN or infinite entry (naming ``what``).
+
+    Inside :func:`batched_amax_checks` only an empty ``amax`` raises at once: the values are
+    checked when the block ends, with those of every other amax, in one read back.
+    """
     if amax.numel() == 0:
         raise ValueError(f"{what} is empty; calibrate first or set amax explicitly")
+    pending = _PENDING.checks
+    if pending is not None and not torch.compiler.is_compiling():
+        pending._checked.append((amax.detach(), what))
+        return
+    _check_now(amax, what)
+
+
+def _check_now(amax: torch.Tensor, what: str) -> None:
     bad = ~torch.isfinite(amax.detach())
     if bool(bad.any()):
         idx = bad.flatten().nonzero().flatten()[:8].tolist()
@@ -199,6 +215,77 @@ def check_amax_values(amax: torch.Tensor, *, what: str) -> None:
     if bool(neg.any()):
         idx = neg.flatten().nonzero().flatten()[:8].tolist()
         raise ValueError(f"{what} has negative values at index {idx}: amax must be >= 0")
+
+
+class AmaxChecks:
+    """The amax checks deferred by :func:`batched_amax_checks`, and the amax it watches."""
+
+    def __init__(self) -> None:
+        self._checked: list[tuple[torch.Tensor, str]] = []
+        self._watched: dict[str, torch.Tensor] = {}
+        #: after the block: the largest entry of each watched amax, by key (float32 values)
+        self.largest: dict[str, float] = {}
+
+    def watch(self, key: str, amax: torch.Tensor) -> None:
+        """Read ``max(amax)`` back with the checks, into :attr:`largest` ``[key]``."""
+        self._watched[key] = amax.detach()
+
+    def _run(self) -> None:
+        """One read back per device of one flag (any NaN/inf/negative entry among the checked
+        amax) and the maxima of the watched ones; the first bad amax raises as
+        :func:`check_amax_values` would have (read again, the error path only)."""
+        devices = {t.device for t, _ in self._checked} | {t.device for t in self._watched.values()}
+        bad = False
+        for device in devices:
+            checked = [t.reshape(-1) for t, _ in self._checked if t.device == device]
+            keys = [k for k, t in self._watched.items() if t.device == device]
+            parts = []
+            if checked:
+                v = torch.cat(checked)
+                parts.append(((~torch.isfinite(v)) | (v < 0)).any().to(torch.float64).reshape(1))
+            parts += [self._watched[k].max().to(torch.float64).reshape(1) for k in keys]
+            read = torch.cat(parts).tolist()  # the one read back
+            bad = bad or bool(checked and read[0])
+            self.largest.update(zip(keys, read[len(read) - len(keys) :], strict=True))
+        if bad:
+            for t, what in self._checked:
+                _check_now(t, what)
+
+
+class _Pending(threading.local):
+    def __init__(self) -> None:
+        self.checks: AmaxChecks | None = None
+
+
+_PENDING = _Pending()
+
+
+@contextlib.contextmanager
+def batched_amax_checks() -> Iterator[AmaxChecks]:
+    """Defer :func:`check_amax_values` to the end of the block: then every amax checked inside is
+    read back at once (one host sync per device, not two per amax), with the maxima of those
+    given to :meth:`AmaxChecks.watch`. The first bad amax raises the error it would have
+    raised; when the block itself raises, the amax checked before are checked first (their
+    error came first). An amax is stored before it is checked, unlike outside such a block.
+
+    Example:
+        >>> with batched_amax_checks() as checks:
+        ...     check_amax_values(torch.tensor(2.0), what="a")
+        ...     checks.watch("b", torch.tensor([0.5, 3.0]))
+        >>> checks.largest
+        {'b': 3.0}
+    """
+    checks = AmaxChecks()
+    outer, _PENDING.checks = _PENDING.checks, checks
+    try:
+        yield checks
+    except BaseException:
+        _PENDING.checks = outer
+        checks._watched.clear()
+        checks._run()
+        raise
+    _PENDING.checks = outer
+    checks._run()
 
 
 def _check_num_bits(num_bits: int) -> None:
