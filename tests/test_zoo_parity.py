@@ -1,5 +1,7 @@
 """Fidelity on every built-in pretrained model (issue 17, item 3): the torch fake-quant model and
-its exported Q/DQ ONNX, run in ONNX Runtime, compute the same thing.
+its exported Q/DQ ONNX, run in ONNX Runtime, compute the same thing, for the INT8 plan and the FP8
+one (issue 49: FP8 E4M3 where TensorRT has FP8 kernels, INT8 elsewhere; a code is then an INT8 or
+an FP8 code, and a flip one step of its own grid).
 
 Per zoo entry: calibrate with the default method on the entry's own data, export with the default
 exporter, then :func:`qdq.backends.parity.parity` (per layer, with the float64 reference) on
@@ -70,8 +72,9 @@ def _batches(x: torch.Tensor) -> list[torch.Tensor]:
     return list(x.split(BATCH))
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_zoo_model_and_export_agree(name: str, tmp_path: Path) -> None:
+def test_zoo_model_and_export_agree(name: str, fmt: str, tmp_path: Path) -> None:
     entry = get_model(name)
     missing = entry.missing()
     if missing:
@@ -80,7 +83,8 @@ def test_zoo_model_and_export_agree(name: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     dataset = get_dataset(entry.dataset)
     loaded = dataset.load(*SAMPLES[name], 0)
-    prepared = qdq.prepare(entry.build().eval(), (loaded.calibration[:2],))
+    config = qdq.QuantConfig(format=fmt)  # fp8: FP8 where TensorRT has FP8 kernels (issue 49)
+    prepared = qdq.prepare(entry.build().eval(), (loaded.calibration[:2],), config)
     qdq.calibrate(prepared, _batches(loaded.calibration), show_progress=False)
     path = tmp_path / f"{name}.onnx"
     with warnings.catch_warnings():
@@ -96,7 +100,7 @@ def test_zoo_model_and_export_agree(name: str, tmp_path: Path) -> None:
     ref = report.reference
     assert ref is not None
     print(
-        f"\n{name}: {len(layers)} quantizers, {flips}/{elements} codes differ in isolation "
+        f"\n{name} ({fmt}): {len(layers)} quantizers, {flips}/{elements} codes differ in isolation "
         f"(rounding-boundary flips), first diverging {report.first_diverging}, "
         f"top-1 {report.top1_agreement}, max abs diff {report.max_abs_diff:.3g}, "
         f"cosine {report.min_cosine:.6f}; vs float64: top-1 torch {ref.torch_top1} ORT "
@@ -116,7 +120,11 @@ def test_zoo_model_and_export_agree(name: str, tmp_path: Path) -> None:
             f"top-2 margin exceeds twice torch's float32 deviation "
             f"{ref.torch_max_abs_diff_by_output}: (output, margin) {beyond}"
         )
-    assert report.min_cosine > 0.999
+    # an FP8 flip moves a value by one step of its 3-bit mantissa (1/16 to 1/8 of itself), not by
+    # 1/127 of amax: cascaded flips move the outputs further than INT8's (efficientnet-lite0: torch
+    # float32 strays from the float64 model by 0.70 at most, ORT by 0.95, cosine torch vs ORT
+    # 0.9974; ppocr-det 0.9965). The per-layer assertions above are the export's proof.
+    assert report.min_cosine > (0.999 if fmt == "int8" else 0.99)
 
     if dataset.metric is not None:
         ours = torch_outputs(prepared, loaded.evaluation, BATCH, static=False, desc="", show=False,
@@ -125,5 +133,5 @@ def test_zoo_model_and_export_agree(name: str, tmp_path: Path) -> None:
                              every=True)  # fmt: skip
         fig_torch = dataset.metric.score(ours, ours, loaded.targets)
         fig_onnx = dataset.metric.score(theirs, ours, loaded.targets)
-        print(f"{name}: {dataset.metric.name} torch {fig_torch} / ORT {fig_onnx}")
+        print(f"{name} ({fmt}): {dataset.metric.name} torch {fig_torch} / ORT {fig_onnx}")
         assert fig_onnx[dataset.metric.name] == fig_torch[dataset.metric.name]
