@@ -209,6 +209,7 @@ def _calibration_counts(s: Subjects, float_ops: int) -> dict[str, Any]:
                            host_reads=True)  # fmt: skip
         three = probes.count(_calibrate(s.prepared, s.batches, None), attribute=True,
                              host_reads=True)  # fmt: skip
+        by_max = probes.count(_calibrate(s.prepared, s.batches[:1], "max"), host_reads=True)
     finally:
         histogram.reads_free = free
     ops = (three.total - one.total) / 2
@@ -227,8 +228,7 @@ def _calibration_counts(s: Subjects, float_ops: int) -> dict[str, Any]:
     out["calib_batch_sync_stacks"] = dict(list(stacks.items())[:3])
     per_batch = Counter({k: int(v) for k, v in sites.items()})
     for method in ("max", "mse"):
-        amax = one if method == "mse" else probes.count(
-            _calibrate(s.prepared, s.batches[:1], method), host_reads=True)  # fmt: skip
+        amax = one if method == "mse" else by_max
         out[f"calib_{method}_amax_syncs"] = len(amax.syncs) - syncs
         out[f"calib_{method}_amax_sync_sites"] = _top(amax.sync_sites() - per_batch)
     return out
