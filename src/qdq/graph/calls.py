@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import torch
@@ -54,11 +54,28 @@ _SEEN_INTO = (
     nn.Transformer,
 )
 _PATH_ATTR = "_qdq_path"
+#: ``(path, is_leaf)`` of a module, kept on the module with its path: what the hooks read per call
+_ENTRY_ATTR = "_qdq_entry"
 
 
 def _path_of(module: nn.Module) -> str | None:
     path = module.__dict__.get(_PATH_ATTR)
     return path if isinstance(path, str) else None
+
+
+class _Every:
+    """The families a tracker that keys every call (the recorder) wants at a path: all of them."""
+
+    def __contains__(self, family: object) -> bool:
+        return True
+
+    def __bool__(self) -> bool:
+        return True
+
+
+#: every family, at every path (:attr:`CallTracker.wanted` ``None``)
+EVERY = _Every()
+_NONE: frozenset[str] = frozenset()
 
 
 _TENSOR_QUALNAMES = ("TensorBase.", "Tensor.")
@@ -134,16 +151,14 @@ def _call_info(func: Callable[..., Any]) -> tuple[str, Any, str, bool]:
         op, name, family, parts_seen = _call_info_constant(func)
         return op, (func if op == "call_function" else name), family, parts_seen
     try:
-        info = _CALL_INFO.get(func)
-    except TypeError:  # an unhashable callable: not cached
-        info = None
-        cache = False
-    else:  # never a method bound to a tensor: the cache would keep the tensor alive
+        return _CALL_INFO[func]
+    except KeyError:  # never a method bound to a tensor: the cache would keep the tensor alive
         cache = not isinstance(getattr(func, "__self__", None), torch.Tensor)
-    if info is None:
-        info = (*normalize_call(func), is_sdpa(func) or is_mha(func))
-        if cache and len(_CALL_INFO) < 4096:
-            _CALL_INFO[func] = info
+    except TypeError:  # an unhashable callable: not cached
+        cache = False
+    info = (*normalize_call(func), is_sdpa(func) or is_mha(func))
+    if cache and len(_CALL_INFO) < 4096:
+        _CALL_INFO[func] = info
     return info
 
 
@@ -172,11 +187,14 @@ class _Mode(TorchFunctionMode):
     ) -> Any:
         tracker = self.tracker
         kwargs = kwargs or {}
-        if tracker.leaf_depth or (
+        if tracker.leaf_depth:
+            return func(*args, **kwargs)
+        op, target, family, parts_seen = _call_info(func)
+        # a family no site of this module wants is not counted: its keys name nothing
+        if (not parts_seen and family not in tracker.here) or (
             _size_arithmetic(args, kwargs) and getattr(func, "__name__", "") not in VALUE_READS
         ):
             return func(*args, **kwargs)
-        op, target, family, parts_seen = _call_info(func)
         if parts_seen:
             if is_sdpa(func):  # seen as its parts, so Q·Kᵀ and P·V can be planned (P16)
                 with self:
@@ -228,24 +246,38 @@ class CallTracker:
         for module, name in self.paths.items():
             # kept on the module itself: exporters may run shallow copies of the modules
             object.__setattr__(module, _PATH_ATTR, name)
+            object.__setattr__(module, _ENTRY_ATTR, (name, is_leaf(module)))
+        #: the families keyed at each path (a path not in it: none); ``None``: every family at
+        #: every path (the recorder keys every call). A call of a family not wanted at the
+        #: innermost module's path is run as it is and not counted.
+        self.wanted: dict[str, frozenset[str]] | None = None
+        #: the families wanted at the innermost module's path, set as modules are entered and left
+        self.here: Container[str] = EVERY
         self.leaf_depth = 0
         self._stack: list[nn.Module] = []
         #: the innermost named module's path at each depth of ``_stack`` ("" below the root)
         self._path_stack: list[str] = []
+        #: :attr:`here` at each depth of ``_stack``
+        self._here_stack: list[Container[str]] = []
         self._counters: Counter[tuple[str, str]] = Counter()
         self._mode: _Mode | None = None
         self._active_by: nn.Module | None = None
 
     # ------------------------------------------------------------------ hooks
+    def hooked(self) -> list[nn.Module]:
+        """The modules whose calls the tracker follows (every module of ``root``; a subclass
+        may leave out modules it runs itself, whose calls it never keys)."""
+        return list(self.paths)
+
     def install(self, *, prepend: bool = False) -> list[Any]:
-        """Register the stack hooks on every module of ``root``; return the handles.
+        """Register the stack hooks on every module of :meth:`hooked`; return the handles.
 
         With ``prepend`` the tracker is entered before the model's other hooks (and so before
         another tracker already installed): its torch function mode then sits *below* the other
         one and sees the calls after the other one changed them.
         """
         handles = []
-        for module in self.paths:
+        for module in self.hooked():
             handles.append(
                 module.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=prepend)
             )
@@ -259,24 +291,41 @@ class CallTracker:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._active_by is None:
             self._activate(module)
+        entry = module.__dict__.get(_ENTRY_ATTR)
+        if entry is None:  # not a module of root when the tracker was made
+            own, leaf = _path_of(module), is_leaf(module)
+        else:
+            own, leaf = entry
+        wanted = self.wanted
+        if own is None and self._path_stack:  # seen as part of the module that runs it
+            path, here = self._path_stack[-1], self.here
+        else:
+            path = own or ""
+            here = EVERY if wanted is None else wanted.get(path, _NONE)
         self._stack.append(module)
-        path = _path_of(module)
-        self._path_stack.append(
-            path if path is not None else (self._path_stack[-1] if self._path_stack else "")
-        )
+        self._path_stack.append(path)
+        self._here_stack.append(here)
+        self.here = here
         if self.leaf_depth:
             self.leaf_depth += 1
             return None
-        if not is_leaf(module):
+        if not leaf:
             return None
-        key = self.next_key(MODULE, path=_path_of(module) or "")
         self.leaf_depth = 1
+        own = own or ""
+        if wanted is not None and MODULE not in wanted.get(own, _NONE):
+            return None
+        key = self.next_key(MODULE, path=own)
         return self.on_leaf_enter(module, key, args, kwargs)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._stack and self._stack[-1] is module:
-            self._stack.pop()
+        stack = self._stack
+        if stack and stack[-1] is module:
+            stack.pop()
             self._path_stack.pop()
+            here_stack = self._here_stack
+            here_stack.pop()
+            self.here = here_stack[-1] if here_stack else EVERY
         if self.leaf_depth:
             self.leaf_depth -= 1
             if self.leaf_depth == 0:
@@ -289,12 +338,17 @@ class CallTracker:
         # a new counter, not clear(): under torch.compile, clear() reads the old counter's size,
         # a guard of the compiled hook on what the last forward counted (a recompile: issue 48)
         self._counters = Counter()
-        self._stack.clear()
-        self._path_stack.clear()
-        self.leaf_depth = 0
+        self._clear_stacks()
         self._mode = _Mode(self)
         self._mode.__enter__()
         self.on_activate()
+
+    def _clear_stacks(self) -> None:
+        self._stack.clear()
+        self._path_stack.clear()
+        self._here_stack.clear()
+        self.here = EVERY
+        self.leaf_depth = 0
 
     def abandon(self) -> None:
         """Forget a forward that never returned through the hooks.
@@ -305,17 +359,13 @@ class CallTracker:
         torch function mode of that forward must already be off torch's mode stack.
         """
         self._mode, self._active_by = None, None
-        self._stack.clear()
-        self._path_stack.clear()
-        self.leaf_depth = 0
+        self._clear_stacks()
         self._counters.clear()
         self.on_deactivate()
 
     def _deactivate(self) -> None:
         mode, self._mode, self._active_by = self._mode, None, None
-        self._stack.clear()
-        self._path_stack.clear()
-        self.leaf_depth = 0
+        self._clear_stacks()
         try:
             if mode is not None:
                 mode.__exit__(None, None, None)

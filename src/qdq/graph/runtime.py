@@ -77,8 +77,34 @@ def _forget(cache: dict[Any, Any], key: Any) -> Callable[[weakref.ref[Any]], Non
     return drop
 
 
+#: one action of a site as the runtime runs it: ``(kind, where, index, quantizer, cached)``:
+#: kind 0 a position (``where``), 1 a keyword (``where``), 2 item ``index`` of a list argument
+#: at position ``where``; ``cached``: the quantizer acts at more than one call of a forward, so
+#: its output is kept for the next reader of the same tensor
+_Action = tuple[int, Any, int, nn.Module, bool]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What :meth:`SiteRuntime.refresh` decided once for one site."""
+
+    site: Site
+    actions: tuple[_Action, ...]
+    #: a quantizer acts on argument 0 (an in-place call there runs out of place)
+    first: bool
+    #: quantizers of the weight argument, which may hold a bias correction
+    weights: tuple[Quantizer, ...]
+
+
 class SiteRuntime(CallTracker):
     """Applies :class:`Site` actions at their keys whenever the prepared model runs.
+
+    What can be decided once per site is decided in :meth:`refresh` (at construction): which
+    families each module's sites key (the calls of other families are run as they are and not
+    counted), where each action reads its argument, which quantizers act at more than one call
+    of a forward (only their outputs are kept for a second reader), which quantizers the runtime
+    runs itself (their modules carry no tracker hooks). Call :meth:`refresh` after changing
+    :attr:`sites`.
 
     Attributes:
         sites: the planned call sites by key.
@@ -100,16 +126,54 @@ class SiteRuntime(CallTracker):
         self._cache: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], int, Any]] = {}
         #: set by :mod:`qdq.ptq` while it measures layers (inside a try/finally); else ``None``
         self.tap: Tap | None = None
+        self._plans: dict[SiteKey, _Plan] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Decide, from :attr:`sites`, what each site does (see the class docstring)."""
+        uses: dict[int, int] = {}
+        for key, site in self.sites.items():
+            for _, q in site.actions:  # a wildcard site acts at every call of its family
+                uses[id(q)] = uses.get(id(q), 0) + (1 if key[2] is not None else 2)
+        plans = {}
+        wanted: dict[str, set[str]] = {}
+        for key, site in self.sites.items():
+            wanted.setdefault(key[0], set()).add(key[1])
+            actions: list[_Action] = []
+            for ref, q in site.actions:
+                cached = uses[id(q)] > 1
+                if isinstance(ref, str):
+                    actions.append((1, ref, 0, q, cached))
+                elif isinstance(ref, tuple):
+                    actions.append((2, ref[0], ref[1], q, cached))
+                else:
+                    actions.append((0, ref, 0, q, cached))
+            weights = tuple(
+                q for ref, q in site.actions if ref in (1, "weight") and isinstance(q, Quantizer)
+            )
+            first = any(ref == 0 for ref, _ in site.actions)
+            plans[key] = _Plan(site, tuple(actions), first, weights)
+        self._plans = plans
+        self.wanted = {path: frozenset(families) for path, families in wanted.items()}
+
+    def hooked(self) -> list[nn.Module]:
+        """Every module but the quantizers the runtime runs itself (no call inside them is
+        keyed), unless the plan keys calls at their own path."""
+        mine = {id(q) for site in self.sites.values() for _, q in site.actions}
+        wanted = self.wanted or {}
+        return [m for m, path in self.paths.items() if id(m) not in mine or path in wanted]
 
     # ---------------------------------------------------------------- apply
-    def _quantize(self, quantizer: nn.Module, x: Any, fresh: bool = False) -> Any:
+    def _quantize(self, quantizer: nn.Module, x: Any, cached: bool = True) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        if fresh or compiling() or x.is_inference():
-            # under torch.compile every reader quantizes x itself: the values are the same, and
-            # the compiler merges the identical fake-quant nodes (tensor identities, weakrefs
-            # and version counters are what dynamo cannot trace); an inference-mode tensor has
-            # no version counter to tell an in-place change, so it is not cached either
+        if not cached or compiling() or x.is_inference():
+            # a quantizer that acts at one call of a forward has no second reader to share its
+            # output with; under torch.compile every reader quantizes x itself: the values are
+            # the same, and the compiler merges the identical fake-quant nodes (tensor
+            # identities, weakrefs and version counters are what dynamo cannot trace); an
+            # inference-mode tensor has no version counter to tell an in-place change, so it is
+            # not cached either
             return quantizer(x)
         key = (id(x), id(quantizer))
         hit = self._cache.get(key)
@@ -127,35 +191,35 @@ class SiteRuntime(CallTracker):
         return out
 
     def _apply(
-        self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any], fresh: bool = False
+        self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], fresh: bool = False
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         new_args = list(args)
-        new_kwargs = dict(kwargs)
-        for ref, quantizer in site.actions:
-            if isinstance(ref, str):
-                if ref in new_kwargs:
-                    new_kwargs[ref] = self._quantize(quantizer, new_kwargs[ref])
-            elif isinstance(ref, tuple):
-                pos, index = ref
-                seq = new_kwargs.get("tensors") if pos >= len(new_args) else new_args[pos]
+        new_kwargs = dict(kwargs) if kwargs else {}
+        quantize = self._quantize
+        for kind, where, index, quantizer, cached in plan.actions:
+            if kind == 0:
+                if where < len(new_args):
+                    new_args[where] = quantize(
+                        quantizer, new_args[where], cached and not (fresh and where == 0)
+                    )
+            elif kind == 1:
+                if where in new_kwargs:
+                    new_kwargs[where] = quantize(quantizer, new_kwargs[where], cached)
+            else:
+                outside = where >= len(new_args)
+                seq = new_kwargs.get("tensors") if outside else new_args[where]
                 if isinstance(seq, (list, tuple)) and index < len(seq):
                     items = list(seq)
-                    items[index] = self._quantize(quantizer, items[index])
-                    if pos >= len(new_args):
+                    items[index] = quantize(quantizer, items[index], cached)
+                    if outside:
                         new_kwargs["tensors"] = items
                     else:
-                        new_args[pos] = items
-            elif ref < len(new_args):
-                new_args[ref] = self._quantize(quantizer, new_args[ref], fresh and ref == 0)
-        for ref, quantizer in site.actions:
-            if (
-                ref in (1, "weight")
-                and isinstance(quantizer, Quantizer)
-                and quantizer.has_bias_delta
-            ):
+                        new_args[where] = items
+        for quantizer in plan.weights:
+            if quantizer.has_bias_delta:
                 _correct_bias(quantizer, new_args, new_kwargs)
         if not compiling():  # a counter read under dynamo would be guarded on: a recompile
-            site.hits += 1  # per call
+            plan.site.hits += 1  # per call
         return tuple(new_args), new_kwargs
 
     # ------------------------------------------------------------- tracker
@@ -168,21 +232,23 @@ class SiteRuntime(CallTracker):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
-        if site is None:
+        plans = self._plans
+        plan = plans.get(key) or plans.get((key[0], key[1], None))
+        if plan is None:
             return func(*args, **kwargs)
-        pure = _out_of_place(op, target, kwargs)
-        if pure is not None and any(ref == 0 for ref, _ in site.actions):
-            rebinds = str(target) in _AUGMENTED or (not compiling() and _augmented_assignment())
-            return self._in_place(site, pure, args, kwargs, rebinds=rebinds)
-        new_args, new_kwargs = self._apply(site, args, kwargs)
+        if plan.first:
+            pure = _out_of_place(op, target, kwargs)
+            if pure is not None:
+                rebinds = str(target) in _AUGMENTED or (not compiling() and _augmented_assignment())
+                return self._in_place(plan, pure, args, kwargs, rebinds=rebinds)
+        new_args, new_kwargs = self._apply(plan, args, kwargs)
         if self.tap is not None:
-            return self.tap(key, site, func, (args, kwargs), (new_args, new_kwargs))
+            return self.tap(key, plan.site, func, (args, kwargs), (new_args, new_kwargs))
         return func(*new_args, **new_kwargs)
 
     def _in_place(
         self,
-        site: Site,
+        plan: _Plan,
         pure: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -201,7 +267,7 @@ class SiteRuntime(CallTracker):
         ``add_``; the calling instruction tells them apart (:func:`_augmented_assignment`).
         """
         x = args[0]
-        args, kwargs = self._apply(site, args, kwargs, fresh=True)
+        args, kwargs = self._apply(plan, args, kwargs, fresh=True)
         out = pure(*args, **kwargs)
         if rebinds or not isinstance(x, torch.Tensor) or out is x:
             return out
@@ -210,12 +276,13 @@ class SiteRuntime(CallTracker):
     def on_leaf_enter(
         self, module: nn.Module, key: SiteKey, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        site = self.sites.get(key) or self.sites.get((key[0], key[1], None))
-        if site is None:
+        plans = self._plans
+        plan = plans.get(key) or plans.get((key[0], key[1], None))
+        if plan is None:
             return None
         # nn.ReLU(inplace=True) and the like change their input: give them a copy of their own,
         # never the quantized x that other readers of x share
-        return self._apply(site, args, kwargs, fresh=getattr(module, "inplace", False) is True)
+        return self._apply(plan, args, kwargs, fresh=getattr(module, "inplace", False) is True)
 
     def on_deactivate(self) -> None:
         self._cache.clear()
