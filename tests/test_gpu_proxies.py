@@ -195,25 +195,12 @@ def test_compiled_models_hold_fullgraph_over_the_sequence(
     assert run["qdq"].graphs <= run["float"].graphs, "one graph per compilation, as the float"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 48: the compiled prepared model recompiles 3 times over the eval sequence, the "
-    "float model 2: the root module's hooks CallTracker._pre/_post are frames of their own (the "
-    "torch function mode _pre pushes breaks _call_impl there) and _post recompiles on the "
-    "output's batch size (_pre's recompile on len(self._counters) is gone: 4 before)",
-)
 def test_compiled_prepared_model_recompiles_no_more_than_float(
     compiled_eval: dict[str, probes.Compiled],
 ) -> None:
     assert len(compiled_eval["qdq"].recompiles) <= len(compiled_eval["float"].recompiles)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 48: the compiled QAT model recompiles 5 times over the training sequence, the "
-    "float model 2: a batch-size change and a grad-mode change each recompile _post (and _pre) "
-    "besides forward (6 before, with _pre once on len(self._counters))",
-)
 def test_compiled_qat_model_recompiles_no_more_than_float(
     compiled_train: dict[str, probes.Compiled],
 ) -> None:

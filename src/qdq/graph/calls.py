@@ -231,6 +231,29 @@ def _size_arithmetic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return found
 
 
+def _hooks_run_eagerly_as_frames() -> None:
+    """Have dynamo run the tracker's hooks eagerly where they are frames of their own.
+
+    ``torch.compile(prepared)`` runs the root module's hooks outside the compiled forward (as
+    ``_call_impl`` calls them): dynamo would compile each as a frame, with guards of its own
+    (the grad mode, the output's batch size) and so recompilations the float model has not
+    (issue 48). They only keep the tracker's books, so those frames, and every call they make,
+    run as plain Python. Where dynamo inlines them (a module called inside a compiled forward,
+    a prepared model inside a compiled parent with ``fullgraph=True``) they are traced as before:
+    a frame's strategy is not looked at when it is inlined (``torch.compiler.disable`` would
+    break the graph there). Set at every :meth:`CallTracker.install` (``torch._dynamo`` resets
+    may clear it).
+    """
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:  # a torch without per-code strategies: the hooks compile as frames
+        return
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for hook in (CallTracker._pre, CallTracker._post):
+        set_code_exec_strategy(hook.__code__, skip)
+
+
 class CallTracker:
     """Module stack, per-path call counters and the torch function mode, shared by the recorder
     and the runtime. Hooks on every module of ``root`` keep the stack; the first module entered
@@ -276,6 +299,7 @@ class CallTracker:
         another tracker already installed): its torch function mode then sits *below* the other
         one and sees the calls after the other one changed them.
         """
+        _hooks_run_eagerly_as_frames()
         handles = []
         for module in self.hooked():
             handles.append(

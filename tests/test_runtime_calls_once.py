@@ -1,0 +1,188 @@
+"""What the call-site runtime decides once per site (issue 48): its books and its compiled frames.
+
+The runtime keys only the calls its plan names (a family no site wants at a module's path is run
+as it is), runs the plan's quantizers without tracker hooks of its own, keeps a quantizer's
+output for a second reader only where that quantizer acts at more than one call, and its hooks,
+where ``torch.compile(prepared)`` makes frames of them, run as plain Python: no guards, no
+recompilation the float model has not. Inside a compiled parent they are still traced, so the
+parent compiles with ``fullgraph=True``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from qdq.graph.calls import MODULE
+from qdq.graph.runtime import runtime_of
+from qdq.quant import QuantMode, quantizer_mode
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+class Shared(nn.Module):
+    """A tensor read by two quantized consumers (one Q, rule S01), a residual Add and a pool."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU())
+        self.a = nn.Conv2d(c, c, 1)
+        self.b = nn.Conv2d(c, c, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(c, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.a(x) + self.b(x)
+        return self.fc(self.pool(torch.relu(y)).mean((2, 3)))
+
+
+class Parent(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.inner(x * 2.0)))
+
+
+@pytest.fixture(scope="module")
+def prepared() -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = Shared().eval()
+    x = torch.randn(2, 3, 8, 8)
+    prep = qdq.prepare(model, (x,))
+    qdq.calibrate(prep, [x, torch.randn(2, 3, 8, 8)], method="max", show_progress=False)
+    return model, prep, x
+
+
+def test_the_runtime_keys_only_the_families_its_sites_name(prepared: Any) -> None:
+    _, prep, x = prepared
+    runtime = runtime_of(prep)
+    assert runtime is not None
+    wanted = runtime.wanted
+    assert wanted is not None
+    assert set(wanted) == {key[0] for key in runtime.sites}
+    for key in runtime.sites:
+        assert key[1] in wanted[key[0]]
+    counted: list[tuple[str, str]] = []
+    next_key = runtime.next_key
+
+    def spy(family: str, *, path: str | None = None) -> Any:
+        key = next_key(family, path=path)
+        counted.append(key[:2])
+        return key
+
+    runtime.next_key = spy  # type: ignore[method-assign]
+    try:
+        runtime.reset_hits()
+        with torch.no_grad():
+            prep(x)
+    finally:
+        del runtime.next_key
+    assert counted and all(family in wanted[path] for path, family in counted)
+    assert not runtime.unreached(), "every planned site is still reached"
+
+
+def test_the_plan_quantizers_carry_no_tracker_hooks_and_other_hooks_still_fire(
+    prepared: Any,
+) -> None:
+    _, prep, x = prepared
+    runtime = runtime_of(prep)
+    assert runtime is not None
+    quantizers = qdq.quantizers_of(prep)
+    mine = {id(q) for site in runtime.sites.values() for _, q in site.actions}
+    assert mine == {id(q) for q in quantizers.values()}
+    for q in quantizers.values():
+        hooks = [*q._forward_pre_hooks.values(), *q._forward_hooks.values()]
+        assert all(getattr(h, "__self__", None) is not runtime for h in hooks)
+    seen: list[str] = []
+    handles = [
+        q.register_forward_hook(lambda _m, _a, _o, p=p: seen.append(p))
+        for p, q in quantizers.items()
+    ]
+    try:
+        with quantizer_mode(prep, QuantMode.BYPASS), torch.no_grad():
+            prep(x)
+    finally:
+        for h in handles:
+            h.remove()
+    activations = {p for p, q in quantizers.items() if q.calibrator.num_batches > 0}
+    assert activations <= set(seen)
+
+
+def test_a_tensor_read_by_two_quantized_consumers_is_quantized_once(prepared: Any) -> None:
+    _, prep, x = prepared
+    runtime = runtime_of(prep)
+    assert runtime is not None
+    shared = {
+        id(q)
+        for key, site in runtime.sites.items()
+        if key[0] in ("a", "b")
+        for ref, q in site.actions
+        if ref == 0
+    }
+    assert len(shared) == 1, "a and b read x through one quantizer (S01)"
+    (q,) = (q for q in qdq.quantizers_of(prep).values() if id(q) in shared)
+    calls: list[int] = []
+    handle = q.register_forward_hook(lambda _m, a, _o: calls.append(id(a[0])))
+    try:
+        with torch.no_grad():
+            prep(x)
+    finally:
+        handle.remove()
+    assert len(calls) == 1, calls
+
+
+def test_a_module_key_is_not_counted_where_no_site_wants_it(prepared: Any) -> None:
+    _, prep, _ = prepared
+    runtime = runtime_of(prep)
+    assert runtime is not None and runtime.wanted is not None
+    assert MODULE not in runtime.wanted.get("stem.1", frozenset()), "BatchNorm: nothing planned"
+
+
+def test_a_prepared_model_compiles_with_fullgraph_inside_a_compiled_parent(prepared: Any) -> None:
+    _, prep, x = prepared
+    torch._dynamo.reset()
+    parent = Parent(copy.deepcopy(prep)).eval()
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    compiled = torch.compile(parent, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        want = parent(x)
+        assert torch.equal(compiled(x), want)
+        assert torch.equal(compiled(x), want)
+    assert len(graphs) == 1
+    torch._dynamo.reset()
+
+
+def test_the_hooks_of_a_compiled_prepared_model_are_no_frames_of_dynamo(prepared: Any) -> None:
+    """``torch.compile(prepared)`` calls the root's hooks outside the compiled forward: they run
+    as plain Python, so dynamo keeps no compiled entry (guards: grad mode, the output's batch
+    size) for them, over new batch sizes, a grad-mode change and a ``.train()`` switch."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from qdq.graph.calls import CallTracker
+
+    _, prep, _ = prepared
+    torch._dynamo.reset()
+    model = copy.deepcopy(prep)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for batch in (1, 1, 2, 3):
+            compiled(torch.randn(batch, 3, 8, 8))
+    model.train()
+    compiled(torch.randn(2, 3, 8, 8)).sum().backward()
+    for hook in (CallTracker._pre, CallTracker._post):
+        assert _debug_get_cache_entry_list(hook.__code__) == [], hook.__name__
+    torch._dynamo.reset()
