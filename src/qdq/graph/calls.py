@@ -249,9 +249,12 @@ def _hooks_run_eagerly_as_frames() -> None:
         from torch._dynamo.types import FrameAction, FrameExecStrategy
     except ImportError:  # a torch without per-code strategies: the hooks compile as frames
         return
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-    for hook in (CallTracker._pre, CallTracker._post):
-        set_code_exec_strategy(hook.__code__, skip)
+    try:  # a private API: another torch may spell it otherwise (then as above)
+        skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+        for hook in (CallTracker._pre, CallTracker._post):
+            set_code_exec_strategy(hook.__code__, skip)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return
 
 
 class CallTracker:
