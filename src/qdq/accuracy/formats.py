@@ -71,6 +71,8 @@ class FormatChoice:
 
     rows: tuple[FormatRow, ...]
     overrides: tuple[Override, ...] = field(default=())
+    #: attention products moved to INT8 with the GEMMs (no weighted layer stayed FP8)
+    followed: tuple[str, ...] = field(default=())
 
     def summary(self) -> str:
         """One line: how many layers went where."""
@@ -81,11 +83,20 @@ class FormatChoice:
             f"{len(self.rows)} layers measured: {to_fp8} moved INT8 -> FP8, {to_int8} FP8 -> INT8 "
             f"(the other format better by >= {MARGIN_DB:g} dB on every reader of their input), "
             f"{fp16} kept in FP16 (< {MIN_DB:g} dB in both formats)"
+            + (
+                f"; {len(self.followed)} attention products INT8 with them (no FP8 GEMM left)"
+                if self.followed
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the report's ``formats``)."""
-        return {"summary": self.summary(), "rows": [asdict(r) for r in self.rows]}
+        return {
+            "summary": self.summary(),
+            "rows": [asdict(r) for r in self.rows],
+            "followed": list(self.followed),
+        }
 
 
 def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
@@ -161,7 +172,29 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
                     "readers"
                 )
             rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
-    return FormatChoice(tuple(rows), tuple(overrides))
+    followed = _attention_follows(plan, planned, rows)
+    overrides += [Override(name=owner, format="int8") for owner in followed]
+    return FormatChoice(tuple(rows), tuple(overrides), followed)
+
+
+def _attention_follows(
+    plan: Any, planned: dict[str, str], rows: list[FormatRow]
+) -> tuple[str, ...]:
+    """The FP8 attention products (rule F01, no weight) that go INT8 with the GEMMs: when no
+    weighted layer stays FP8, FP8 attention would be an island whose every operand and output
+    crosses a format boundary (a reformat each; ViT-tiny: 86 unfused Q/DQ against the INT8 plan's
+    74). The INT8 placement already quantized these products, so INT8 runs them (P16)."""
+    final = dict(planned)
+    final.update({r.layer: r.chosen for r in rows})
+    if any(fmt == "fp8" for fmt in final.values()):
+        return ()
+    products = {
+        p.owner
+        for p in plan.points
+        if p.op == "matmul" and p.kind == "input" and p.owner not in planned and p.quantized
+        and p.spec is not None and p.spec.format == "fp8"
+    }  # fmt: skip
+    return tuple(sorted(products))
 
 
 def _inputs(
