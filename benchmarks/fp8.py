@@ -63,6 +63,7 @@ from time_to_result import (  # noqa: E402
     env_with,
     log,
     prep,
+    rows_and_src,
     run,
     score_outputs,
     stage_lines,
@@ -440,12 +441,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, help="keep every row's files here (default: temporary)")
     p.add_argument("--eval-samples", type=int, help="evaluation samples of every row (smoke runs)")
     p.add_argument("--stage", choices=("prep",), help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    a.rows = [r for r in a.rows.split(",") if r]
-    unknown = [r for r in a.rows if r not in ROWS]
-    if unknown:
-        p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
-    a.qdq_src = str(Path(a.qdq_src).resolve())
+    a = rows_and_src(p, p.parse_args(argv), ROWS)
     a.peers_from_path, a.peers_from = a.peers_from, {}
     if a.peers_from_path is not None:
         if not a.peers_from_path.is_file():

@@ -462,11 +462,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-python", default="/tmp/peers/bin/python", help="ModelOpt's python")
     p.add_argument("--work", type=Path, help="keep every row's files here (default: temporary)")
     p.add_argument("--stage", choices=("prep",), help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    return rows_and_src(p, p.parse_args(argv), ROWS)
+
+
+def rows_and_src(
+    p: argparse.ArgumentParser, a: argparse.Namespace, rows: dict[str, Any]
+) -> argparse.Namespace:
+    """``a`` with ``--rows`` split and checked against ``rows`` (an unknown name is a usage
+    error naming it) and ``--qdq-src`` made absolute; shared with ``fp8.py``."""
     a.rows = [r for r in a.rows.split(",") if r]
-    unknown = [r for r in a.rows if r not in ROWS]
+    unknown = [r for r in a.rows if r not in rows]
     if unknown:
-        p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
+        p.error(f"unknown rows {unknown}; rows: {', '.join(rows)}")
     a.qdq_src = str(Path(a.qdq_src).resolve())
     return a
 

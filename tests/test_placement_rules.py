@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qdq
+from models.attention import TinyAttention
 from models.rse import RSEFPN
 from qdq import QuantConfig
 from qdq.graph.plan import QuantPlan
@@ -1003,24 +1004,10 @@ def test_mixed_plan_runs_convolutions_int8_and_gemms_fp8() -> None:
     assert f["fc:weight"] == ("fp8", "F06")
 
 
-class _Attention(nn.Module):
-    """One attention core, written out: BMM1, softmax, BMM2, an output projection."""
-
-    def __init__(self, dim: int = 64) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        probs = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
-        return self.proj(probs @ v)
-
-
 def test_fp8_attention_quantizes_its_softmax_output_at_the_fixed_scale_1_over_448() -> None:
     """F08: BMM2's probabilities operand holds amax 1 from prepare on, whatever calibration sees;
     BMM1's operands and V calibrate as usual, and an INT8 plan keeps calibrating the softmax."""
-    net = _Attention().eval()
+    net = TinyAttention().eval()
     x = torch.randn(2, 16, 64)
     p = plan(net, 2, 16, 64, config=QuantConfig(format="fp8"))
     fixed = [pt for pt in p.points if pt.calib is not None and pt.calib.fixed_amax is not None]

@@ -212,25 +212,14 @@ def test_mixed_attention_follows_its_gemms_to_int8_when_none_stays_fp8() -> None
     move to INT8, and the attention products go with them (no FP8 island: its every operand
     would cross a format boundary); the re-planned model has no FP8 quantizer left."""
     import torch
-    from torch import nn
 
     import qdq
+    from models.attention import TinyAttention
     from qdq import QuantConfig
     from qdq.accuracy.formats import choose_formats
 
-    class Attention(nn.Module):
-        def __init__(self, dim: int = 64) -> None:
-            super().__init__()
-            self.qkv = nn.Linear(dim, 3 * dim)
-            self.proj = nn.Linear(dim, dim)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            q, k, v = self.qkv(x).chunk(3, dim=-1)
-            probs = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
-            return self.proj(probs @ v)
-
     torch.manual_seed(0)
-    net = Attention().eval()
+    net = TinyAttention().eval()
     x = torch.randn(4, 16, 64)
     prepared = qdq.prepare(net, (x[:1],), QuantConfig(format="mixed"))
     assert {q.spec.format for q in qdq.quantizers_of(prepared).values()} == {"fp8"}  # F07
