@@ -280,7 +280,7 @@ class Quantizer(PtqState):
         Raises:
             CalibrationError: nothing was collected (the message names this quantizer).
         """
-        if self.calib.fixed_amax is not None:  # statistics collected, never used
+        if self.fixed_amax:  # statistics collected (the reports show them), never used for amax
             self._set_fixed_amax()
             return self.amax.clone()
         m = self.calib.method if method is None else method
