@@ -226,20 +226,21 @@ def check_parity(device: str, tmp: Path) -> None:
 
 
 def fp8_net(device: str) -> nn.Module:
-    """Convs wide enough for FP8 (F01), a depthwise conv that stays INT8 (F02), a residual Add, a
+    """Convs wide enough for FP8 (F01), a 7x7 conv that stays INT8 (F03:
+    a depthwise one would make every conv INT8, F09), a residual Add, a
     pooled Linear head: an FP8 plan with both formats."""
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.stem = nn.Conv2d(3, 32, 3, padding=1)
-            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.big = nn.Conv2d(32, 32, 7, padding=3)
             self.pw = nn.Conv2d(32, 64, 1)
             self.conv = nn.Conv2d(64, 64, 3, padding=1)
             self.fc = nn.Linear(64, 32)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = torch.relu(self.dw(torch.relu(self.stem(x))))
+            x = torch.relu(self.big(torch.relu(self.stem(x))))
             y = torch.relu(self.pw(x))
             y = torch.relu(self.conv(y)) + y
             return self.fc(y.mean((2, 3)))

@@ -50,7 +50,7 @@ def test_fp8_plan_exports_native_qdq_at_opset_19(fp8_model, exporter, tmp_path) 
     manifest = json.loads(out.manifest_path.read_text())
     formats = {q["path"]: q["format"] for q in manifest["quantizers"]}
     assert formats["pw.input_quantizer"] == "fp8" and formats["pw.weight_quantizer"] == "fp8"
-    assert formats["dw.input_quantizer"] == "int8" and formats["stem.weight_quantizer"] == "int8"
+    assert formats["big.input_quantizer"] == "int8" and formats["stem.weight_quantizer"] == "int8"
     weights = {q["path"]: q for q in manifest["quantizers"]}
     assert weights["pw.weight_quantizer"]["axis"] is None  # F06: per tensor
     pw = weights["pw.weight_quantizer"]

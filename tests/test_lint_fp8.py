@@ -140,6 +140,14 @@ def two_formats_model() -> onnx.ModelProto:
     return f.model([a, b], (1, 64, 8, 8))
 
 
+def depthwise_separable_model() -> onnx.ModelProto:
+    """An INT8 depthwise conv feeding an FP8 pointwise conv (ModelOpt's FP8 export of a MobileNet
+    block)."""
+    f = F()
+    y = f.op("Relu", [f.conv("x", 64, 64, INT8, group=64, name="dw")])
+    return f.model([f.conv(y, 64, 64, FP8, k=1)], (1, 64, 8, 8))
+
+
 def attention_model(fmt: str, probs_scale: float = 1 / 448) -> onnx.ModelProto:
     """q, k, v (1, 4, 16, 32) from x: softmax(q @ kᵀ) @ v with every operand through Q/DQ (the
     probabilities at ModelOpt's fixed FP8 scale 1/448 unless ``probs_scale`` says otherwise)."""
@@ -204,6 +212,9 @@ GRAPH_CASES: dict[str, tuple[Any, Any, str, str, set[str], set[str]]] = {
                             set()),
     "fp8-e5m2-zero-point": (lambda: conv_model(fmt="e5m2"), "trt10-hopper", "conv", INT8, {"V02"},
                             set()),
+    "fp8-pointwise-after-int8-depthwise": (
+        depthwise_separable_model, "trt10-hopper", "conv", FP8, set(), {"F09"},
+    ),
     "fp8-attention-hopper": (lambda: attention_model(FP8), "trt10-hopper", "scores", FP8, set(),
                              set()),
     "int8-attention-hopper": (lambda: attention_model(INT8), "trt10-hopper", "scores", INT8,

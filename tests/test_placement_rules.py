@@ -11,6 +11,7 @@ import qdq
 from models.attention import TinyAttention
 from models.rse import RSEFPN
 from qdq import QuantConfig
+from qdq.config import Override
 from qdq.graph.plan import QuantPlan
 from qdq.rules import RULES, explain
 
@@ -906,13 +907,14 @@ def test_p17_leaves_a_fused_output_float_when_a_norm_reads_it(tmp_path) -> None:
 
 # ------------------------------------------------------------- formats (F01-F06, issue 49)
 class _MixedNet(nn.Module):
-    """A depthwise-separable stem, a plain residual block, an attention-style product and a
-    Linear: every FP8 format rule on one graph."""
+    """A depthwise-separable stem (a plain 3x3 conv with ``depthwise=False``), a plain residual
+    block, an attention-style product and a Linear: every FP8 format rule on one graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, depthwise: bool = True) -> None:
         super().__init__()
         self.stem = nn.Conv2d(3, 32, 3, padding=1)  # 3 input channels: F03
-        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)  # depthwise: F02
+        groups = 32 if depthwise else 1
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=groups)  # depthwise: F02
         self.pw = nn.Conv2d(32, 64, 1)  # reads the depthwise output alone: FP8
         self.c2 = nn.Conv2d(64, 64, 3, padding=1)
         self.up = nn.ConvTranspose2d(64, 64, 2, stride=2)  # F02
@@ -937,32 +939,50 @@ def _formats(p: QuantPlan) -> dict[str, tuple[str, str | None]]:
 
 
 def test_fp8_plan_gives_each_layer_the_format_tensorrt_runs_it_in() -> None:
-    p = plan(_MixedNet(), 2, 3, 16, 16, config=QuantConfig(format="fp8"))
+    p = plan(_MixedNet(depthwise=False), 2, 3, 16, 16, config=QuantConfig(format="fp8"))
     f = _formats(p)
     assert f["stem:input"] == ("int8", "F03") and f["stem:weight"] == ("int8", "F03")
-    assert f["dw:input"] == ("int8", "F02") and f["dw:weight"] == ("int8", "F02")
     assert f["up:weight"] == ("int8", "F02") and f["big:weight"] == ("int8", "F03")
-    assert f["pw:input"] == ("fp8", "F01") and f["pw:weight"] == ("fp8", "F06")
+    assert f["dw:input"] == ("fp8", "F01") and f["pw:input"] == ("fp8", "F01")
+    assert f["pw:weight"] == ("fp8", "F06")
     assert f["c2:input"] == ("fp8", "F01") and f["fc:input"] == ("fp8", "F01")
     # FP8 weights per tensor (F06), INT8 weights stay per channel
-    assert p.point("pw:weight").spec.axis is None and p.point("dw:weight").spec.axis == 0
+    assert p.point("pw:weight").spec.axis is None and p.point("big:weight").spec.axis == 0
     # the residual skip shares c2's input quantizer: one format per tensor (F05)
     assert f["add:input0"] == ("fp8", "F05")
     # FP8 activations calibrate by max (TensorRT's FP8 recipes); INT8 keep mse
     assert p.point("pw:input").calib.method == "max"
-    assert p.point("dw:input").calib.method == "mse"
+    assert p.point("big:input").calib.method == "mse"
+
+
+def test_fp8_plan_of_a_convnet_with_depthwise_convolutions_keeps_its_convolutions_int8() -> None:
+    """F02 on the depthwise conv itself; F09 on every other convolution of the network (TensorRT
+    recommends INT8 for ConvNets with grouped/depthwise convolutions); the GEMM stays FP8, and an
+    override keeps a convolution FP8."""
+    p = plan(_MixedNet(), 2, 3, 16, 16, config=QuantConfig(format="fp8"))
+    f = _formats(p)
+    assert f["dw:input"] == ("int8", "F02") and f["dw:weight"] == ("int8", "F02")
     assert "no FP8 kernel" in p.point("dw:weight").reason
+    assert f["pw:input"] == ("int8", "F09") and f["pw:weight"] == ("int8", "F09")
+    assert f["c2:weight"] == ("int8", "F09") and p.point("c2:weight").spec.axis == 0
+    assert "grouped/depthwise convolutions (dw)" in p.point("pw:weight").reason
+    assert f["stem:weight"] == ("int8", "F03") and f["up:weight"] == ("int8", "F02")
+    assert f["fc:input"] == ("fp8", "F01") and f["fc:weight"] == ("fp8", "F06")
+    forced = QuantConfig(format="fp8", overrides=(Override(name="pw", format="fp8"),))
+    f = _formats(plan(_MixedNet(), 2, 3, 16, 16, config=forced))
+    assert f["pw:input"] == ("fp8", "USER") and f["pw:weight"] == ("fp8", "F06")
+    assert f["c2:weight"] == ("int8", "F09")
 
 
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
-    """F05: one Quantize per tensor. ``x`` feeds a depthwise conv (INT8) and a 1x1 conv that could
+    """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""
 
     class Fork(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.a = nn.Conv2d(32, 32, 3, padding=1)
-            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.dw = nn.Conv2d(32, 32, 7, padding=3)
             self.pw = nn.Conv2d(32, 32, 1)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -971,7 +991,7 @@ def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
 
     p = plan(Fork(), 1, 32, 8, 8, config=QuantConfig(format="fp8"))
     f = _formats(p)
-    assert f["dw:input"] == ("int8", "F02")
+    assert f["dw:input"] == ("int8", "F03")
     assert f["pw:input"] == ("int8", "F05") and f["pw:weight"] == ("int8", "F05")
     assert p.point("pw:weight").spec.axis == 0
     assert "also read by dw" in p.point("pw:input").reason

@@ -24,20 +24,20 @@ MODEL_PY = textwrap.dedent(
 
 
     class Net(nn.Module):
-        '''A stem (3 channels: INT8, F03), a depthwise conv (INT8, F02), FP8 convs, a head.'''
+        '''A stem (3 channels: INT8, F03), a 7x7 conv (INT8, F03), FP8 convs, a head.'''
 
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
             self.stem = nn.Conv2d(3, 32, 3, padding=1)
-            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.big = nn.Conv2d(32, 32, 7, padding=3)
             self.pw = nn.Conv2d(32, 64, 1)
             self.c2 = nn.Conv2d(64, 64, 3, padding=1)
             self.fc = nn.Linear(64, 32)
 
         def forward(self, x):
             x = torch.relu(self.stem(x))
-            x = torch.relu(self.dw(x))
+            x = torch.relu(self.big(x))
             y = torch.relu(self.pw(x))
             y = y + torch.relu(self.c2(y))
             return self.fc(y.mean((2, 3)))
@@ -70,15 +70,15 @@ def test_fp8_job_end_to_end(files, tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     methods = {q["path"]: (q["format"], q["method"]) for q in manifest["quantizers"]}
     assert methods["pw.input_quantizer"] == ("fp8", "max")
-    assert methods["dw.input_quantizer"] == ("int8", "mse")
+    assert methods["big.input_quantizer"] == ("int8", "mse")
     # the exported ONNX in ONNX Runtime agrees with the fake-quant model
     int8, torch_fq = report["int8"], report["int8_torch"]
     assert int8["cosine_mean"] == pytest.approx(torch_fq["cosine_mean"], abs=1e-5)
     assert int8["cosine_mean"] > 0.99
     quantizers = {q["path"]: q["format"] for q in report["quantizers"]}
-    assert quantizers["pw.input_quantizer"] == "fp8" and quantizers["dw.input_quantizer"] == "int8"
+    assert quantizers["pw.input_quantizer"] == "fp8" and quantizers["big.input_quantizer"] == "int8"
     page = (tmp_path / "out" / "report.html").read_text()
-    assert "FP8 (F01)" in page and "INT8 (F02)" in page  # the plan table's format column
+    assert "FP8 (F01)" in page and "INT8 (F03)" in page  # the plan table's format column
     # qdq parity plans the model again in the recorded formats and finds no unexplained code
     code = main(["parity", str(tmp_path / "out" / "model.qdq.onnx"), "--model", f"{model}:build",
                  "--data", str(data), "--json"])  # fmt: skip

@@ -1,4 +1,4 @@
-"""Rule step 6: the format of every quantized layer (F01-F08), when the plan is not INT8 only.
+"""Rule step 6: the format of every quantized layer (F01-F09), when the plan is not INT8 only.
 
 With ``QuantConfig(format="fp8")`` every quantized weighted layer gets FP8 E4M3 where TensorRT
 has an FP8 kernel for it and INT8 where it has none (the INT8 placement, steps 1-5, decided what
@@ -23,6 +23,13 @@ them with their sources:
   GEMMs and attention FP8. ``Override(format=...)`` moves single layers (rule ``USER``): the job's
   ``--format mixed`` moves to FP8 the layers where INT8 measurably loses accuracy
   (:mod:`qdq.accuracy.formats`).
+
+* F09 (``format="fp8"``): in a ConvNet that contains grouped or depthwise convolutions every
+  convolution stays INT8: TensorRT has no optimized FP8 kernels for those and recommends INT8
+  for such ConvNets (10.12 release notes, Limitations; NVIDIA/TensorRT#4524), so FP8 on their
+  pointwise convolutions would put a format boundary at every block for no speed-up; their
+  GEMMs (Linear, MatMul, attention) stay FP8. On EfficientNet-Lite0 FP8 convolutions also cost
+  accuracy: per-tensor FP8 weights measure ~31.5 dB where per-channel INT8 ones reach 41-48 dB.
 
 * F08: the softmax output of an FP8 attention (BMM2's probabilities operand) is quantized at
   the fixed amax 1 (scale 1/448, ``CalibSpec(fixed_amax=1.0)``): the probabilities lie in [0, 1]
@@ -102,7 +109,7 @@ def fp8_kernel(kind: str, wshape: tuple[int, ...], groups: int = 1) -> tuple[str
 def assign_formats(
     ctx: PlanContext, points: list[QuantPoint], groups: list[ScaleGroup]
 ) -> list[QuantPoint]:
-    """Give every quantized point of a ``format="fp8"`` plan its format (rules F01-F06).
+    """Give every quantized point of a ``format="fp8"`` plan its format (rules F01-F09).
 
     Returns:
         The points with FP8 specs where chosen; each quantized point's reason ends with its
@@ -120,6 +127,15 @@ def assign_formats(
             layer[p.owner] = fp8_kernel(p.op, _shape(ctx, p), groups_n)
             if ctx.config.format == "mixed" and p.op == "conv" and layer[p.owner][0] == "fp8":
                 layer[p.owner] = ("int8", "F07", MIXED_CONV)
+    grouped = _grouped_conv(ctx) if ctx.config.format == "fp8" else None
+    if grouped is not None:  # F09: a ConvNet with grouped/depthwise convolutions runs INT8
+        why = (
+            f"the network has grouped/depthwise convolutions ({grouped}): TensorRT has no "
+            "optimized FP8 kernels for them and recommends INT8 for such ConvNets"
+        )
+        for owner, (fmt, _, _) in layer.items():
+            if fmt == "fp8" and nodes.get(owner) is not None and ctx.kinds[nodes[owner]] == "conv":
+                layer[owner] = ("int8", "F09", why)
     for p in points:  # activation x activation: the attention products (P16) or P01 products
         if p.quantized and p.op == "matmul" and p.owner not in layer:
             layer[p.owner] = ("fp8", "F01", "FP8 attention product (TensorRT's fused FP8 MHA)")
@@ -149,6 +165,15 @@ def assign_formats(
             )
         out.append(q)
     return out
+
+
+def _grouped_conv(ctx: PlanContext) -> str | None:
+    """The first grouped or depthwise convolution of the graph (its owner), ``None`` when there
+    is none (F09)."""
+    for node, kind in ctx.kinds.items():
+        if kind == "conv" and (conv_groups(node) or 1) > 1:
+            return ctx.owners.get(node) or node.name
+    return None
 
 
 def _softmax_groups(

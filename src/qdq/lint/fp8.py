@@ -1,4 +1,4 @@
-"""FP8 rules F01-F08: where TensorRT has FP8 (E4M3) kernels and where an FP8 Q/DQ costs time or
+"""FP8 rules F01-F09: where TensorRT has FP8 (E4M3) kernels and where an FP8 Q/DQ costs time or
 does not build, predicted from the ONNX graph and the target (GPU, TensorRT version, build flags).
 
 The rule ids are those of qdq's planner (:mod:`qdq.rules.tensorrt`, F01-F06), which decides the
@@ -20,6 +20,8 @@ source; ``docs/lint.md`` ("FP8") lists them.
 * F07: a weakly typed build of an FP8 Q/DQ model without the FP8 builder flag.
 * F08: an FP8 attention's softmax output quantized at another scale than 1/448 (INFO: the scale
   TensorRT's fused FP8 attention is built from; ModelOpt's FP8 exporter inserts it).
+* F09: FP8 convolutions in a ConvNet that has grouped or depthwise convolutions (INFO: TensorRT
+  recommends INT8 for such ConvNets; every block then crosses a format boundary).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def no_kernel(g: LintGraph, node: Any, fmt: str) -> str:
 
 
 def check_fp8(g: LintGraph, t: Target) -> list[Finding]:
-    """F01-F07 on a graph with FP8 Q/DQ (none on an INT8-only graph).
+    """F01-F09 on a graph with FP8 Q/DQ (none on an INT8-only graph).
 
     Args:
         g: the indexed graph.
@@ -107,7 +109,40 @@ def check_fp8(g: LintGraph, t: Target) -> list[Finding]:
             out.extend(_layer_rules(g, t, node))
     out.extend(_tensor_formats(g))
     out.extend(_softmax_scales(g))
+    out.extend(_depthwise_convnet(g))
     return out
+
+
+def _depthwise_convnet(g: LintGraph) -> list[Finding]:
+    """F09 (INFO): FP8 (ungrouped) convolutions in a graph that has grouped/depthwise ones."""
+    grouped, fp8_convs = [], []
+    for node in g.nodes:
+        shape = conv_shape(g, node) if node.op_type == "Conv" else None
+        if shape is None:
+            continue
+        if shape[0] > 1:
+            grouped.append(g.name(node))
+        elif g.weighted(node) and g.weighted_format(node) == FP8:
+            fp8_convs.append(g.name(node))
+    if not grouped or not fp8_convs:
+        return []
+    some = ", ".join(fp8_convs[:3]) + (", ..." if len(fp8_convs) > 3 else "")
+    return [
+        Finding(
+            "F09",
+            INFO,
+            tuple(fp8_convs[:10]),
+            f"{len(fp8_convs)} FP8 convolution(s) ({some}) in a ConvNet with {len(grouped)} "
+            f"grouped/depthwise convolution(s) ({grouped[0]}, ...)",
+            "TensorRT runs the grouped/depthwise convolutions INT8 or FP16, so each FP8 "
+            "convolution between them sits behind a format boundary, and FP8 convolutions are no "
+            "faster than INT8 ones",
+            "quantize this ConvNet's convolutions INT8 (qdq's FP8 plans do: rule F09), its GEMMs "
+            "and attention FP8",
+            f"{_NOTES} ('INT8 is still recommended for ConvNets containing these convolution "
+            "ops'); NVIDIA/TensorRT#4524",
+        )
+    ]
 
 
 def _softmax_scales(g: LintGraph) -> list[Finding]:

@@ -211,7 +211,7 @@ def lint(
     findings += guard.call(
         "build rules V13/B01/P05/P11", (), build_rules, g, t, layers, floats, default=[]
     )
-    findings += guard.call("FP8 rules F01-F08", (), check_fp8, g, t, default=[])
+    findings += guard.call("FP8 rules F01-F09", (), check_fp8, g, t, default=[])
     summary: dict[str, int] = guard.call(
         "summary", (), _summary, proto, g, layers, floats, findings, default={}
     )

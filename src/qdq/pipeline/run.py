@@ -222,7 +222,7 @@ def quantize(
             the layer, INT8 where it has none) or ``"mixed"`` (each layer the format TensorRT runs
             fastest: convolutions INT8, GEMMs and attention FP8, a convolution moved to FP8 where
             INT8's quantization noise is measurably worse: stage ``formats``,
-            :mod:`qdq.pipeline.formats`); ``QuantConfig.format``, rules F01-F07 in
+            :mod:`qdq.pipeline.formats`); ``QuantConfig.format``, rules F01-F09 in
             docs/placement.md. The report counts the quantizers of each format
             (``settings.format``) and, for mixed, what was measured (``settings.format_choice``).
 

@@ -242,6 +242,16 @@ RULES: tuple[Rule, ...] = (
         "inserts exactly that for the fusion (its FP8 ONNX exporter, PR 1289). A calibrated amax "
         "below 1 would clip the largest probabilities and give that Q/DQ another scale.",
     ),
+    Rule(
+        "F09",
+        "core",
+        "An FP8 plan of a ConvNet with grouped or depthwise convolutions keeps every convolution "
+        "INT8 (its GEMMs FP8)",
+        "TensorRT has no optimized FP8 kernels for grouped and depthwise convolutions and "
+        "recommends INT8 for ConvNets containing them (10.12 release notes, Limitations; "
+        "NVIDIA/TensorRT#4524): FP8 pointwise convolutions between INT8 depthwise ones would cross "
+        "a format boundary at every block. Override(format='fp8') keeps a layer FP8.",
+    ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
 
