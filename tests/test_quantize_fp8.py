@@ -185,6 +185,59 @@ def test_mixed_moves_the_conv_int8_loses_on_to_fp8(tmp_path: Path) -> None:
     assert formats["fc.input_quantizer"] == "int8"
     assert res.report["settings"]["opset"] == 19
     assert "formats" in res.report["timings_s"]
+    # the move costs no reformat: the linter's count with it is no higher than without
+    assert choice["reformats"]["with moves"] <= choice["reformats"]["without"]
+    assert choice["dropped"] == ""
+
+
+def test_mixed_drops_moves_that_cost_reformats(tmp_path: Path, monkeypatch) -> None:
+    """When the linter predicts more unfused Q/DQ with the moves than without, the job keeps the
+    plan without them and says why (the counting itself: the next test)."""
+    import qdq.pipeline.formats as stage
+
+    counted: list[tuple[str, ...]] = []
+
+    def fake(model, example, config, batch, exporter, target):  # type: ignore[no-untyped-def]
+        counted.append(tuple(o.name for o in config.overrides if o.format == "fp8"))
+        return 9 if any(counted[-1]) else 3
+
+    monkeypatch.setattr(stage, "reformats", fake)
+    model = tmp_path / "mixed.py"
+    model.write_text(MIXED_PY)
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((48, 3, 12, 12)).astype(np.float32))
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed", ptq="none",
+                   show_progress=False)  # fmt: skip
+    choice = res.report["settings"]["format_choice"]
+    assert counted == [("b",), ()]
+    assert choice["reformats"] == {"with moves": 9, "without": 3}
+    assert "dropped" in choice["dropped"] and "9 unfused Q/DQ" in choice["dropped"]
+    rows = {r["layer"]: r for r in choice["rows"]}
+    assert rows["b"]["chosen"] == "int8" and "cost reformats" in rows["b"]["reason"]
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    formats = {q["path"]: q["format"] for q in manifest["quantizers"]}
+    assert formats["b.input_quantizer"] == "int8" and formats["b.weight_quantizer"] == "int8"
+
+
+def test_reformats_counts_the_format_boundaries_of_a_plan() -> None:
+    """An FP8 convolution between INT8 ones: its input is written by an INT8 layer and its
+    output read by one, each a boundary the linter predicts as a reformat."""
+    import torch
+    from torch import nn
+
+    from qdq import QuantConfig
+    from qdq.config import Override
+    from qdq.pipeline.formats import reformats
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+                        *[m for _ in range(3) for m in (nn.Conv2d(32, 32, 3, padding=1), nn.ReLU())],
+                        nn.Flatten(), nn.Linear(32 * 8 * 8, 64)).eval()  # fmt: skip
+    x = torch.randn(2, 3, 8, 8)
+    plain = QuantConfig(format="mixed")
+    moved = QuantConfig(format="mixed", overrides=(Override(name="4", format="fp8"),))
+    base = reformats(net, (x,), plain, x, "torchscript", "trt10-hopper")
+    assert reformats(net, (x,), moved, x, "torchscript", "trt10-hopper") >= base + 2
 
 
 def test_mixed_plan_rules_and_a_users_format_override() -> None:

@@ -73,6 +73,16 @@ class FormatChoice:
     overrides: tuple[Override, ...] = field(default=())
     #: attention products moved to INT8 with the GEMMs (no weighted layer stayed FP8)
     followed: tuple[str, ...] = field(default=())
+    #: the reformats (unfused Q/DQ) the linter predicted with the moves and without them, when
+    #: the job checked (:func:`qdq.pipeline.formats.plan_config`); ``{}`` when nothing moved
+    reformats: dict[str, int] = field(default_factory=dict)
+    #: why the moves were dropped ('' when they were kept or none was made)
+    dropped: str = ""
+
+    @property
+    def moves(self) -> tuple[FormatRow, ...]:
+        """The measured layers that change format (to the other format, not to FP16)."""
+        return tuple(r for r in self.rows if r.chosen in ("int8", "fp8") and r.chosen != r.planned)
 
     def summary(self) -> str:
         """One line: how many layers went where."""
@@ -88,6 +98,7 @@ class FormatChoice:
                 if self.followed
                 else ""
             )
+            + (f"; {self.dropped}" if self.dropped else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,12 +107,17 @@ class FormatChoice:
             "summary": self.summary(),
             "rows": [asdict(r) for r in self.rows],
             "followed": list(self.followed),
+            "reformats": dict(self.reformats),
+            "dropped": self.dropped,
         }
 
 
-def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
+def choose_formats(prepared: nn.Module, batch: Any, *, moves: bool = True) -> FormatChoice:
     """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
     calibration ``batch``; return the layers that move and the overrides that move them.
+
+    ``moves=False``: measure, but move nothing to the other format (only FP16 where both formats
+    lose): the plan a job keeps when the moves would cost reformats.
 
     Raises:
         ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
@@ -150,7 +166,8 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
         now = {planned[x] for x in measured}
         other = "int8" if now == {"fp8"} else "fp8"
         sign = 1.0 if other == "fp8" else -1.0  # the other format's gain, in dB
-        move = not blocked and len(now) == 1 and sign * sum(gains) / len(gains) >= MARGIN_DB
+        better = sign * sum(gains) / len(gains) >= MARGIN_DB
+        move = moves and not blocked and len(now) == 1 and better
         for x, gain in zip(measured, gains, strict=True):
             i8, f8 = _db(noise[x][0]), _db(noise[x][1])
             here, gain = planned[x], sign * gain
@@ -161,6 +178,12 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
                 chosen = other
                 why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
                 overrides.append(Override(name=x, format=other))
+            elif not moves and better and not blocked and len(now) == 1:
+                chosen = here
+                why = (
+                    f"{other.upper()} {gain:+.1f} dB over {here.upper()}, but the move would "
+                    "cost reformats at its format boundaries"
+                )
             elif blocked or len(now) > 1:  # a reader that cannot move, or one in the other format
                 chosen = here
                 stuck = blocked[0] if blocked else next(y for y in measured if planned[y] != here)

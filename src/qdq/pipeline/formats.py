@@ -5,6 +5,14 @@ each layer in the format TensorRT runs fastest (rule F07: convolutions INT8, GEM
 FP8), calibrates that plan on a few calibration batches, measures each INT8 convolution's
 quantization noise in INT8 and in FP8 (:func:`qdq.accuracy.formats.choose_formats`) and moves to
 FP8 the input tensors where INT8 loses; the job then runs with those overrides.
+
+A move puts format boundaries into the graph: an INT8 layer cannot write the FP8 tensor its
+moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat TensorRT runs
+as a standalone Quantize (PP-OCR's detector: two convolutions moved to FP8 cost 25 unfused Q/DQ
+besides INT8's 25, at the squeeze-excitation Mul/Add layers that wrote their inputs INT8). So
+when anything moved, the plan is exported with the moves and without them (one calibration
+batch each; the amax do not change the graph) and the linter counts the unfused Q/DQ of both:
+the moves stay only when they cost no reformat more (``FormatChoice.reformats``, ``dropped``).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from qdq.pipeline.device import to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches
 from qdq.pipeline.stages import Stages
 
-__all__ = ["FORMAT_BATCHES", "method_label", "plan_config", "plan_format"]
+__all__ = ["FORMAT_BATCHES", "method_label", "plan_config", "plan_format", "reformats"]
 
 #: calibration batches the mixed plan's measurement calibrates on (its amax; the noise is
 #: measured on the first)
@@ -39,8 +47,11 @@ def plan_config(
     static: bool,
     device: Any,
     fmt: str,
+    exporter: str = "auto",
+    target: str = "trt10",
 ) -> tuple[QuantConfig, FormatChoice | None]:
-    """The job's :class:`QuantConfig` for ``fmt``, and for ``"mixed"`` what was measured."""
+    """The job's :class:`QuantConfig` for ``fmt``, and for ``"mixed"`` what was measured
+    (``exporter`` and ``target``: the job's, for the reformat count of the moves)."""
     import qdq
 
     config = QuantConfig(format=fmt)
@@ -52,8 +63,45 @@ def plan_config(
                 for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
         qdq.calibrate(prepared, some, show_progress=False)
         choice = choose_formats(prepared, some[0])
+        if choice.moves:
+            kept = choose_formats(prepared, some[0], moves=False)
+            counts = {
+                "with moves": reformats(model, example, replace(config, overrides=choice.overrides),
+                                        some[0], exporter, target),
+                "without": reformats(model, example, replace(config, overrides=kept.overrides),
+                                     some[0], exporter, target),
+            }  # fmt: skip
+            if counts["with moves"] > counts["without"]:
+                why = (
+                    f"the {len(choice.moves)} move(s) dropped: the linter predicts "
+                    f"{counts['with moves']} unfused Q/DQ (reformats) with them, "
+                    f"{counts['without']} without"
+                )
+                choice = replace(kept, reformats=counts, dropped=why)
+            else:
+                choice = replace(choice, reformats=counts)
         st.detail = choice.summary()
     return replace(config, overrides=choice.overrides), choice
+
+
+def reformats(
+    model: nn.Module, example: tuple[Any, ...], config: QuantConfig, batch: Any, exporter: str,
+    target: str,
+) -> int:  # fmt: skip
+    """The unfused Q/DQ (reformats) qdq's linter predicts on ``target`` for ``model`` planned by
+    ``config``, exported (unverified) to a temporary file after one calibration ``batch``."""
+    import tempfile
+    from pathlib import Path
+
+    import qdq
+    from qdq.lint import lint
+
+    prepared = qdq.prepare(model, example, config)
+    qdq.calibrate(prepared, [batch], show_progress=False)
+    with tempfile.TemporaryDirectory(prefix="qdq-formats-") as tmp:
+        path = Path(tmp) / "plan.onnx"
+        qdq.export_onnx(prepared, example, path, exporter=exporter, verify=False)
+        return int(lint(path, target=target).summary["unfused_qdq"])
 
 
 def method_label(calib: str | None) -> str:

@@ -339,7 +339,8 @@ def quantize(
                         layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
                         methods=len(CALIBRATION_METHODS) if compare_methods else 0)  # fmt: skip
         config, chosen = plan_config(stages, source.module, example, cal, inputs, size=size,
-                                     static=static, device=dev, fmt=format)  # fmt: skip
+                                     static=static, device=dev, fmt=format, exporter=exporter,
+                                     target=target)  # fmt: skip
         done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
