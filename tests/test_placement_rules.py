@@ -919,7 +919,8 @@ class _MixedNet(nn.Module):
         self.c2 = nn.Conv2d(64, 64, 3, padding=1)
         self.up = nn.ConvTranspose2d(64, 64, 2, stride=2)  # F02
         self.big = nn.Conv2d(64, 64, 7, padding=3)  # kernel area 49: F03
-        self.fc = nn.Linear(64, 64)
+        self.fc = nn.Linear(64, 64)  # reads the pool, which runs INT8: INT8 (F05)
+        self.fc2 = nn.Linear(64, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.stem(x))
@@ -927,7 +928,7 @@ class _MixedNet(nn.Module):
         y = F.relu(self.pw(x))
         y = y + F.relu(self.c2(y))
         z = F.relu(self.big(F.relu(self.up(y))))
-        return self.fc(z.mean((2, 3)))
+        return self.fc2(F.relu(self.fc(z.mean((2, 3)))))
 
 
 def _formats(p: QuantPlan) -> dict[str, tuple[str, str | None]]:
@@ -945,7 +946,11 @@ def test_fp8_plan_gives_each_layer_the_format_tensorrt_runs_it_in() -> None:
     assert f["up:weight"] == ("int8", "F02") and f["big:weight"] == ("int8", "F03")
     assert f["dw:input"] == ("fp8", "F01") and f["pw:input"] == ("fp8", "F01")
     assert f["pw:weight"] == ("fp8", "F06")
-    assert f["c2:input"] == ("fp8", "F01") and f["fc:input"] == ("fp8", "F01")
+    assert f["c2:input"] == ("fp8", "F01") and f["fc2:input"] == ("fp8", "F01")
+    # the head after the global pool reads what the pool writes: INT8 (F05), as TensorRT has no
+    # FP8 pooling to write FP8
+    assert f["fc:input"] == ("int8", "F05") and f["fc:weight"] == ("int8", "F05")
+    assert "a pool that runs INT8" in p.point("fc:input").reason
     # FP8 weights per tensor (F06), INT8 weights stay per channel
     assert p.point("pw:weight").spec.axis is None and p.point("big:weight").spec.axis == 0
     # the residual skip shares c2's input quantizer: one format per tensor (F05)
@@ -967,7 +972,7 @@ def test_fp8_plan_of_a_convnet_with_depthwise_convolutions_keeps_its_convolution
     assert f["c2:weight"] == ("int8", "F09") and p.point("c2:weight").spec.axis == 0
     assert "grouped/depthwise convolutions (dw)" in p.point("pw:weight").reason
     assert f["stem:weight"] == ("int8", "F03") and f["up:weight"] == ("int8", "F02")
-    assert f["fc:input"] == ("fp8", "F01") and f["fc:weight"] == ("fp8", "F06")
+    assert f["fc2:input"] == ("fp8", "F01") and f["fc2:weight"] == ("fp8", "F06")
     forced = QuantConfig(format="fp8", overrides=(Override(name="pw", format="fp8"),))
     f = _formats(plan(_MixedNet(), 2, 3, 16, 16, config=forced))
     assert f["pw:input"] == ("fp8", "USER") and f["pw:weight"] == ("fp8", "F06")
@@ -1020,8 +1025,8 @@ def test_mixed_plan_runs_convolutions_int8_and_gemms_fp8() -> None:
     f = _formats(p)
     assert f["pw:input"] == ("int8", "F07") and f["c2:weight"] == ("int8", "F07")
     assert p.point("c2:weight").spec.axis == 0  # INT8 weights per channel
-    assert f["dw:input"] == ("int8", "F02") and f["fc:input"] == ("fp8", "F01")
-    assert f["fc:weight"] == ("fp8", "F06")
+    assert f["dw:input"] == ("int8", "F02") and f["fc2:input"] == ("fp8", "F01")
+    assert f["fc2:weight"] == ("fp8", "F06") and f["fc:input"] == ("int8", "F05")
 
 
 def test_fp8_attention_quantizes_its_softmax_output_at_the_fixed_scale_1_over_448() -> None:

@@ -73,16 +73,16 @@ class FormatChoice:
     overrides: tuple[Override, ...] = field(default=())
     #: attention products moved to INT8 with the GEMMs (no weighted layer stayed FP8)
     followed: tuple[str, ...] = field(default=())
-    #: the reformats (unfused Q/DQ) the linter predicted with the moves and without them, when
-    #: the job checked (:func:`qdq.pipeline.formats.plan_config`); ``{}`` when nothing moved
+    #: the reformats (unfused Q/DQ) the linter predicted with the changes and without them,
+    #: when the job checked (:func:`qdq.pipeline.formats.plan_config`); ``{}`` when none was made
     reformats: dict[str, int] = field(default_factory=dict)
-    #: why the moves were dropped ('' when they were kept or none was made)
+    #: why the changes were dropped ('' when they were kept or none was made)
     dropped: str = ""
 
     @property
-    def moves(self) -> tuple[FormatRow, ...]:
-        """The measured layers that change format (to the other format, not to FP16)."""
-        return tuple(r for r in self.rows if r.chosen in ("int8", "fp8") and r.chosen != r.planned)
+    def changes(self) -> tuple[FormatRow, ...]:
+        """The measured layers that leave their planned format (to the other one, or FP16)."""
+        return tuple(r for r in self.rows if r.chosen != r.planned)
 
     def summary(self) -> str:
         """One line: how many layers went where."""
@@ -112,12 +112,12 @@ class FormatChoice:
         }
 
 
-def choose_formats(prepared: nn.Module, batch: Any, *, moves: bool = True) -> FormatChoice:
+def choose_formats(prepared: nn.Module, batch: Any, *, change: bool = True) -> FormatChoice:
     """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
     calibration ``batch``; return the layers that move and the overrides that move them.
 
-    ``moves=False``: measure, but move nothing to the other format (only FP16 where both formats
-    lose): the plan a job keeps when the moves would cost reformats.
+    ``change=False``: measure, but leave every layer in its planned format (no move, no FP16):
+    the plan a job keeps when the changes would cost reformats.
 
     Raises:
         ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
@@ -167,22 +167,24 @@ def choose_formats(prepared: nn.Module, batch: Any, *, moves: bool = True) -> Fo
         other = "int8" if now == {"fp8"} else "fp8"
         sign = 1.0 if other == "fp8" else -1.0  # the other format's gain, in dB
         better = sign * sum(gains) / len(gains) >= MARGIN_DB
-        move = moves and not blocked and len(now) == 1 and better
+        move = change and not blocked and len(now) == 1 and better
         for x, gain in zip(measured, gains, strict=True):
             i8, f8 = _db(noise[x][0]), _db(noise[x][1])
             here, gain = planned[x], sign * gain
-            if max(i8, f8) < MIN_DB:
+            if max(i8, f8) < MIN_DB and change:
                 chosen, why = "fp16", f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8: below {MIN_DB:g}"
                 overrides.append(Override(name=x, exclude=True))
             elif move:
                 chosen = other
                 why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
                 overrides.append(Override(name=x, format=other))
-            elif not moves and better and not blocked and len(now) == 1:
+            elif not change and (
+                max(i8, f8) < MIN_DB or (better and not blocked and len(now) == 1)
+            ):
                 chosen = here
                 why = (
-                    f"{other.upper()} {gain:+.1f} dB over {here.upper()}, but the move would "
-                    "cost reformats at its format boundaries"
+                    f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8, but a change of format would cost "
+                    "reformats at its format boundaries"
                 )
             elif blocked or len(now) > 1:  # a reader that cannot move, or one in the other format
                 chosen = here

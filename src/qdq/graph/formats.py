@@ -51,8 +51,8 @@ import torch.fx as fx
 from qdq.config import CalibSpec, QuantSpec
 from qdq.graph.attention import attention_role, probs_source
 from qdq.graph.capture import fetch_attr
-from qdq.graph.context import PlanContext
-from qdq.graph.patterns import conv_groups
+from qdq.graph.context import PlanContext, alias_root
+from qdq.graph.patterns import COPY_KINDS, conv_groups
 from qdq.graph.plan import QuantPoint, ScaleGroup
 
 __all__ = ["MIXED_CONV", "WEIGHTED", "assign_formats", "fp8_kernel"]
@@ -136,6 +136,7 @@ def assign_formats(
         for owner, (fmt, _, _) in layer.items():
             if fmt == "fp8" and nodes.get(owner) is not None and ctx.kinds[nodes[owner]] == "conv":
                 layer[owner] = ("int8", "F09", why)
+    _pooled_reads(ctx, points, layer)
     for p in points:  # activation x activation: the attention products (P16) or P01 products
         if p.quantized and p.op == "matmul" and p.owner not in layer:
             layer[p.owner] = ("fp8", "F01", "FP8 attention product (TensorRT's fused FP8 MHA)")
@@ -165,6 +166,31 @@ def assign_formats(
             )
         out.append(q)
     return out
+
+
+def _pooled_reads(
+    ctx: PlanContext, points: list[QuantPoint], layer: dict[str, tuple[str, str, str]]
+) -> None:
+    """F05 on the producer's side: an FP8 layer reading the output of a pool that runs INT8 (its
+    input quantized, P06: a classifier head after global average pooling) reads INT8, as the
+    INT8 plan has it. TensorRT has no FP8 pooling, so the pool writes INT8 or float, and an FP8
+    read would be a standalone Quantize (EfficientNet-Lite0's FP8 head: P05 at the pool)."""
+    running = {p.consumer for p in points if p.quantized and p.kind == "input"}
+    for p in points:
+        if not p.quantized or p.kind != "input" or layer.get(p.owner, ("",))[0] != "fp8":
+            continue
+        node = ctx.by_name.get(p.producer)
+        if node is None:
+            continue
+        root = alias_root(ctx, node, COPY_KINDS)
+        if ctx.kinds.get(root) in ("avg_pool", "max_pool") and root.name in running:
+            pool = ctx.owners.get(root) or root.name
+            layer[p.owner] = (
+                "int8",
+                "F05",
+                f"reads the output of {pool}, a pool that runs INT8 (TensorRT has no FP8 "
+                "pooling): an FP8 read would cost a reformat",
+            )
 
 
 def _grouped_conv(ctx: PlanContext) -> str | None:

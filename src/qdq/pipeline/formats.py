@@ -6,13 +6,14 @@ FP8), calibrates that plan on a few calibration batches, measures each INT8 conv
 quantization noise in INT8 and in FP8 (:func:`qdq.accuracy.formats.choose_formats`) and moves to
 FP8 the input tensors where INT8 loses; the job then runs with those overrides.
 
-A move puts format boundaries into the graph: an INT8 layer cannot write the FP8 tensor its
-moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat TensorRT runs
-as a standalone Quantize (PP-OCR's detector: two convolutions moved to FP8 cost 25 unfused Q/DQ
-besides INT8's 25, at the squeeze-excitation Mul/Add layers that wrote their inputs INT8). So
-when anything moved, the plan is exported with the moves and without them (one calibration
-batch each; the amax do not change the graph) and the linter counts the unfused Q/DQ of both:
-the moves stay only when they cost no reformat more (``FormatChoice.reformats``, ``dropped``).
+A move (or a layer left FP16) puts format boundaries into the graph: an INT8 layer cannot write the
+FP8 tensor its moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat
+TensorRT runs as a standalone Quantize (PP-OCR's detector: two convolutions moved to FP8 cost 25
+unfused Q/DQ besides INT8's 25, at the squeeze-excitation Mul/Add layers that wrote their inputs
+INT8). So when any layer changed, the plan is exported with the changes and without them (one
+calibration batch each; the amax do not change the graph) and the linter counts the unfused Q/DQ of
+both: the changes stay only when they cost no reformat more (``FormatChoice.reformats``,
+``dropped``).
 """
 
 from __future__ import annotations
@@ -63,18 +64,19 @@ def plan_config(
                 for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
         qdq.calibrate(prepared, some, show_progress=False)
         choice = choose_formats(prepared, some[0])
-        if choice.moves:
-            kept = choose_formats(prepared, some[0], moves=False)
+        if choice.changes:
+            kept = choose_formats(prepared, some[0], change=False)
             counts = {
-                "with moves": reformats(model, example, replace(config, overrides=choice.overrides),
-                                        some[0], exporter, target),
+                "with changes": reformats(model, example,
+                                          replace(config, overrides=choice.overrides), some[0],
+                                          exporter, target),
                 "without": reformats(model, example, replace(config, overrides=kept.overrides),
                                      some[0], exporter, target),
             }  # fmt: skip
-            if counts["with moves"] > counts["without"]:
+            if counts["with changes"] > counts["without"]:
                 why = (
-                    f"the {len(choice.moves)} move(s) dropped: the linter predicts "
-                    f"{counts['with moves']} unfused Q/DQ (reformats) with them, "
+                    f"the {len(choice.changes)} change(s) dropped: the linter predicts "
+                    f"{counts['with changes']} unfused Q/DQ (reformats) with them, "
                     f"{counts['without']} without"
                 )
                 choice = replace(kept, reformats=counts, dropped=why)

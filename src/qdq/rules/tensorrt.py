@@ -212,9 +212,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "F05",
         "core",
-        "One format per quantized tensor: a scale group read by an INT8 layer is INT8",
+        "One format per quantized tensor: a scale group read by an INT8 layer is INT8, and so is "
+        "a layer reading an INT8 pool's output",
         "One Quantize serves every reader of a tensor, and a layer fuses only when its input and "
-        "weight share a format: mixing would cost a reformat (a standalone Q/DQ) per boundary.",
+        "weight share a format: mixing would cost a reformat (a standalone Q/DQ) per boundary. "
+        "TensorRT has no FP8 pooling: a pool running INT8 writes INT8 for its reader.",
     ),
     Rule(
         "F06",
