@@ -66,8 +66,10 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         default="int8",
         choices=("int8", "fp8", "mixed"),
         help="int8 (default); fp8: FP8 E4M3 where TensorRT has an FP8 kernel for the layer (Ada, "
-        "Hopper, Blackwell), INT8 where it has none; mixed: convolutions INT8, GEMMs and "
-        "attention FP8, a convolution moved to FP8 where INT8 measurably loses (rules F01-F07)",
+        "Hopper, Blackwell), INT8 where it has none (a ConvNet with depthwise convolutions keeps "
+        "its convolutions INT8); mixed: convolutions INT8, GEMMs and attention FP8, a layer "
+        "moved to the other format where it measurably loses and the move costs no reformat "
+        "(rules F01-F09)",
     )
     p.add_argument(
         "--calib",
