@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,13 +169,18 @@ MIXED_PY = textwrap.dedent(
 )
 
 
-def test_mixed_moves_the_conv_int8_loses_on_to_fp8(tmp_path: Path) -> None:
+def _mixed_job(tmp_path: Path) -> Any:
+    """``quantize(format="mixed")`` of MIXED_PY on 48 Gaussian images, into ``tmp_path / "m"``."""
     model = tmp_path / "mixed.py"
     model.write_text(MIXED_PY)
     data = tmp_path / "x.npy"
     np.save(data, np.random.default_rng(0).standard_normal((48, 3, 12, 12)).astype(np.float32))
-    res = quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed", ptq="none",
-                   show_progress=False)  # fmt: skip
+    return quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed", ptq="none",
+                    show_progress=False)  # fmt: skip
+
+
+def test_mixed_moves_the_conv_int8_loses_on_to_fp8(tmp_path: Path) -> None:
+    res = _mixed_job(tmp_path)
     choice = res.report["settings"]["format_choice"]
     rows = {r["layer"]: r for r in choice["rows"]}
     assert rows["a"]["chosen"] == "int8" and rows["a"]["int8_db"] > rows["a"]["fp8_db"]
@@ -208,12 +214,7 @@ def test_mixed_drops_changes_that_cost_reformats(tmp_path: Path, monkeypatch) ->
         return 9 if any(counted[-1]) else 3
 
     monkeypatch.setattr(stage, "reformats", fake)
-    model = tmp_path / "mixed.py"
-    model.write_text(MIXED_PY)
-    data = tmp_path / "x.npy"
-    np.save(data, np.random.default_rng(0).standard_normal((48, 3, 12, 12)).astype(np.float32))
-    res = quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed", ptq="none",
-                   show_progress=False)  # fmt: skip
+    res = _mixed_job(tmp_path)
     choice = res.report["settings"]["format_choice"]
     assert counted == [("b",), ()]
     assert choice["reformats"] == {"with changes": 9, "without": 3}
