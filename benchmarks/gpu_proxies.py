@@ -174,6 +174,7 @@ def count_figures(s: Subjects) -> dict[str, Any]:
     out["fq_fwd_site_ops"] = _top(fq_fwd.site_ops, 12)
 
     f_fwd, f_bwd = _fwd_bwd(copy.deepcopy(s.model).train(), s.x2)
+    _fwd_bwd(s.qat, s.x2)  # each quantizer's scale and clipping bound are made once (per amax)
     q_fwd, q_bwd = _fwd_bwd(s.qat, s.x2)
     for key, p in (("float_train_fwd", f_fwd), ("float_train_bwd", f_bwd),
                    ("qat_fwd", q_fwd), ("qat_bwd", q_bwd)):  # fmt: skip

@@ -46,13 +46,21 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many per-channel (weight) fake-quant computations run."""
     seen: list[int] = []
     real = primitives.fake_quant_unchecked
+    real_eager = primitives.fake_quant_eager
 
     def counting(x: torch.Tensor, amax: torch.Tensor, **kw: Any) -> torch.Tensor:
         if kw.get("axis") is not None:
             seen.append(1)
         return real(x, amax, **kw)
 
+    def counting_eager(x: torch.Tensor, amax: torch.Tensor, ax: int | None, *rest: Any) -> Any:
+        if ax is not None:
+            seen.append(1)
+        return real_eager(x, amax, ax, *rest)
+
+    # the generic path (learned state, tracing) and the eager one (Quantizer._fake_quant_eager)
     monkeypatch.setattr("qdq.quant.quantizer.fake_quant_unchecked", counting)
+    monkeypatch.setattr("qdq.quant.quantizer.fake_quant_eager", counting_eager)
     return seen
 
 

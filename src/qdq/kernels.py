@@ -40,7 +40,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["abs_histogram", "fake_quant", "per_channel", "self_check", "ste_grad", "usable"]
+__all__ = [
+    "abs_histogram",
+    "fake_quant",
+    "may_serve",
+    "per_channel",
+    "self_check",
+    "ste_grad",
+    "usable",
+]
 
 #: elements per program of the elementwise kernels
 _BLOCK = 2048
@@ -117,9 +125,15 @@ def unfused(device: torch.device | str) -> contextlib.AbstractContextManager[Non
     return _serving(device, False)
 
 
+def may_serve(x: torch.Tensor) -> bool:
+    """Whether ``x``'s device is one the kernels may serve (CUDA; the CPU under Triton's
+    interpreter): the first check of :func:`usable`, which callers ask once before the others."""
+    return x.is_cuda or (_INTERPRET and x.device.type == "cpu")
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether the fused kernels serve ``x`` (see the module docstring)."""
-    if x.device.type != "cuda" and not (_INTERPRET and x.device.type == "cpu"):
+    if not may_serve(x):
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not _dense(x):
         return False
@@ -136,7 +150,7 @@ def densified(x: torch.Tensor) -> torch.Tensor:
     """``x``, or a contiguous copy of it when the copy is what lets the fused kernels serve it
     (a transposed view on a GPU, an attention operand: one copy kernel instead of the torch
     path's several passes)."""
-    if _dense(x) or (x.device.type != "cuda" and not (_INTERPRET and x.device.type == "cpu")):
+    if _dense(x) or not may_serve(x):
         return x
     y = x.contiguous()
     return y if usable(y) else x

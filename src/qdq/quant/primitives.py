@@ -49,6 +49,7 @@ __all__ = [
     "AmaxChecks",
     "batched_amax_checks",
     "fake_quant",
+    "fake_quant_eager",
     "grad_scale",
     "quant_range",
     "scale_from_amax",
@@ -176,6 +177,30 @@ def fake_quant_unchecked(
     ):  # nothing to differentiate: the values alone, without an autograd node (host time)
         return _fake_quant_values(x, amax_t, normalize_axis(axis, x.dim()), qmin, qmax, scale, fp8)
     return _FakeQuantSTE.apply(x, amax_t, axis, qmin, qmax, amax_grad == "pact", scale, fp8)
+
+
+#: the kept scale of a fixed amax and its clipping bound ``scale·qmax`` (what the backward compares
+#: ``|x|`` with), shaped to broadcast against a tensor of ``ndim`` dims: ``kept(ndim)``
+Kept = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def fake_quant_eager(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    ax: int | None,
+    qmin: int,
+    qmax: int,
+    fp8: bool,
+    kept: Kept,
+) -> torch.Tensor:
+    """:func:`fake_quant_unchecked` as the :class:`~qdq.quant.Quantizer` runs it outside
+    ``torch.compile`` and tracing: what those checks, the range and the axis are was decided
+    before (once per spec), ``amax`` has its shape (0-d per tensor, ``x.shape[ax]`` values along
+    the normalized ``ax``), and ``kept`` serves the scale and the clipping bound, made once per
+    amax value (issue 48: host time per call). The same operations, the same bits."""
+    if torch.is_grad_enabled() and (x.requires_grad or amax.requires_grad):
+        return _FakeQuantSTE.apply(x, amax, ax, qmin, qmax, False, None, fp8, kept)
+    return _fake_quant_values(x, amax, ax, qmin, qmax, None, fp8, kept)
 
 
 def grad_scale(t: torch.Tensor, factor: float) -> torch.Tensor:
@@ -326,6 +351,11 @@ def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
     dynamo (a cache that grows while dynamo traces fails the frame's own guards)."""
     if torch.compiler.is_dynamo_compiling() or torch.jit.is_tracing():
         return torch.full((), value, dtype=torch.float32, device=like.device)
+    return _kept_constant(value, like)
+
+
+def _kept_constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """:func:`_constant` where the caller knows it runs eagerly."""
     key = (like.device, value)
     const = _CONSTANTS.get(key)
     if const is None:
@@ -377,21 +407,32 @@ def _fake_quant_values(
     qmax: int,
     given_scale: Callable[[], torch.Tensor] | None,
     fp8: bool = False,
+    kept: Kept | None = None,
 ) -> torch.Tensor:
     """The forward of :class:`_FakeQuantSTE` where nothing is differentiated (evaluation,
-    calibration's candidates, the recipe search): the same bits, without an autograd node."""
-    amax32 = amax.detach().to(torch.float32)
-    dense = kernels.densified(x) if ax is None and not fp8 else x  # a view: one copy, one pass
-    if _fused(dense, amax32, ax, fp8):
-        return kernels.fake_quant(dense, amax32, qmin, qmax)
-    scale = given_scale() if given_scale is not None else _scale(amax32, qmax)
-    if ax is not None:
-        scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+    calibration's candidates, the recipe search): the same bits, without an autograd node.
+    Eager only (its callers ask): nothing here is traced.
+
+    ``amax`` is not detached: nothing records a graph here (grad mode is off, or neither ``x``
+    nor ``amax`` requires grad), and a detach is one more op per call."""
+    amax32 = amax if amax.dtype == torch.float32 else amax.detach().to(torch.float32)
+    if kernels.may_serve(x):  # the device check that densified and usable begin with, once
+        dense = kernels.densified(x) if ax is None and not fp8 else x  # a view: one copy, one pass
+        if _fused(dense, amax32, ax, fp8):
+            return kernels.fake_quant(dense, amax32, qmin, qmax)
+    if kept is not None:
+        scale = kept(x.dim())[0]
+    else:
+        scale = given_scale() if given_scale is not None else _scale(amax32, qmax)
+        if ax is not None:
+            scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+    # float32 input: no .to() call (a no-op that still parses its arguments)
+    x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
     if fp8:
-        out = _fp8_codes(x.to(torch.float32) / scale).mul_(scale)
+        out = _fp8_codes(x32 / scale).mul_(scale)
         return out if out.dtype == x.dtype else out.to(x.dtype)
-    q = (x.to(torch.float32) / scale).round_().clamp_(qmin, qmax)
-    out = torch.addcmul(_zero(scale), q, scale, out=q)  # see _FakeQuantSTE.forward
+    q = (x32 / scale).round_().clamp_(qmin, qmax)
+    out = torch.addcmul(_kept_constant(0.0, scale), q, scale, out=q)  # see _FakeQuantSTE.forward
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
@@ -409,32 +450,43 @@ class _FakeQuantSTE(torch.autograd.Function):
         pact: bool = False,
         given_scale: Callable[[], torch.Tensor] | None = None,
         fp8: bool = False,
+        kept: Kept | None = None,
     ) -> torch.Tensor:
         ax = normalize_axis(axis, x.dim())
-        amax32 = amax.detach().to(torch.float32)
+        # no detach: a forward runs with grad mode off (one op less per call)
+        amax32 = amax if amax.dtype == torch.float32 else amax.to(torch.float32)
         ctx.axis = ax
         ctx.qmax = qmax
         ctx.amax_needs_grad = ctx.needs_input_grad[1]
         ctx.amax_dtype = amax.dtype
         ctx.pact = pact
-        dense = kernels.densified(x) if ax is None and not ctx.amax_needs_grad else x
-        ctx.fused = not ctx.amax_needs_grad and _fused(dense, amax32, ax, fp8)
-        if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below (a view of an
-            # attention operand copied dense first: one copy instead of the torch path's four)
-            ctx.save_for_backward(dense, amax32)
-            return kernels.fake_quant(dense, amax32, qmin, qmax)
-        x32 = x.to(torch.float32)
-        scale = (
-            given_scale() if given_scale is not None and not ctx.amax_needs_grad
-            else _scale(amax32, qmax)
-        )  # fmt: skip
-        if ax is not None:
-            scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+        ctx.fused = False
+        if not ctx.amax_needs_grad and kernels.may_serve(x):
+            dense = kernels.densified(x) if ax is None else x
+            ctx.fused = _fused(dense, amax32, ax, fp8)
+            if ctx.fused:  # one pass on a GPU (qdq.kernels), the same bits as below (a view of
+                # an attention operand copied dense first: one copy instead of the torch path's
+                # four)
+                ctx.save_for_backward(dense, amax32)
+                return kernels.fake_quant(dense, amax32, qmin, qmax)
+        x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
+        # what the backward compares |x| with: the kept bound, or the scale (times qmax there)
+        ctx.bounded = kept is not None and not ctx.amax_needs_grad
+        if kept is not None and not ctx.amax_needs_grad:
+            scale, bound = kept(x.dim())
+        else:
+            scale = (
+                given_scale() if given_scale is not None and not ctx.amax_needs_grad
+                else _scale(amax32, qmax)
+            )  # fmt: skip
+            if ax is not None:
+                scale = scale.reshape(_broadcast_shape(x.dim(), ax, scale.numel()))
+            bound = scale
         scaled = x32 / scale
         if fp8:  # float8 codes keep their sign on zero, as DequantizeLinear does: q·scale
             q = _fp8_codes(scaled)
             ctx.save_for_backward(
-                *((x32, scale, q, scaled) if ctx.amax_needs_grad else (x32, scale))
+                *((x32, scale, q, scaled) if ctx.amax_needs_grad else (x32, bound))
             )
             out = q * scale
             return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -448,7 +500,7 @@ class _FakeQuantSTE(torch.autograd.Function):
         else:  # nothing else reads scaled: round, clip and dequantize in its own memory (one
             # allocation per call; a fresh large tensor is page faults on a CPU)
             q = scaled.round_().clamp_(qmin, qmax)
-            ctx.save_for_backward(x32, scale)
+            ctx.save_for_backward(x32, bound)
             if torch.compiler.is_dynamo_compiling():  # a graph has no allocations to save
                 out = torch.addcmul(_zero(scale), q, scale)
             else:
@@ -458,21 +510,30 @@ class _FakeQuantSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (grad_out,) = grads
+        nones = (None,) * 8
         if ctx.fused:
             if not ctx.needs_input_grad[0]:
-                return None, None, None, None, None, None, None, None
+                return None, *nones
             x, amax32 = ctx.saved_tensors
             grad = kernels.ste_grad(x, amax32, ctx.qmax, grad_out)
-            return grad, None, None, None, None, None, None, None
+            return grad, *nones
         if ctx.amax_needs_grad:
             x32, scale, q, scaled = ctx.saved_tensors
         else:
             x32, scale = ctx.saved_tensors
-        amax_b = scale * ctx.qmax  # the (floored) amax, broadcast to x
+        # the (floored) amax, broadcast to x: kept with the scale (two ops less per call)
+        amax_b = scale if ctx.bounded else scale * ctx.qmax
         inside = x32.abs() <= amax_b  # -amax <= x <= amax (NaN: outside either way)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.where(inside, grad_out, 0.0)
+            # a kept float32 zero where the forward ran eagerly and the backward does too (not
+            # compiled autograd): 0.0 is one op more per call (aten.scalar_tensor); a 0-dim
+            # gradient of another dtype keeps 0.0, which does not promote it
+            eager = ctx.bounded and not torch.compiler.is_compiling()
+            zero = (
+                _kept_constant(0.0, grad_out) if eager and grad_out.dtype == torch.float32 else 0.0
+            )
+            grad_x = torch.where(inside, grad_out, zero)
         grad_amax = None
         if ctx.amax_needs_grad:
             inner = torch.zeros_like(q) if ctx.pact else q - scaled
@@ -480,7 +541,7 @@ class _FakeQuantSTE(torch.autograd.Function):
             dims = [d for d in range(x32.dim()) if d != ctx.axis]
             red = dscale.sum(dim=dims) if dims else dscale
             grad_amax = (red / ctx.qmax).to(ctx.amax_dtype)
-        return grad_x, grad_amax, None, None, None, None, None, None
+        return grad_x, grad_amax, *nones[1:]
 
 
 def _fp8_codes(scaled: torch.Tensor) -> torch.Tensor:

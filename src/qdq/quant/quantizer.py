@@ -14,16 +14,18 @@ from qdq._validate import normalize_axis
 from qdq.calib import CalibrationError, make_calibrator
 from qdq.config import CalibSpec, QuantSpec
 from qdq.quant import learned as learned_state
+from qdq.quant._kept import KeptState
 from qdq.quant._ptq_state import PtqState
 from qdq.quant.onnx_qdq import current_exporter, emit_qdq
 from qdq.quant.primitives import (
     AMAX_GRADS,
     MIN_AMAX,
+    _as_amax_tensor,
     check_amax_values,
+    fake_quant_eager,
     fake_quant_unchecked,
     grad_scale,
     quant_range,
-    scale_from_amax,
 )
 
 __all__ = ["QuantMode", "Quantizer", "ScaleShapeError", "quantizer_mode"]
@@ -41,7 +43,7 @@ class QuantMode(str, enum.Enum):
     BYPASS = "bypass"  #: return the input unchanged
 
 
-class Quantizer(PtqState):
+class Quantizer(PtqState, KeptState):
     """Fake-quantizes a tensor with ONNX Q/DQ numerics; collects calibration data on demand.
 
     A weight quantizer may also hold what :mod:`qdq.ptq` learned for its layer (AdaRound codes, a
@@ -308,7 +310,8 @@ class Quantizer(PtqState):
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the current mode to ``x``."""
-        if self._mode is QuantMode.BYPASS:
+        mode = self._mode
+        if mode is QuantMode.BYPASS:
             return x
         if not x.is_floating_point():
             # ValueError, not TypeError: inside Tensor.__mul__ and the like, torch turns a
@@ -318,8 +321,15 @@ class Quantizer(PtqState):
                 f"dtype {x.dtype} (a mask or an index?); exclude this point or set its mode "
                 "to 'bypass'"
             )
-        if current_exporter() is not None and self._mode is QuantMode.QUANTIZE:
-            return self._export_qdq(x)
+        if mode is QuantMode.QUANTIZE:
+            if current_exporter() is not None:
+                return self._export_qdq(x)
+            if (
+                not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+                and self._amax_grad is None
+                and "learned_record" not in self._buffers
+            ):
+                return self._fake_quant_eager(x)
         if self.spec.axis is not None:
             self._check_tensor_channels(x, calibrating=self._mode is QuantMode.CALIBRATE)
         if self._mode is QuantMode.CALIBRATE:
@@ -345,7 +355,11 @@ class Quantizer(PtqState):
                 amax_grad=self._amax_grad,
                 fmt=self.spec.format,
             )
-        key = self._weight_key(x)
+        # under tracing or compiling the scale is computed (the compiler fuses it, and dynamo
+        # would guard on a kept one) and no weight is kept; is_compiling first: dynamo cannot
+        # trace is_inference()
+        traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        key = None if traced else self._weight_key(x, self.amax)
         if key is not None:
             cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
             if cached is not None and cached[0] == key:
@@ -357,11 +371,7 @@ class Quantizer(PtqState):
             axis=self.spec.axis,
             narrow_range=self.spec.narrow_range,
             fmt=self.spec.format,
-            # under tracing or compiling the scale is computed (the compiler fuses it, and
-            # dynamo would guard on a kept one)
-            scale=None
-            if torch.compiler.is_compiling() or torch.jit.is_tracing()
-            else (self._kept_scale),
+            scale=None if traced else self._kept_scale,
         )
         if key is not None:
             self._weight_cache = (key, out)
@@ -369,43 +379,36 @@ class Quantizer(PtqState):
             self._weight_cache = None  # training: no copy kept (dynamo would guard on it)
         return out
 
-    def _kept_scale(self) -> torch.Tensor:
-        """The scale of the fixed amax (``amax / qmax``, floored: :func:`scale_from_amax`), made
-        once per amax value in eager mode (two kernels less per call: issue 48) and kept with
-        the amax's storage and version counter, which every write changes (``set_amax``,
-        ``load_state_dict``, ``.to()``); asked for only where the torch path needs it."""
+    def _fake_quant_eager(self, x: torch.Tensor) -> torch.Tensor:
+        """``QUANTIZE`` with a fixed amax outside ``torch.compile`` and tracing: the forward's
+        checks in its order, each asked once per call (issue 48: host time per call), then
+        :func:`~qdq.quant.primitives.fake_quant_eager` with the range and the kept scale."""
         amax = self.amax
-        # an inference-mode tensor cannot be saved for backward: kept apart from a training one
-        key = (amax.data_ptr(), amax._version, amax.device, amax.shape, self.spec,
-               torch.is_inference_mode_enabled())  # fmt: skip
-        kept = self.__dict__.get("_scale_cache")
-        if kept is not None and kept[0] == key:
-            return kept[1]
-        scale = scale_from_amax(amax.detach(), self.spec.num_bits, self.spec.format)
-        self._scale_cache = (key, scale)
-        return scale
-
-    def _weight_key(self, x: torch.Tensor) -> tuple[Any, ...] | None:
-        """What the fake-quantized copy of a weight depends on, when it may be kept between
-        forwards: ``x`` a parameter that builds no graph (``no_grad``, ``inference_mode`` or a
-        frozen weight), outside tracing and compiling. Its storage and version counter (every
-        in-place write: optimizers, ``load_state_dict``, ``copy_``, ``.to()`` makes a new tensor),
-        the amax's, and the spec. A fixed weight is then quantized once, not at every forward (a
-        ResNet-50 at 32x32: 144 ms → 16 ms per forward on one CPU thread, against 14 ms in FP32).
-        Like the learned-state check (:mod:`qdq.quant.learned`), writes through ``.data`` bypass
-        the version counter and are not seen.
-        """
-        if (
-            torch.compiler.is_compiling()  # first: dynamo cannot trace is_inference()
-            or torch.jit.is_tracing()
-            or not isinstance(x, nn.Parameter)
-            or (x.requires_grad and torch.is_grad_enabled())
-            or x.is_inference()
-        ):
-            return None
-        amax = self.amax
-        return (x.data_ptr(), x._version, x.dtype, x.device, x.shape, amax.data_ptr(),
-                amax._version, amax.device, self.spec)  # fmt: skip
+        key = self._weight_key(x, amax)
+        if key is not None:
+            cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
+            if cached is not None and cached[0] == key:
+                return cached[1]  # the same weight and amax as when the checks below passed
+        spec = self.spec
+        ax = None
+        if spec.axis is not None:
+            self._check_tensor_channels(x, calibrating=False)
+            ax = normalize_axis(spec.axis, x.dim())
+        if amax.numel() == 0:
+            raise RuntimeError(
+                f"quantizer {self.name!r} has no amax: calibrate it first "
+                "(qdq.calibrate / load_calib_amax / set_amax) or set mode='bypass'"
+            )
+        # an amax of the shape the ops need is used as it is (a reshape is one more op per call)
+        if (amax.dim() != 0) if ax is None else (amax.dim() != 1 or amax.shape[0] != x.shape[ax]):
+            amax = _as_amax_tensor(x, amax, ax)  # reshaped, or the error of a wrong count
+        qmin, qmax, fp8 = self._range(spec)
+        out = fake_quant_eager(x, amax, ax, qmin, qmax, fp8, self._kept)
+        if key is not None:
+            self._weight_cache = (key, out)
+        elif self.__dict__.get("_weight_cache") is not None:
+            self._weight_cache = None  # training: no copy kept
+        return out
 
     def _collect(self, x: torch.Tensor) -> torch.Tensor:
         try:
@@ -440,7 +443,7 @@ class Quantizer(PtqState):
         """Pickles and deep copies leave the cached weight behind (the copy's weight is another
         tensor: the cache would only cost memory)."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {**state, "_weight_cache": None, "_scale_cache": None}
+        return {**state, "_weight_cache": None, "_scale_cache": None, "_bound_cache": None}
 
     def _export_qdq(self, x: torch.Tensor) -> torch.Tensor:
         scale = getattr(self, "export_scale", None)
