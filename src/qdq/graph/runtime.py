@@ -164,10 +164,12 @@ class SiteRuntime(CallTracker):
         return [m for m, path in self.paths.items() if id(m) not in mine or path in wanted]
 
     # ---------------------------------------------------------------- apply
-    def _quantize(self, quantizer: nn.Module, x: Any, cached: bool = True) -> Any:
+    def _quantize(self, quantizer: nn.Module, x: Any, cached: bool, eager: bool) -> Any:
+        """``quantizer(x)``, shared with the next reader of ``x`` when ``cached``; ``eager``:
+        dynamo is not compiling (asked once per call by :meth:`_apply`)."""
         if not isinstance(x, torch.Tensor):
             return x
-        if not cached or compiling() or x.is_inference():
+        if not cached or not eager or x.is_inference():
             # a quantizer that acts at one call of a forward has no second reader to share its
             # output with; under torch.compile every reader quantizes x itself: the values are
             # the same, and the compiler merges the identical fake-quant nodes (tensor
@@ -196,21 +198,22 @@ class SiteRuntime(CallTracker):
         new_args = list(args)
         new_kwargs = dict(kwargs) if kwargs else {}
         quantize = self._quantize
+        eager = not compiling()  # asked once per call, not per action
         for kind, where, index, quantizer, cached in plan.actions:
             if kind == 0:
                 if where < len(new_args):
                     new_args[where] = quantize(
-                        quantizer, new_args[where], cached and not (fresh and where == 0)
+                        quantizer, new_args[where], cached and not (fresh and where == 0), eager
                     )
             elif kind == 1:
                 if where in new_kwargs:
-                    new_kwargs[where] = quantize(quantizer, new_kwargs[where], cached)
+                    new_kwargs[where] = quantize(quantizer, new_kwargs[where], cached, eager)
             else:
                 outside = where >= len(new_args)
                 seq = new_kwargs.get("tensors") if outside else new_args[where]
                 if isinstance(seq, (list, tuple)) and index < len(seq):
                     items = list(seq)
-                    items[index] = quantize(quantizer, items[index], cached)
+                    items[index] = quantize(quantizer, items[index], cached, eager)
                     if outside:
                         new_kwargs["tensors"] = items
                     else:
@@ -218,8 +221,8 @@ class SiteRuntime(CallTracker):
         for quantizer in plan.weights:
             if quantizer.has_bias_delta:
                 _correct_bias(quantizer, new_args, new_kwargs)
-        if not compiling():  # a counter read under dynamo would be guarded on: a recompile
-            plan.site.hits += 1  # per call
+        if eager:  # a counter read under dynamo would be guarded on: a recompile per call
+            plan.site.hits += 1
         return tuple(new_args), new_kwargs
 
     # ------------------------------------------------------------- tracker
