@@ -186,3 +186,62 @@ def test_the_hooks_of_a_compiled_prepared_model_are_no_frames_of_dynamo(prepared
     for hook in (CallTracker._pre, CallTracker._post):
         assert _debug_get_cache_entry_list(hook.__code__) == [], hook.__name__
     torch._dynamo.reset()
+
+
+def test_a_leaf_module_with_nothing_planned_carries_no_tracker_hook(prepared: Any) -> None:
+    """BatchNorm and ReLU modules where no site is planned run without the runtime's hooks (the
+    slow path of ``nn.Module.__call__``); every site is still reached, once per call."""
+    _, prep, x = prepared
+    runtime = runtime_of(prep)
+    assert runtime is not None
+    hooked = {id(m) for m in runtime.hooked()}
+    for path in ("stem.1", "stem.2"):  # BatchNorm2d, ReLU: nothing planned at their paths
+        module = prep.get_submodule(path)
+        assert id(module) not in hooked, path
+        hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+        assert all(getattr(h, "__self__", None) is not runtime for h in hooks), path
+    runtime.reset_hits()
+    with torch.no_grad():
+        prep(x)
+    assert all(site.hits == 1 for site in runtime.sites.values())
+
+
+class _TwoRelus(nn.Module):
+    """A functional ReLU and an ``nn.ReLU`` module called at the same (root) path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x) + torch.relu(self.bn(x))
+
+
+def test_a_leaf_whose_calls_a_site_wants_where_it_runs_keeps_its_hooks() -> None:
+    """Unhooked, ``nn.ReLU``'s own ``relu`` call would be seen at the root and take the key of
+    the root's functional ``relu`` after it: it keeps its hooks, the BatchNorm beside it does
+    not."""
+    from qdq.graph.record import record
+    from qdq.graph.runtime import Site, SiteRuntime, install_runtime
+    from qdq.quant import Quantizer
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 4, 4)
+    rec = record(_TwoRelus().eval(), (x,))
+    assert rec.leaf_calls is not None
+    assert rec.leaf_calls["act"] == (frozenset({"relu"}), frozenset({""}))
+    assert "batch_norm" in rec.leaf_calls["bn"][0]
+    q = Quantizer(name="relu.input")
+    q.set_amax(0.5)
+    model = rec.root
+    runtime = SiteRuntime(model, {("", "relu", 0): Site([(0, q)])}, (), rec.leaf_calls)
+    hooked = [id(m) for m in runtime.hooked()]
+    assert id(model.act) in hooked and id(model.bn) not in hooked
+    install_runtime(model, runtime)
+    with torch.no_grad():
+        got = model(x)
+        bn = model.bn(x)  # outside a forward of the root: the runtime is not active
+        want = torch.relu(x) + torch.relu(q(bn))
+    assert torch.equal(got, want)
+    assert runtime.sites[("", "relu", 0)].hits == 1

@@ -105,7 +105,9 @@ def prepare(
         warnings.warn(f"{plan.notes[0]}; {plan.notes[1]}", stacklevel=2)
     else:
         prepared = rec.root
-        plan = materialize(prepared, rec.graph, build_plan(rec.graph, prepared, cfg, model))
+        plan = materialize(
+            prepared, rec.graph, build_plan(rec.graph, prepared, cfg, model), rec.leaf_calls
+        )
         if rec.data_dependent:
             where = ", ".join(p or "<root>" for p in rec.data_dependent)
             plan = dataclasses.replace(

@@ -33,12 +33,27 @@ from torch.overrides import TorchFunctionMode
 from qdq.graph.attention import attention_math, is_mha, is_sdpa, multi_head_attention_math
 from qdq.graph.capture import TRACE_THROUGH
 
-__all__ = ["MODULE", "CallTracker", "SiteKey", "compiling", "is_leaf", "normalize_call"]
+__all__ = [
+    "MODULE",
+    "PARTS",
+    "CallTracker",
+    "LeafCalls",
+    "SiteKey",
+    "compiling",
+    "is_leaf",
+    "normalize_call",
+]
 
 #: ``(module path, family, ordinal)``; the ordinal is ``None`` in a key that matches every call
 SiteKey = tuple[str, str, int | None]
 #: the family of a call to a leaf module
 MODULE = "module"
+#: in :data:`LeafCalls` families: a call the mode sees as its parts (SDPA, MHA), which it keys
+#: outside a leaf module whatever the families wanted
+PARTS = "*parts"
+#: what one leaf module did in a recorded forward: the families of the torch calls its forward
+#: made (as the mode saw them) and the paths it was called at (the innermost module path below it)
+LeafCalls = tuple[frozenset[str], frozenset[str]]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 #: torch.nn modules whose Python forward is seen into: MultiheadAttention's projections are GEMMs
@@ -190,6 +205,8 @@ class _Mode(TorchFunctionMode):
     ) -> Any:
         tracker = self.tracker
         if tracker.leaf_depth:  # inside a leaf module: run as it is
+            if tracker.notes_leaf_calls:
+                tracker.on_leaf_call(func)
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
         op, target, family, parts_seen = _call_info(func)
@@ -267,6 +284,9 @@ class CallTracker:
 
     Subclasses implement :meth:`on_call` and may override :meth:`on_leaf_enter`/``on_leaf_exit``.
     """
+
+    #: whether the mode reports the calls made inside leaf modules (:meth:`on_leaf_call`)
+    notes_leaf_calls = False
 
     def __init__(self, root: nn.Module) -> None:
         self.root = root
@@ -444,6 +464,9 @@ class CallTracker:
 
     def on_leaf_exit(self, module: nn.Module, output: Any) -> None:
         """The leaf module entered last returned ``output``."""
+
+    def on_leaf_call(self, func: Callable[..., Any]) -> None:
+        """A torch call inside a leaf module (with :attr:`notes_leaf_calls`); it is run as is."""
 
     def on_activate(self) -> None:
         """The outermost module was entered."""

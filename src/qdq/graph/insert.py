@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from qdq.graph.calls import SiteKey
+from qdq.graph.calls import LeafCalls, SiteKey
 from qdq.graph.capture import constant_value, fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
 from qdq.graph.runtime import ArgRef, Site, SiteRuntime, install_runtime
@@ -29,10 +29,17 @@ __all__ = ["materialize"]
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
-def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
+def materialize(
+    root: nn.Module,
+    graph: fx.Graph,
+    plan: QuantPlan,
+    leaf_calls: dict[str, LeafCalls] | None = None,
+) -> QuantPlan:
     """Register the plan's quantizers on ``root`` and install the call-site runtime (in place).
 
-    Returns the plan with each group's quantizer path filled in.
+    ``leaf_calls``: the recording's (:attr:`~qdq.graph.record.Recording.leaf_calls`), which
+    tells the leaf modules that need no runtime hooks. Returns the plan with each group's
+    quantizer path filled in.
     """
     nodes = {n.name: n for n in graph.nodes}
     points = {p.name: p for p in plan.points}
@@ -62,7 +69,7 @@ def materialize(root: nn.Module, graph: fx.Graph, plan: QuantPlan) -> QuantPlan:
         for n in graph.nodes
         if n.op == "placeholder" and "tensor_meta" in n.meta
     )
-    install_runtime(root, SiteRuntime(root, sites, inputs))
+    install_runtime(root, SiteRuntime(root, sites, inputs, leaf_calls))
     return dataclasses.replace(plan, groups=tuple(groups))
 
 

@@ -31,7 +31,15 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from qdq.graph.calls import VALUE_READS, CallTracker, SiteKey, _path_of
+from qdq.graph.calls import (
+    PARTS,
+    VALUE_READS,
+    CallTracker,
+    LeafCalls,
+    SiteKey,
+    _call_info,
+    _path_of,
+)
 from qdq.graph.capture import CaptureError, ForwardError
 
 __all__ = ["Recording", "record"]
@@ -46,11 +54,18 @@ class Recording:
     data_dependent: tuple[str, ...] = ()
     #: ``file:line`` of each of those value reads (the user's code that called ``bool(t)``...)
     value_reads: tuple[str, ...] = ()
+    #: per leaf module path: what its calls did (:data:`~qdq.graph.calls.LeafCalls`)
+    leaf_calls: dict[str, LeafCalls] | None = None
 
 
 class _Recorder(CallTracker):
+    notes_leaf_calls = True
+
     def __init__(self, root: nn.Module) -> None:
         super().__init__(root)
+        #: per leaf module path: the families called inside it, the paths it was called at
+        self.leaf_calls: dict[str, tuple[set[str], set[str]]] = {}
+        self._leaf_path: str | None = None
         self.graph = fx.Graph()
         self._values: dict[int, tuple[fx.Node, torch.Tensor]] = {}
         self._attrs: dict[int, str] = {}
@@ -190,9 +205,19 @@ class _Recorder(CallTracker):
         node.meta["nn_module_stack"] = OrderedDict((p, (p, t)) for p, t in self.stack_paths())
         node.meta["qdq_site"] = key
         self._leaf = node
+        # where the leaf's calls would be keyed without its hooks: the path it is called at
+        below = self._path_stack[-2] if len(self._path_stack) > 1 else ""
+        self.leaf_calls.setdefault(path, (set(), set()))[1].add(below)
+        self._leaf_path = path
         return None
 
+    def on_leaf_call(self, func: Callable[..., Any]) -> None:
+        if self._leaf_path is not None:
+            _, _, family, parts_seen = _call_info(func)
+            self.leaf_calls[self._leaf_path][0].add(PARTS if parts_seen else family)
+
     def on_leaf_exit(self, module: nn.Module, output: Any) -> None:
+        self._leaf_path = None
         leaf, self._leaf = self._leaf, None
         if leaf is None:
             return
@@ -258,7 +283,8 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
             rec._deactivate()
     rec.graph.output(rec.arg(out))
     _drop_dead_getitems(rec.graph)
-    return Recording(rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads))
+    leaves = {p: (frozenset(f), frozenset(at)) for p, (f, at) in rec.leaf_calls.items()}
+    return Recording(rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads), leaves)
 
 
 def _has_tensor(value: Any) -> bool:

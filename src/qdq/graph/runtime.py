@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.graph.calls import CallTracker, SiteKey, compiling
+from qdq.graph.calls import PARTS, CallTracker, LeafCalls, SiteKey, compiling, is_leaf
 from qdq.quant import Quantizer
 
 __all__ = ["ArgRef", "Call", "Site", "SiteRuntime", "Tap", "runtime_of"]
@@ -104,7 +104,8 @@ class SiteRuntime(CallTracker):
     counted), where each action reads its argument, which quantizers act at more than one call
     of a forward (only their outputs are kept for a second reader), which quantizers the runtime
     runs itself (their modules carry no tracker hooks). Call :meth:`refresh` after changing
-    :attr:`sites`.
+    :attr:`sites`. Which modules carry the tracker's hooks is decided when they are installed
+    (:meth:`hooked`).
 
     Attributes:
         sites: the planned call sites by key.
@@ -116,11 +117,15 @@ class SiteRuntime(CallTracker):
         root: nn.Module,
         sites: dict[SiteKey, Site],
         inputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = (),
+        leaf_calls: dict[str, LeafCalls] | None = None,
     ) -> None:
         super().__init__(root)
         self.sites = sites
         #: ``(name, shape, dtype)`` of the example inputs the plan was recorded with
         self.inputs = inputs
+        #: what each leaf module did in the recorded forward (:attr:`Recording.leaf_calls
+        #: <qdq.graph.record.Recording.leaf_calls>`): which leaves need no hooks (:meth:`hooked`)
+        self.leaf_calls = leaf_calls or {}
         #: per forward: ``(id(x), id(quantizer))`` → ``(weakref to x, x._version, quantized x
         #: or None)``
         self._cache: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], int, Any]] = {}
@@ -157,11 +162,33 @@ class SiteRuntime(CallTracker):
         self.wanted = {path: frozenset(families) for path, families in wanted.items()}
 
     def hooked(self) -> list[nn.Module]:
-        """Every module but the quantizers the runtime runs itself (no call inside them is
-        keyed), unless the plan keys calls at their own path."""
+        """Every module but those whose calls the runtime never keys, unless the plan keys calls
+        at their own path: the quantizers it runs itself, and the leaf modules that need nothing
+        (:meth:`_needs_no_hooks`)."""
         mine = {id(q) for site in self.sites.values() for _, q in site.actions}
         wanted = self.wanted or {}
-        return [m for m, path in self.paths.items() if id(m) not in mine or path in wanted]
+        return [
+            m
+            for m, path in self.paths.items()
+            if path in wanted or not (id(m) in mine or self._needs_no_hooks(m, path))
+        ]
+
+    def _needs_no_hooks(self, module: nn.Module, path: str) -> bool:
+        """Whether a leaf module may run without the tracker's hooks (issue 48: a hooked module
+        call is the slow path of ``nn.Module.__call__`` and two Python hooks; 115 of
+        EfficientNet-B0's 330 per forward need nothing). No site at its path (checked by the
+        caller), a ``torch.nn`` module without children (whose forward calls no module), and
+        recorded: every torch call its forward made is of a family no site wants at any path
+        it was called at, so unhooked, its calls are seen there and counted nowhere, as when
+        the hooks marked them as inside a leaf. A leaf the recording never ran keeps its hooks."""
+        calls = self.leaf_calls.get(path)
+        if calls is None or not is_leaf(module) or isinstance(module, torch.jit.ScriptModule):
+            return False
+        if isinstance(module, Quantizer) or next(iter(module.children()), None) is not None:
+            return False
+        families, called_at = calls
+        wanted = self.wanted or {}
+        return PARTS not in families and not any(families & wanted.get(p, set()) for p in called_at)
 
     # ---------------------------------------------------------------- apply
     def _quantize(self, quantizer: nn.Module, x: Any, cached: bool, eager: bool) -> Any:
