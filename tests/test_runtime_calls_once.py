@@ -189,17 +189,20 @@ def test_the_hooks_of_a_compiled_prepared_model_are_no_frames_of_dynamo(prepared
 
 
 def test_a_leaf_module_with_nothing_planned_carries_no_tracker_hook(prepared: Any) -> None:
-    """BatchNorm and ReLU modules where no site is planned run without the runtime's hooks (the
-    slow path of ``nn.Module.__call__``); every site is still reached, once per call."""
+    """BatchNorm and ReLU modules where no site is planned, and an ``nn.Sequential`` around
+    them, run without the runtime's hooks (the slow path of ``nn.Module.__call__``); the root
+    keeps them, and every site is still reached, once per call."""
     _, prep, x = prepared
     runtime = runtime_of(prep)
     assert runtime is not None
     hooked = {id(m) for m in runtime.hooked()}
-    for path in ("stem.1", "stem.2"):  # BatchNorm2d, ReLU: nothing planned at their paths
+    # BatchNorm2d, ReLU: nothing planned at their paths; the stem's nn.Sequential calls them
+    for path in ("stem.1", "stem.2", "stem"):
         module = prep.get_submodule(path)
         assert id(module) not in hooked, path
         hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
         assert all(getattr(h, "__self__", None) is not runtime for h in hooks), path
+    assert id(prep) in hooked
     runtime.reset_hits()
     with torch.no_grad():
         prep(x)

@@ -163,14 +163,22 @@ class SiteRuntime(CallTracker):
 
     def hooked(self) -> list[nn.Module]:
         """Every module but those whose calls the runtime never keys, unless the plan keys calls
-        at their own path: the quantizers it runs itself, and the leaf modules that need nothing
-        (:meth:`_needs_no_hooks`)."""
+        at their own path: the quantizers it runs itself, the leaf modules that need nothing
+        (:meth:`_needs_no_hooks`), and the ``nn.Sequential`` containers below the root whose
+        ``forward`` is ``nn.Sequential``'s (it calls its children, each keyed at its own path,
+        and no torch function: nothing is keyed at a container's path). The root keeps its
+        hooks: its entry is what starts and ends a forward's books."""
         mine = {id(q) for site in self.sites.values() for _, q in site.actions}
         wanted = self.wanted or {}
         return [
             m
             for m, path in self.paths.items()
-            if path in wanted or not (id(m) in mine or self._needs_no_hooks(m, path))
+            if path in wanted
+            or not (
+                id(m) in mine
+                or (path and type(m).forward is nn.Sequential.forward)
+                or self._needs_no_hooks(m, path)
+            )
         ]
 
     def _needs_no_hooks(self, module: nn.Module, path: str) -> bool:
