@@ -189,7 +189,7 @@ class SiteRuntime(CallTracker):
         recorded: every torch call its forward made is of a family no site wants at any path
         it was called at, so unhooked, its calls are seen there and counted nowhere, as when
         the hooks marked them as inside a leaf. A leaf the recording never ran keeps its hooks."""
-        calls = self.leaf_calls.get(path)
+        calls = self.__dict__.get("leaf_calls", {}).get(path)  # absent on runtimes pickled before
         if calls is None or not is_leaf(module) or isinstance(module, torch.jit.ScriptModule):
             return False
         if isinstance(module, Quantizer) or next(iter(module.children()), None) is not None:
