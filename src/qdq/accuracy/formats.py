@@ -24,7 +24,7 @@ some depthwise-heavy ConvNets) is what FP8's logarithmic grid avoids.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -78,6 +78,9 @@ class FormatChoice:
     reformats: dict[str, int] = field(default_factory=dict)
     #: why the changes were dropped ('' when they were kept or none was made)
     dropped: str = ""
+    #: the same measurement with every layer left in its planned format (no move, no FP16):
+    #: the plan a job keeps when the changes would cost reformats; ``None`` when none was made
+    unchanged: FormatChoice | None = field(default=None, repr=False, compare=False)
 
     @property
     def changes(self) -> tuple[FormatRow, ...]:
@@ -112,12 +115,10 @@ class FormatChoice:
         }
 
 
-def choose_formats(prepared: nn.Module, batch: Any, *, change: bool = True) -> FormatChoice:
+def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
     """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
-    calibration ``batch``; return the layers that move and the overrides that move them.
-
-    ``change=False``: measure, but leave every layer in its planned format (no move, no FP16):
-    the plan a job keeps when the changes would cost reformats.
+    calibration ``batch``; return the layers that move and the overrides that move them (and,
+    when any layer changes, :attr:`FormatChoice.unchanged` from the same measurement).
 
     Raises:
         ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
@@ -156,6 +157,22 @@ def choose_formats(prepared: nn.Module, batch: Any, *, change: bool = True) -> F
         a8, af = _noise(quantizers[act], seen[act])
         w8, wf = _noise(quantizers[w], seen[w])
         noise[layer] = (a8 + w8, af + wf)
+    choice = _decide(plan, planned, readers, noise, change=True)
+    if not choice.changes:
+        return choice
+    return replace(choice, unchanged=_decide(plan, planned, readers, noise, change=False))
+
+
+def _decide(
+    plan: Any,
+    planned: dict[str, str],
+    readers: dict[str, list[str]],
+    noise: dict[str, tuple[float, float]],
+    *,
+    change: bool,
+) -> FormatChoice:
+    """The formats of the measured layers from their ``noise`` (INT8, FP8 relative noise);
+    ``change=False``: every layer left in its planned format (no move, no FP16)."""
     rows, overrides = [], []
     for tensor, layers in sorted(readers.items()):
         measured = [x for x in layers if x in noise]

@@ -64,8 +64,8 @@ def plan_config(
                 for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
         qdq.calibrate(prepared, some, show_progress=False)
         choice = choose_formats(prepared, some[0])
-        if choice.changes:
-            kept = choose_formats(prepared, some[0], change=False)
+        kept = choice.unchanged
+        if kept is not None:
             counts = {
                 "with changes": reformats(model, example,
                                           replace(config, overrides=choice.overrides), some[0],
