@@ -23,6 +23,8 @@ class KeptState(nn.Module):
 
     amax: torch.Tensor
     spec: QuantSpec
+    #: ``(key, output)`` of the last fake-quantized fixed weight (:meth:`_weight_key`)
+    _weight_cache: tuple[tuple[Any, ...], torch.Tensor] | None
 
     def _range(self, spec: QuantSpec) -> tuple[int, int, bool]:
         """``(qmin, qmax, fp8)`` of ``spec``, kept with the spec it was made for."""
@@ -82,3 +84,17 @@ class KeptState(nn.Module):
             return None
         return (x.data_ptr(), x._version, x.dtype, x.device, x.shape, amax.data_ptr(),
                 amax._version, amax.device, self.spec)  # fmt: skip
+
+    def _cached_weight(self, key: tuple[Any, ...] | None) -> torch.Tensor | None:
+        """The fake-quantized weight kept under ``key`` (:meth:`_weight_key`), if it is kept."""
+        if key is None:
+            return None
+        cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
+        return cached[1] if cached is not None and cached[0] == key else None
+
+    def _keep_weight(self, key: tuple[Any, ...] | None, out: torch.Tensor) -> None:
+        """Keep ``out`` under ``key``; with no key (training), drop the kept copy."""
+        if key is not None:
+            self._weight_cache = (key, out)
+        elif self.__dict__.get("_weight_cache") is not None:
+            self._weight_cache = None

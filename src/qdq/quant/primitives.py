@@ -472,7 +472,8 @@ class _FakeQuantSTE(torch.autograd.Function):
         x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
         # what the backward compares |x| with: the kept bound, or the scale (times qmax there)
         ctx.bounded = kept is not None and not ctx.amax_needs_grad
-        if kept is not None and not ctx.amax_needs_grad:
+        if ctx.bounded:
+            assert kept is not None
             scale, bound = kept(x.dim())
         else:
             scale = (

@@ -337,10 +337,7 @@ class Quantizer(PtqState, KeptState):
                 return _collect_uncompiled(self, x)
             return self._collect(x)
         if not self.is_calibrated:
-            raise RuntimeError(
-                f"quantizer {self.name!r} has no amax: calibrate it first "
-                "(qdq.calibrate / load_calib_amax / set_amax) or set mode='bypass'"
-            )
+            raise self._no_amax()
         if "learned_record" in self._buffers:
             self._check_learned(x)
             if "rounding_codes" in self._buffers:
@@ -360,10 +357,9 @@ class Quantizer(PtqState, KeptState):
         # trace is_inference()
         traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
         key = None if traced else self._weight_key(x, self.amax)
-        if key is not None:
-            cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
-            if cached is not None and cached[0] == key:
-                return cached[1]
+        cached = self._cached_weight(key)
+        if cached is not None:
+            return cached
         out = fake_quant_unchecked(
             x,
             self.amax,
@@ -373,10 +369,8 @@ class Quantizer(PtqState, KeptState):
             fmt=self.spec.format,
             scale=None if traced else self._kept_scale,
         )
-        if key is not None:
-            self._weight_cache = (key, out)
-        elif not torch.compiler.is_compiling() and self.__dict__.get("_weight_cache") is not None:
-            self._weight_cache = None  # training: no copy kept (dynamo would guard on it)
+        if not torch.compiler.is_compiling():  # dynamo would guard on the kept copy
+            self._keep_weight(key, out)
         return out
 
     def _fake_quant_eager(self, x: torch.Tensor) -> torch.Tensor:
@@ -385,30 +379,29 @@ class Quantizer(PtqState, KeptState):
         :func:`~qdq.quant.primitives.fake_quant_eager` with the range and the kept scale."""
         amax = self.amax
         key = self._weight_key(x, amax)
-        if key is not None:
-            cached = self.__dict__.get("_weight_cache")  # absent on quantizers pickled before
-            if cached is not None and cached[0] == key:
-                return cached[1]  # the same weight and amax as when the checks below passed
+        cached = self._cached_weight(key)
+        if cached is not None:
+            return cached  # the same weight and amax as when the checks below passed
         spec = self.spec
         ax = None
         if spec.axis is not None:
             self._check_tensor_channels(x, calibrating=False)
             ax = normalize_axis(spec.axis, x.dim())
         if amax.numel() == 0:
-            raise RuntimeError(
-                f"quantizer {self.name!r} has no amax: calibrate it first "
-                "(qdq.calibrate / load_calib_amax / set_amax) or set mode='bypass'"
-            )
+            raise self._no_amax()
         # an amax of the shape the ops need is used as it is (a reshape is one more op per call)
         if (amax.dim() != 0) if ax is None else (amax.dim() != 1 or amax.shape[0] != x.shape[ax]):
             amax = _as_amax_tensor(x, amax, ax)  # reshaped, or the error of a wrong count
         qmin, qmax, fp8 = self._range(spec)
         out = fake_quant_eager(x, amax, ax, qmin, qmax, fp8, self._kept)
-        if key is not None:
-            self._weight_cache = (key, out)
-        elif self.__dict__.get("_weight_cache") is not None:
-            self._weight_cache = None  # training: no copy kept
+        self._keep_weight(key, out)
         return out
+
+    def _no_amax(self) -> RuntimeError:
+        return RuntimeError(
+            f"quantizer {self.name!r} has no amax: calibrate it first "
+            "(qdq.calibrate / load_calib_amax / set_amax) or set mode='bypass'"
+        )
 
     def _collect(self, x: torch.Tensor) -> torch.Tensor:
         try:
