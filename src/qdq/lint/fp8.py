@@ -126,7 +126,7 @@ def _depthwise_convnet(g: LintGraph) -> list[Finding]:
             fp8_convs.append(g.name(node))
     if not grouped or not fp8_convs:
         return []
-    some = ", ".join(fp8_convs[:3]) + (", ..." if len(fp8_convs) > 3 else "")
+    some = _first_three(fp8_convs)
     return [
         Finding(
             "F09",
@@ -143,6 +143,11 @@ def _depthwise_convnet(g: LintGraph) -> list[Finding]:
             "ops'); NVIDIA/TensorRT#4524",
         )
     ]
+
+
+def _first_three(names: list[str]) -> str:
+    """``"a, b, c"``, and ``", ..."`` after them when there are more."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _softmax_scales(g: LintGraph) -> list[Finding]:
@@ -180,7 +185,7 @@ def _softmax_scales(g: LintGraph) -> list[Finding]:
 def _target_rules(g: LintGraph, t: Target, fp8: list[Any]) -> list[Finding]:
     """F01 (the GPU) and F07 (the build flags)."""
     names = tuple(g.name(n) for n in fp8[:10])
-    some = ", ".join(names[:3]) + (", ..." if len(fp8) > 3 else "")
+    some = _first_three(list(names))  # names: the first 10, so "..." iff more than 3
     need = FORMATS[FP8].compute_capability or (0, 0)
     runs = t.runs(need)
     out: list[Finding] = []
