@@ -25,7 +25,7 @@ from qdq.graph.plan import QuantPlan
 from qdq.graph.planner import build_plan
 from qdq.graph.record import record
 from qdq.graph.replace import prepare_by_replacement
-from qdq.quant import MIN_AMAX, Quantizer, QuantMode
+from qdq.quant import MIN_AMAX, Quantizer, QuantMode, quantizers_of
 from qdq.quant.primitives import batched_amax_checks
 
 __all__ = [
@@ -148,11 +148,6 @@ def plan_of(prepared: nn.Module) -> QuantPlan:
             f"{type(prepared).__name__} was not returned by qdq.prepare (it has no .qdq_plan)"
         )
     return plan
-
-
-def quantizers_of(prepared: nn.Module) -> dict[str, Quantizer]:
-    """All quantizers of a prepared model by module path."""
-    return {name: m for name, m in prepared.named_modules() if isinstance(m, Quantizer)}
 
 
 Data = Iterable[Any] | Callable[[nn.Module], Any]

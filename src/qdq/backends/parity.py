@@ -212,7 +212,7 @@ def parity(
     """
     import onnx
 
-    from qdq.backends.onnxruntime import run, session
+    from qdq.backends.ort_session import run, session
 
     base_dir = None  # a file's external data (models past 2 GB) stays on disk, read by ORT
     if hasattr(onnx_model, "graph"):

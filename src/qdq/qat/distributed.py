@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.api import quantizers_of
 from qdq.calib.base import distributed_active
+from qdq.quant import quantizers_of
 
 __all__ = [
     "active",

@@ -11,7 +11,13 @@ from qdq.quant.primitives import (
     quant_range,
     scale_from_amax,
 )
-from qdq.quant.quantizer import Quantizer, QuantMode, ScaleShapeError, quantizer_mode
+from qdq.quant.quantizer import (
+    Quantizer,
+    QuantMode,
+    ScaleShapeError,
+    quantizer_mode,
+    quantizers_of,
+)
 
 __all__ = [
     "MIN_AMAX",
@@ -24,5 +30,6 @@ __all__ = [
     "fake_quant_unchecked",
     "quant_range",
     "quantizer_mode",
+    "quantizers_of",
     "scale_from_amax",
 ]

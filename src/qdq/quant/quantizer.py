@@ -28,7 +28,7 @@ from qdq.quant.primitives import (
     quant_range,
 )
 
-__all__ = ["QuantMode", "Quantizer", "ScaleShapeError", "quantizer_mode"]
+__all__ = ["QuantMode", "Quantizer", "ScaleShapeError", "quantizer_mode", "quantizers_of"]
 
 
 class ScaleShapeError(ValueError):
@@ -536,6 +536,11 @@ def _collect_uncompiled(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
     the model uncompiled; calibrate before ``torch.compile``, or compile without ``fullgraph``.
     """
     return quantizer._collect(x)
+
+
+def quantizers_of(prepared: nn.Module) -> dict[str, Quantizer]:
+    """All quantizers of a prepared model by module path."""
+    return {name: m for name, m in prepared.named_modules() if isinstance(m, Quantizer)}
 
 
 @contextlib.contextmanager
