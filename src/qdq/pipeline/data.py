@@ -27,7 +27,6 @@ User data (folders and arrays) is split deterministically: a seeded permutation 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,14 +34,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq.pipeline.arrays import named_arrays
 from qdq.pipeline.forms import image_size, per_channel
 from qdq.pipeline.inputs import (
     Inputs,
     check_inputs,
-    forward_text,
     input_items,
     num_samples,
-    parameter_names,
     take,
 )
 from qdq.specs import load_arrays
@@ -51,10 +49,8 @@ from qdq.zoo.registry import DATASETS, ImagePreprocess, ZooEntry, ZooMetric, get
 __all__ = ["IMAGE_SUFFIXES", "DataOptions", "QuantData", "resolve_data"]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
-_INPUT_KEYS = ("x", "images", "inputs", "input", "data")
 #: text files, one sample per line (``label<TAB>text`` or the text alone), with ``--tokenizer``
 TEXT_SUFFIXES = (".txt", ".tsv")
-_LABEL_KEYS = ("y", "labels", "label", "targets", "target")
 DEFAULT_CALIB = 256
 
 
@@ -172,9 +168,9 @@ def resolve_data(
         FileNotFoundError: a path that does not exist.
     """
     opts = options or DataOptions()
-    from qdq.pipeline.memory import from_memory, is_in_memory
-
     if is_in_memory(spec):
+        from qdq.pipeline.memory import from_memory
+
         inputs, labels, what = from_memory(spec, model)
         return _split(inputs, labels, "data", opts, f" (in memory: {what})")
     if spec is None:
@@ -236,76 +232,16 @@ def resolve_data(
 # ------------------------------------------------------------------------------------ arrays
 
 
+def is_in_memory(data: object) -> bool:
+    """Whether ``data`` is in-memory data (:mod:`qdq.pipeline.memory`), not a spec string or
+    path, a ``QuantData`` or ``None``."""
+    from pathlib import PurePath
+
+    return not (data is None or isinstance(data, (str, bytes, PurePath, QuantData)))
+
+
 def _arrays(path: Path, model: nn.Module | None) -> tuple[Inputs, torch.Tensor | None]:
     return named_arrays(load_arrays(path), str(path), model)
-
-
-def named_arrays(
-    arrays: dict[str | None, np.ndarray], where: str, model: nn.Module | None
-) -> tuple[Inputs, torch.Tensor | None]:
-    """Inputs and labels from named arrays (a ``.npz``'s, or in-memory data's; key ``None``: one
-    unnamed array): one input array, or arrays named after ``forward``'s parameters, plus
-    optional labels (:data:`_LABEL_KEYS`); ``where`` names the data in messages."""
-    if len(arrays) == 1:
-        x_key, y_key, names = next(iter(arrays)), None, None
-    else:
-        y_key = next((k for k in _LABEL_KEYS if k in arrays), None)
-        rest = [k for k in arrays if k is not None and k != y_key]
-        params = parameter_names(model) if model is not None else []
-        x_key = rest[0] if len(rest) == 1 and rest[0] in _INPUT_KEYS else None
-        names = None if x_key is not None else sorted(rest, key=_order(params))
-        unmatched = [k for k in rest if k not in params] if x_key is None else []
-        more_labels = [k for k in unmatched if k in _LABEL_KEYS]
-        if more_labels:
-            raise ValueError(f"{where} holds more than one label array: {[y_key, *more_labels]}")
-        if unmatched:
-            forward = forward_text(model) if model is not None else "the model's forward"
-            raise ValueError(
-                f"{where} holds arrays {list(arrays)}: {unmatched} match no "
-                f"parameter of {forward} and are not labels; expected one input array named one "
-                f"of {'/'.join(_INPUT_KEYS)} or arrays named after the parameters of {forward}, "
-                f"and optionally labels named one of {'/'.join(_LABEL_KEYS)}"
-            )
-    if names is None:
-        inputs: Inputs = _tensor(arrays[x_key], where if x_key is None else f"{where}[{x_key}]")
-    else:
-        inputs = {k: _tensor(arrays[k], f"{where}[{k}]") for k in names}
-    n = check_inputs(inputs, where)
-    if y_key is None:
-        return inputs, None
-    what = repr(x_key) if names is None else "each input"
-    return inputs, class_labels(arrays[y_key], n, f"{where}[{y_key}]", f"{n} samples in {what}")
-
-
-def class_labels(y: np.ndarray, n: int, where: str, samples: str) -> torch.Tensor:
-    """``y`` as int64 class labels, checked: integer, one per sample (``n``; ``samples`` says
-    where they were counted) -- 1-D, non-negative, or 2-D (one per token: token classification),
-    non-negative or ``-100`` (Hugging Face's label of a token that is not scored)."""
-    if y.ndim not in (1, 2) or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(
-            f"{where} must be integer class labels, 1-D (one per sample) or 2-D (one per token), "
-            f"got {y.dtype} of shape {y.shape}"
-        )
-    if len(y) != n:
-        raise ValueError(f"{where}: {len(y)} labels but {samples}")
-    bad = y[(y < 0) & (y != -100)] if y.ndim == 2 else y[y < 0]
-    if bad.size:
-        ignored = " (-100 marks a token that is not scored)" if y.ndim == 2 else ""
-        raise ValueError(f"{where} holds negative labels ({int(bad[0])}){ignored}")
-    return torch.from_numpy(y.astype(np.int64))
-
-
-def _order(params: list[str]) -> Callable[[str], int]:
-    """Sort key: the position of a parameter in ``forward``."""
-    return lambda name: params.index(name) if name in params else len(params)
-
-
-def _tensor(array: np.ndarray, where: str) -> torch.Tensor:
-    """Samples along axis 0; floating arrays become float32, others keep their dtype."""
-    if array.ndim == 0 or array.shape[0] == 0:
-        raise ValueError(f"{where} has shape {array.shape}: expected samples along axis 0")
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    return t.to(torch.float32) if t.is_floating_point() else t
 
 
 def _split(

@@ -29,20 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from qdq.pipeline.data import _LABEL_KEYS, class_labels, named_arrays
+from qdq.pipeline.arrays import LABEL_KEYS, class_labels, named_arrays
 from qdq.pipeline.inputs import Inputs, check_inputs
 
-__all__ = ["from_memory", "is_in_memory"]
-
-
-def is_in_memory(data: object) -> bool:
-    """Whether ``data`` is in-memory data (not a spec string or path, a ``QuantData`` or
-    ``None``)."""
-    from pathlib import PurePath
-
-    from qdq.pipeline.data import QuantData
-
-    return not (data is None or isinstance(data, (str, bytes, PurePath, QuantData)))
+__all__ = ["from_memory"]
 
 
 def from_memory(data: Any, model: nn.Module | None) -> tuple[Inputs, torch.Tensor | None, str]:
@@ -105,7 +95,7 @@ def _batches(
         return inputs, y, f"{count} batches of {n} samples (positional inputs)"
     arrays = _join(keyed, "input")
     if y_all is not None:
-        if any(k in _LABEL_KEYS for k in arrays):
+        if any(k in LABEL_KEYS for k in arrays):
             raise ValueError("data batches carry labels twice: as a pair's second item and by name")
         arrays = {"input" if k is None else k: a for k, a in arrays.items()}  # a named input
         arrays["labels"] = y_all
