@@ -17,7 +17,7 @@ from typing import Any
 from qdq.lint.formats import INT8
 from qdq.lint.graph import COPY_OPS, LintGraph
 
-__all__ = ["Attention", "find_attention"]
+__all__ = ["Attention", "attention_cores", "find_attention"]
 
 #: ops between the first product and the softmax (attention scale, additive or boolean mask)
 _BETWEEN = COPY_OPS | {"Mul", "Div", "Add", "Where"}
@@ -40,6 +40,14 @@ class Attention:
     context: Any
     members: tuple[Any, ...]
     fmt: str = INT8
+
+
+def attention_cores(g: LintGraph) -> list[Attention]:
+    """:func:`find_attention` of ``g``, found once per graph (every rule that asks shares it)."""
+    cores: list[Attention] | None = g.derived.get("attention")
+    if cores is None:
+        cores = g.derived["attention"] = find_attention(g)
+    return cores
 
 
 def find_attention(g: LintGraph) -> list[Attention]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdq.lint.attention import attention_cores
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
 from qdq.lint.formats import FORMATS, FP8
 
@@ -154,7 +155,7 @@ def _softmax_scales(g: LintGraph) -> list[Finding]:
     """F08 (INFO): an FP8 attention whose probabilities' Quantize has another scale than 1/448."""
     out: list[Finding] = []
     wanted = float(np.float32(1.0 / 448.0))
-    for a in g.attention:
+    for a in attention_cores(g):
         if a.fmt != FP8:
             continue
         q = next(m for m in a.members if m.op_type == "QuantizeLinear")

@@ -7,14 +7,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from qdq.lint.formats import INT8, qdq_format
-
-if TYPE_CHECKING:
-    from qdq.lint.attention import Attention
 
 __all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput"]
 
@@ -67,6 +64,9 @@ class LintGraph:
                     self.consumers[i].append(n)
         self.inputs = {i.name for i in model.graph.input} - set(self.const)
         self.outputs = {o.name for o in model.graph.output}
+        #: analyses that modules above this one derive from the graph, each made once per graph
+        #: and kept here by its module (``"attention"``: :func:`qdq.lint.attention.attention_cores`)
+        self.derived: dict[str, Any] = {}
 
     def name(self, node: Any) -> str:
         """A node's name, or its first output when unnamed (its op type when it has neither)."""
@@ -118,13 +118,6 @@ class LintGraph:
                 )
                 out.extend((q, c, scale) for c in self.consumers.get(dq.output[0], []))
         return out
-
-    @cached_property
-    def attention(self) -> list[Attention]:
-        """The fully quantized attention cores (:func:`qdq.lint.attention.find_attention`)."""
-        from qdq.lint.attention import find_attention
-
-        return find_attention(self)
 
     def float_uses(self, tensor: str) -> list[Any]:
         """Consumers reading ``tensor`` directly in float (not Q, not Shape, not a Cast or copy op

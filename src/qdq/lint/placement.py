@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qdq.lint.attention import attention_cores
 from qdq.lint.findings import INFO, WARN, Finding
 from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
 from qdq.lint.guard import Guard
@@ -38,7 +39,7 @@ def check_placement(g: LintGraph, guard: Guard | None = None) -> list[Finding]:
 
 
 def _in_attention(g: LintGraph, node: Any) -> bool:
-    return any(node is core.scores or node is core.context for core in g.attention)
+    return any(node is core.scores or node is core.context for core in attention_cores(g))
 
 
 def _node_rules(g: LintGraph, node: Any) -> list[Finding]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from qdq.lint.attention import Attention
+from qdq.lint.attention import Attention, attention_cores
 from qdq.lint.formats import FORMATS, INT8, is_quantized
 from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
@@ -137,7 +137,7 @@ class _Predictor:
 
     def run(self) -> list[PredictedLayer]:
         g = self.g
-        for core in self._safe("attention", [], [], lambda: g.attention):
+        for core in self._safe("attention", [], [], lambda: attention_cores(g)):
             self.attention[id(core.scores)] = core
             self.absorbed.update(id(m) for m in core.members[1:])
             self.internal.update(id(m) for m in core.members if m.op_type in _QDQ)
