@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from qdq._numerics import HISTOGRAM_MIN_EXP, MIN_SCALE
+
 __all__ = [
     "abs_histogram",
     "fake_quant",
@@ -66,16 +68,13 @@ _CHECKED: dict[tuple[str, int | None], bool] = {}
 
 @functools.cache
 def _triton() -> Any:
-    """The jitted kernels (:mod:`qdq._triton_kernels`) and the constants they take from their
-    owners (the smallest scale, the histogram grid's lowest exponent), or ``None`` when Triton
-    cannot be imported."""
+    """The jitted kernels (:mod:`qdq._triton_kernels`) and the constants they take from
+    :mod:`qdq._numerics`, as the torch paths do (the smallest scale, the histogram grid's lowest
+    exponent), or ``None`` when Triton cannot be imported."""
     try:
         from qdq import _triton_kernels as kernels
     except Exception:  # absent, or broken for this torch: fall back
         return None
-    from qdq.calib.histogram import _MIN_EXP
-    from qdq.quant.primitives import MIN_SCALE
-
     return SimpleNamespace(
         fq_fwd=kernels.fq_fwd,
         ste_bwd=kernels.ste_bwd,
@@ -83,7 +82,7 @@ def _triton() -> Any:
         ste_bwd_pc=kernels.ste_bwd_pc,
         abs_hist=kernels.abs_hist,
         min_scale=MIN_SCALE,
-        min_exp=_MIN_EXP,
+        min_exp=HISTOGRAM_MIN_EXP,
     )
 
 

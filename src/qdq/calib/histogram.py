@@ -68,13 +68,15 @@ import numpy as np
 import torch
 
 from qdq import kernels
+from qdq._numerics import HISTOGRAM_MIN_EXP as _MIN_EXP
 from qdq.calib.base import CalibrationError, Calibrator, all_reduce, nonfinite_error
 from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
 from qdq.config import FORMATS
 
 __all__ = ["HistogramCalibrator"]
 
-_MIN_EXP = -24
+# _MIN_EXP, the grid's lowest exponent (-24), is written in qdq._numerics, below this module and
+# the fused histogram kernel, which clamps each batch's exponent with the same number
 #: the bottom of the grid's range: every method returns the observed max at or below it
 FLOOR = 2.0**_MIN_EXP
 _CHUNK = 1 << 24

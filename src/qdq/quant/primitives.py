@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from qdq import kernels
+from qdq._numerics import MIN_AMAX, MIN_SCALE
 from qdq._validate import normalize_axis
 
 __all__ = [
@@ -55,10 +56,8 @@ __all__ = [
     "scale_from_amax",
 ]
 
-#: amax values at or below this are treated as "no signal" and floored (as pytorch-quantization does).
-MIN_AMAX = 2.0**-24
-#: The smallest scale we ever use or export (MIN_AMAX / 127): positive, a normal float32.
-MIN_SCALE = MIN_AMAX / 127.0
+# MIN_AMAX (the amax floor) and MIN_SCALE (the scale floor, MIN_AMAX / 127) are written in
+# qdq._numerics, below this module and the fused kernels, which floor the scale with the same number.
 #: The largest finite float8 E4M3FN value: an FP8 quantizer's ``qmax`` (``scale = amax / 448``).
 FP8_MAX = 448.0
 #: How a learned ``amax`` gets its gradient: LSQ (rounding error inside, clip outside) or PACT
