@@ -42,7 +42,7 @@ def test_kernels_give_the_torch_paths_bits_in_the_interpreter() -> None:
 def test_a_failed_self_check_warns_once_and_keeps_the_torch_path() -> None:
     code = (
         "import warnings, torch\nfrom qdq import kernels\n"
-        "kernels.self_check = lambda device: 'planted difference'\n"
+        "kernels.register_check(lambda device: 'planted difference')\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
         "    x = torch.randn(8)\n"
@@ -53,6 +53,34 @@ def test_a_failed_self_check_warns_once_and_keeps_the_torch_path() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     count, message = done.stdout.split(" ", 1)
     assert count == "1" and "planted difference" in message and "torch path" in message
+
+
+def test_importing_qdq_registers_the_self_check() -> None:
+    from qdq import kernel_check
+
+    assert kernels._check is kernel_check.check
+
+
+def test_a_device_is_not_served_without_a_registered_check() -> None:
+    """The check lives above the kernels (qdq.kernel_check) and is registered on import: with none
+    registered, a device's first use warns and keeps the torch path, as after a failed check; a
+    check registered later serves it from its next use."""
+    code = (
+        "import warnings, torch\nfrom qdq import kernel_check, kernels\n"
+        "kernels.register_check(None)\n"
+        "x = torch.randn(8)\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert not kernels.usable(x) and not kernels.usable(x)\n"
+        "assert kernels.self_check('cpu') is not None\n"
+        "kernels.register_check(kernel_check.check)\n"
+        "print(len(seen), kernels.usable(x), seen[0].message)\n"
+    )
+    done = _run(code, TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, served, message = done.stdout.split(" ", 2)
+    assert count == "1" and served == "True"
+    assert "no self-check is registered" in message and "torch path" in message
 
 
 def test_the_self_check_catches_a_planted_kernel_fault() -> None:

@@ -12,6 +12,10 @@ Example:
 from __future__ import annotations
 
 from qdq import debug, lint, nn, qat
+
+# imported for what it does on import: it registers the fused kernels' self-check, without which
+# qdq.kernels serves no device (any ``import qdq.x`` runs this file first)
+from qdq import kernel_check as kernel_check
 from qdq._version import __version__
 from qdq.accuracy import AutoQuantResult, Sensitivity, auto_quantize, sensitivity
 from qdq.api import (

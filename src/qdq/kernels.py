@@ -23,18 +23,26 @@ outside ``torch.compile`` / tracing (inductor fuses the torch formulation itself
 ``QDQ_KERNELS`` not ``0``, and the first use on each device passed a self-check against the torch
 formulation on tensors built to hit every rounding tie, saturation, signed zero, NaN, infinity and
 half-precision edge (:func:`self_check`). A failed check warns once and that device keeps the torch
-path: a kernel can cost speed, never a wrong number. ``TRITON_INTERPRET=1`` runs the kernels on the
-CPU (Triton's interpreter), which is how the tests check them without a GPU.
+path: a kernel can cost speed, never a wrong number.
+
+The check itself lives above this module, in :mod:`qdq.kernel_check`: its references are the torch
+paths of :mod:`qdq.quant.primitives` and :mod:`qdq.calib.histogram`, which call the kernels here,
+so this module imports neither (the numeric constants the kernels share with them come from
+:mod:`qdq._numerics`, below all three). ``qdq.kernel_check`` registers the check on import
+(:func:`register_check`), and ``import qdq`` imports it. Without a registered check no device is
+served: the first use of each warns and keeps the torch path, as after a failed check.
+
+``TRITON_INTERPRET=1`` runs the kernels on the CPU (Triton's interpreter), which is how the tests
+check them without a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,6 +55,7 @@ __all__ = [
     "fake_quant",
     "may_serve",
     "per_channel",
+    "register_check",
     "self_check",
     "ste_grad",
     "usable",
@@ -63,7 +72,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _DTYPES = (
     (torch.float32, torch.float16) if _INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
 )
+#: whether the kernels serve each device: its first use's self-check passed (or a block of
+#: :func:`_serving` says so)
 _CHECKED: dict[tuple[str, int | None], bool] = {}
+#: the self-check a device must pass before the kernels serve it (:func:`register_check`)
+_check: Callable[[torch.device], str | None] | None = None
 
 
 @functools.cache
@@ -156,6 +169,9 @@ def densified(x: torch.Tensor) -> torch.Tensor:
 
 
 def _first_use(device: torch.device) -> bool:
+    """Whether the kernels may serve ``device`` from now on: Triton importable, ``QDQ_KERNELS``
+    not ``0``, and the registered self-check passed (none registered: not served, with a warning,
+    as after a failed check)."""
     if os.environ.get("QDQ_KERNELS", "1") == "0" or _triton() is None:
         return False
     try:
@@ -264,95 +280,28 @@ def abs_histogram(x: torch.Tensor, grid: int) -> tuple[torch.Tensor, torch.Tenso
 # ----------------------------------------------------------------------------- the self-check
 
 
-def _probe(device: torch.device) -> torch.Tensor:
-    """float32 values that hit every edge at ``amax = 1.27`` (scale 0.01) and at the floored
-    scale: rounding ties both ways, saturation, signed zeros, NaN, ±inf, subnormals, and a
-    random bulk."""
-    scale = torch.tensor(0.01, dtype=torch.float32)
-    codes = torch.arange(-140, 141, dtype=torch.float32)
-    ties = (codes + 0.5) * scale  # x / scale lands on or next to .5
-    near = torch.cat([torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1)])
-    special = torch.tensor(
-        [0.0, -0.0, 1e-45, -1e-45, 1e-30, -3e-3, 4.9e-3, -5e-3, 5e-3, 1.27, -1.27, 1.28, -1.29,
-         1e30, -1e30, math.inf, -math.inf, math.nan, 2.0**-24, -(2.0**-25)]
-    )  # fmt: skip
-    bulk = torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 0.7
-    return torch.cat([codes * scale, ties, near, special, bulk]).to(device)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-identical, NaN included."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    view = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-    return torch.equal(a.view(view[a.dtype]), b.view(view[b.dtype]))
+def register_check(check: Callable[[torch.device], str | None] | None) -> None:
+    """Make ``check`` the self-check that each device must pass before the kernels serve it
+    (:mod:`qdq.kernel_check` registers its own on import; ``None`` takes it away). Devices
+    already checked are checked again, by the new one, at their next use."""
+    global _check
+    _check = check
+    _CHECKED.clear()
 
 
 def self_check(device: torch.device | str) -> str | None:
-    """Compare each kernel with the torch path it replaces (run with :func:`unfused`: the very
-    code a device without kernels runs) on ``device``; return what differs, or ``None`` when
-    every output is bit-identical (also when called under ``torch.no_grad``)."""
+    """Run the registered self-check (:func:`qdq.kernel_check.check`: each kernel against the
+    torch path it replaces) on ``device``; return what differs, or ``None`` when every output is
+    bit-identical (also when called under ``torch.no_grad``).
+
+    With no check registered it returns that as what differs: nothing was shown bit-identical,
+    and a device is served only after a check passed (a kernel may cost speed, never a wrong
+    number), so the device keeps the torch path.
+    """
+    check = _check
+    if check is None:
+        return "no self-check is registered (qdq.kernel_check registers it when qdq is imported)"
     # the first use comes from wherever a tensor first meets the kernels: calibration and
     # evaluation run under no_grad / inference_mode, where the gradient check cannot run
     with torch.inference_mode(False), torch.enable_grad():
-        return _self_check(torch.device(device))
-
-
-def _self_check(device: torch.device) -> str | None:
-    from qdq.calib.histogram import HistogramCalibrator
-    from qdq.quant.primitives import fake_quant_unchecked, quant_range
-
-    probe = _probe(device)
-    for amax_value in (1.27, 0.0, 3e-9, 1e20):
-        amax = torch.tensor(amax_value, dtype=torch.float32, device=device)
-        for dtype in _DTYPES:
-            x = probe.to(dtype)
-            for bits, narrow in ((8, False), (8, True), (4, False)):
-                qmin, qmax = quant_range(bits, narrow)
-                with unfused(device):
-                    want = fake_quant_unchecked(x, amax, num_bits=bits, narrow_range=narrow)
-                if not _same(fake_quant(x, amax, qmin, qmax), want):
-                    return f"fake_quant differs ({dtype}, amax {amax_value}, [{qmin}, {qmax}])"
-            g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-            leaf = x.detach().requires_grad_()
-            with unfused(device):
-                fake_quant_unchecked(leaf, amax).backward(g)
-            assert leaf.grad is not None
-            if not _same(ste_grad(x, amax, 127, g), leaf.grad):
-                return f"ste_grad differs ({dtype}, amax {amax_value})"
-    # per channel along axis 0 (weights): every amax edge at once, one per channel of a
-    # (channels, k) x; no NaN (a weight has none, and the payload of a NaN the torch path makes
-    # through a per-channel broadcast is not the fused kernel's: it would fail every kernel)
-    amaxes = torch.tensor([1.27, 0.0, 3e-9, 1e20, 0.05, 7.0], dtype=torch.float32, device=device)
-    weights = probe[~torch.isnan(probe)]
-    width = -(-weights.numel() // amaxes.numel())
-    rows = torch.cat([weights, weights[: width * amaxes.numel() - weights.numel()]])
-    for dtype in _DTYPES:
-        x = rows.reshape(amaxes.numel(), width).to(dtype)
-        for bits, narrow in ((8, True), (8, False), (4, False)):
-            qmin, qmax = quant_range(bits, narrow)
-            with unfused(device):
-                want = fake_quant_unchecked(x, amaxes, num_bits=bits, axis=0, narrow_range=narrow)
-            if not _same(fake_quant(x, amaxes, qmin, qmax), want):
-                return f"per-channel fake_quant differs ({dtype}, [{qmin}, {qmax}])"
-        g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device, dtype)
-        leaf = x.detach().requires_grad_()
-        with unfused(device):
-            fake_quant_unchecked(leaf, amaxes, axis=0, narrow_range=True).backward(g)
-        assert leaf.grad is not None
-        if not _same(ste_grad(x, amaxes, 127, g), leaf.grad):
-            return f"per-channel ste_grad differs ({dtype})"
-    finite = probe[torch.isfinite(probe)]
-    for data in (finite, finite * 1e-12, torch.zeros(7, device=device), finite.abs() * 3e5):
-        for num_bins in (256, 2048):
-            runs = []
-            for on in (True, False):  # the device histogram, then the torch path
-                cal = HistogramCalibrator(num_bins)
-                with _serving(device, on):
-                    cal.collect(data)
-                    cal.collect(data * 3)  # the range grows: merged bins
-                runs.append((*cal.histogram(), cal.observed_max))
-            (ca, ea, ma), (cb, eb, mb) = runs
-            if ma != mb or ca.tolist() != cb.tolist() or ea.tolist() != eb.tolist():
-                return f"abs_histogram differs ({2 * num_bins} bins, max {mb:g})"
-    return None
+        return check(torch.device(device))
