@@ -414,3 +414,32 @@ def test_an_fp16_to_fp8_scale_layer_is_a_qdq_reformat() -> None:
         "Outputs": [{"Name": "b", "Format/Datatype": "Row major linear FP8 format"}],
     }])  # fmt: skip
     assert [x.name for x in engine.qdq_reformats()] == ["q_fp8"]
+
+
+def test_fp8_export_of_concats_and_pointwise_layers_costs_one_quantize_each(tmp_path: Path) -> None:
+    """An FP8 plan of YOLOv8's C2f and a RepVGG sum (tests/test_placement_rules.py's _C2f): the
+    Concat and the identity branch stay float between FP8 convs (F10), so the linter predicts a
+    Quantize after each; its INT8 rules (S02b Concat inputs, P04 quantized and
+    float readers, P06 pools) do not ask to quantize a layer that has no FP8 version."""
+    import torch
+
+    import qdq
+    from qdq import QuantConfig
+    from test_placement_rules import _C2f
+
+    x = torch.randn(2, 32, 8, 8)
+    counts = {}
+    for fmt in ("int8", "fp8"):
+        prepared = qdq.prepare(_C2f().eval(), (x,), QuantConfig(format=fmt))
+        qdq.calibrate(prepared, [x], method="max", show_progress=False)
+        path = tmp_path / f"{fmt}.onnx"
+        qdq.export_onnx(prepared, (x[:1],), path, exporter="torchscript")
+        report = lint(path, target="trt10-hopper")
+        warned = {f.rule for f in report.findings if f.severity != "INFO"}
+        assert not {"S02b", "P04", "P06", "P03d"} & warned, report.format()
+        counts[fmt] = report.summary["unfused_qdq"]
+    # FP8: a Quantize each where a float layer feeds an FP8 conv (the input, the Slice of the
+    # split, the Concat, cv2's SiLU read by the float identity BatchNorm too, the sum) and the
+    # skip's Dequantize for the bottleneck's fused Add (its output read by the float Concat);
+    # the Concat with FP8 inputs cost 3 Dequantize more, the sum's INT8 inputs 2 reformats more
+    assert counts["fp8"] <= 6, counts

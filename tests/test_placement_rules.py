@@ -979,6 +979,60 @@ def test_fp8_plan_of_a_convnet_with_depthwise_convolutions_keeps_its_convolution
     assert f["c2:weight"] == ("int8", "F09")
 
 
+class _C2f(nn.Module):
+    """YOLOv8's C2f (a conv split in two, a bottleneck with a residual Add, a Concat of all,
+    a conv) and a RepVGG block (3x3 + 1x1 + BatchNorm identity, summed): the element-wise and
+    data-movement layers between FP8 convolutions."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.cv1 = nn.Conv2d(c, 2 * c, 1)
+        self.m1 = nn.Conv2d(c, c, 3, padding=1)
+        self.m2 = nn.Conv2d(c, c, 3, padding=1)
+        self.cv2 = nn.Conv2d(3 * c, c, 1)
+        self.kxk = nn.Conv2d(c, c, 3, padding=1)
+        self.k1 = nn.Conv2d(c, c, 1)
+        self.bn_k, self.bn_1, self.identity = (
+            nn.BatchNorm2d(c),
+            nn.BatchNorm2d(c),
+            nn.BatchNorm2d(c),
+        )
+        self.out = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = F.silu(self.cv1(x)).chunk(2, 1)
+        m = b + F.silu(self.m2(F.silu(self.m1(b))))
+        x = F.silu(self.cv2(torch.cat([a, b, m], 1)))
+        y = self.bn_k(self.kxk(x)) + self.bn_1(self.k1(x))
+        return self.out(F.relu(y + self.identity(x)))
+
+
+def test_fp8_plan_leaves_concats_and_pointwise_layers_between_fp8_convs_float() -> None:
+    """F10: TensorRT has no FP8 Concat or PointWise layer, and an FP8 conv cannot write INT8: the
+    Concat's inputs and the identity branch's Add stay float where the INT8 plan quantizes them;
+    the FP8 readers keep their own Quantize; a residual skip stays quantized in the format of
+    the conv its Add fuses into (F05)."""
+    int8 = plan(_C2f(), 1, 32, 8, 8)
+    assert {pt.name for pt in int8.points if pt.op == "cat" and pt.quantized} == {
+        "cat:input0", "cat:input1", "cat:input2"
+    }  # fmt: skip
+    p = plan(_C2f(), 1, 32, 8, 8, config=QuantConfig(format="fp8"))
+    f = _formats(p)
+    for name in ("cat:input0", "cat:input1", "cat:input2"):
+        assert not p.point(name).quantized and p.point(name).rule == "F10"
+    assert "no FP8 Concat" in p.point("cat:input0").reason
+    assert f["cv2:input"] == ("fp8", "F01")  # the Concat's reader: its own FP8 Quantize
+    skips = [pt for pt in p.points if pt.op == "add" and pt.rule == "P03" and pt.quantized]
+    assert skips and all(f[pt.name] == ("fp8", "F05") for pt in skips)
+    # the identity branch: the BatchNorm's input and the sum it joins, INT8 PointWise in the
+    # INT8 plan, stay float next to FP8 convs
+    int8_pw = {pt.name for pt in int8.points if pt.quantized and pt.rule == "P04"}
+    assert int8_pw and all(p.point(n).rule == "F10" for n in int8_pw)
+    assert "cannot write INT8" in p.point("add_2:input0").reason  # k1 + kxk, FP8, writes it
+    assert "runs float" in p.point("identity:input").reason
+    assert all(f[n][0] == "fp8" for n in ("m1:input", "m2:input", "kxk:input", "out:input"))
+
+
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
     """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""

@@ -52,10 +52,17 @@ from qdq.config import CalibSpec, QuantSpec
 from qdq.graph.attention import attention_role, probs_source
 from qdq.graph.capture import fetch_attr
 from qdq.graph.context import PlanContext, alias_root
-from qdq.graph.patterns import COPY_KINDS, conv_groups
+from qdq.graph.patterns import (
+    COPY_KINDS,
+    EPILOGUE_KINDS,
+    PASS_THROUGH_KINDS,
+    conv_groups,
+    tensor_inputs,
+)
 from qdq.graph.plan import QuantPoint, ScaleGroup
+from qdq.graph.residual import fused_layer, silu_operand
 
-__all__ = ["MIXED_CONV", "WEIGHTED", "assign_formats", "fp8_kernel"]
+__all__ = ["MIXED_CONV", "WEIGHTED", "assign_formats", "float_movement", "fp8_kernel"]
 
 #: F07's reason: a convolution of a mixed plan
 MIXED_CONV = (
@@ -147,14 +154,15 @@ def assign_formats(
         for o in ctx.config.overrides:
             if o.format is not None and o.matches(owner, owner_type, kind):
                 layer[owner] = (o.format, "USER", f"{o.format.upper()} set by the QuantConfig")
-    group_fmt = _settle(points, groups, layer)
+    fused = _fused_owners(ctx, points, layer)
+    group_fmt = _settle(points, groups, layer, fused)
     probs = _softmax_groups(ctx, points, group_fmt)
     out = []
     for p in points:
         if not p.quantized or p.group is None or p.spec is None:
             out.append(p)
             continue
-        fmt, rule, why = _why(p, by_name, groups, group_fmt, layer)
+        fmt, rule, why = _why(p, by_name, groups, group_fmt, layer, fused)
         q = _with_format(ctx, p, fmt, rule, why)
         if p.group in probs and q.calib is not None:
             q = replace(
@@ -166,6 +174,108 @@ def assign_formats(
             )
         out.append(q)
     return out
+
+
+def _fused_owners(
+    ctx: PlanContext, points: list[QuantPoint], layer: dict[str, tuple[str, str, str]]
+) -> dict[str, str]:
+    """Residual skip point -> the owner of the weighted layer its Add fuses into (P03), for the
+    skips whose layer has a format: that layer reads the skip, in its own format."""
+    out = {}
+    for p in points:
+        node = fused_layer(ctx, p)
+        owner = ctx.owners.get(node) if node is not None else None
+        if owner is not None and owner in layer:
+            out[p.name] = owner
+    return out
+
+
+def float_movement(
+    ctx: PlanContext, points: list[QuantPoint], floated: set[str]
+) -> list[tuple[QuantPoint, str]]:
+    """F10: quantized inputs of layers that are not Conv/GEMM/attention (a Concat, a pool, an
+    element-wise Add or Mul) that cost reformats in a plan with FP8 layers, each with why.
+    TensorRT's FP8 kernels are GEMMs, convolutions and attention only, so such a layer runs
+    float or INT8:
+
+    * in an FP8 scale group (an FP8 layer reads the tensor), it runs float: a standalone
+      Dequantize per input and a standalone Quantize for its FP8 reader (YOLOv8n's FP8 export:
+      76 unfused Q/DQ at its Concats and pools), where left float it costs the reader's one
+      Quantize;
+    * in an INT8 group no weighted layer reads (F02, the INT8 plan's element-wise layers) whose
+      tensor an FP8 layer writes (through its epilogue, or a residual Add fused into it): an FP8
+      layer cannot write INT8, so that is a standalone Quantize, and the INT8 layer writes INT8
+      for FP8 readers (RepVGG's identity-branch Adds: two reformats a block). Not a pool's: its
+      one Quantize is before it or after it either way, and INT8 keeps the head it feeds INT8
+      (F05, :func:`_pooled_reads`);
+    * every other quantized input of a layer in ``floated`` (one input left float above): it
+      runs float, and its INT8 inputs would be standalone Dequantize layers.
+
+    A residual skip read in FP8 by the layer its Add fuses into stays. ``floated`` collects the
+    consumers of what is returned; the planner releases these points and plans the formats again.
+    """
+    fmt = {p.group: p.spec.format for p in points if p.quantized and p.spec is not None}
+    formats = {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
+    fused = {}
+    for p in points:
+        node = fused_layer(ctx, p)
+        if node is not None:
+            fused[p.consumer] = node
+    out = []
+    for p in points:
+        if not p.quantized or p.kind != "input" or p.op in WEIGHTED or p.consumer in fused:
+            continue
+        group = fmt.get(p.group)
+        consumer = ctx.by_name[p.consumer]
+        what = f"{ctx.owners.get(consumer) or p.consumer} ({ctx.kinds.get(consumer)})"
+        pool = ctx.kinds.get(consumer) in ("avg_pool", "max_pool")
+        if group == "fp8":
+            why = (
+                f"{what} would read FP8, and TensorRT has no FP8 Concat, pooling or PointWise "
+                "layer (its FP8 kernels are GEMMs, convolutions and attention): it runs float, "
+                "and its FP8 reader quantizes its output (one Quantize, not a Dequantize per input "
+                "and a Quantize)"
+            )
+        elif p.consumer in floated:
+            why = f"another input of {what} stays float (F10), so it runs float"
+        elif group == "int8" and p.format_rule == "F02" and not pool:
+            # (a pool's one Quantize is before it or after it either way, and INT8 keeps the
+            # head it feeds INT8: F05, _pooled_reads)
+            writer = _fp8_writer(ctx, ctx.by_name[p.producer], formats, fused)
+            if writer is None:
+                continue
+            why = (
+                f"{writer} runs FP8 and cannot write INT8: {what} stays float (an INT8 input "
+                "would be a standalone Quantize after it)"
+            )
+        else:
+            continue
+        out.append((p, why))
+    floated.update(p.consumer for p, _ in out)
+    return out
+
+
+def _fp8_writer(
+    ctx: PlanContext, node: fx.Node, formats: dict[str, str], fused: dict[str, fx.Node]
+) -> str | None:
+    """The FP8 weighted layer (its owner) whose output ``node`` is: through its epilogue (BN,
+    activations, SiLU), pass-through ops and a residual Add fused into it; ``None`` if none."""
+    cur = node
+    for _ in range(len(ctx.order)):
+        kind = ctx.kinds.get(cur)
+        if kind in WEIGHTED:
+            owner = ctx.owners.get(cur, "")
+            return owner if formats.get(owner) == "fp8" else None
+        ins = tensor_inputs(cur)
+        if cur.name in fused:
+            cur = fused[cur.name]
+        elif (x := silu_operand(ctx, cur)) is not None:
+            cur = x
+        elif kind in EPILOGUE_KINDS | PASS_THROUGH_KINDS and len(ins) == 1:
+            cur = ins[0][1]
+        else:
+            return None
+    return None
 
 
 def _pooled_reads(
@@ -222,14 +332,21 @@ def _softmax_groups(
 
 
 def _settle(
-    points: list[QuantPoint], groups: list[ScaleGroup], layer: dict[str, tuple[str, str, str]]
+    points: list[QuantPoint],
+    groups: list[ScaleGroup],
+    layer: dict[str, tuple[str, str, str]],
+    fused: dict[str, str],
 ) -> dict[int, str]:
     """F05 to a fixed point: a group read by an INT8 layer is INT8; an FP8 layer reading an INT8
-    group becomes INT8. Returns each group's format."""
+    group becomes INT8. A residual skip counts as read by the layer its Add fuses into
+    (``fused``). Returns each group's format."""
     by_name = {p.name: p for p in points}
     readers: dict[int, list[str]] = {}  # activation group -> the layers reading it
     for g in groups:  # a parameter used by two layers is one weight quantizer: one format too
-        readers[g.id] = sorted({by_name[m].owner for m in g.members if by_name[m].owner in layer})
+        readers[g.id] = sorted(
+            {by_name[m].owner for m in g.members if by_name[m].owner in layer}
+            | {fused[m] for m in g.members if m in fused}
+        )
     changed = True
     while changed:
         changed = False
@@ -258,6 +375,7 @@ def _why(
     groups: list[ScaleGroup],
     group_fmt: dict[int, str],
     layer: dict[str, tuple[str, str, str]],
+    fused: dict[str, str],
 ) -> tuple[str, str, str]:
     if p.owner in layer and (p.kind == "weight" or p.op in WEIGHTED):
         return layer[p.owner]
@@ -266,6 +384,14 @@ def _why(
     readers = [m for m in groups[p.group].members if by_name[m].owner in layer]
     if readers:
         return fmt, "F05", f"shares its Quantize with {readers[0]}, read in {fmt.upper()}"
+    skips = [m for m in groups[p.group].members if m in fused]
+    if skips:
+        return (
+            fmt,
+            "F05",
+            f"the residual skip of an Add fused into {fused[skips[0]]}, read in "
+            f"{fmt.upper()} (TensorRT's fused Add reads its residual in its layer's format)",
+        )
     return (
         "int8",
         "F02",

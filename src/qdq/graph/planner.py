@@ -45,7 +45,7 @@ from qdq.graph.context import (
     skip_input,
     users_through,
 )
-from qdq.graph.formats import assign_formats
+from qdq.graph.formats import assign_formats, float_movement
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
     COPY_KINDS,
@@ -117,6 +117,17 @@ def build_plan(
     points, groups = group_points(ctx, nodes)
     if cfg.format != "int8":
         points = assign_formats(ctx, points, groups)
+        floated: set[str] = set()
+        for _ in range(len(nodes)):  # each pass releases points (F10), so it ends
+            released = float_movement(ctx, points, floated)
+            if not released:
+                break
+            for p, why in released:
+                release(ctx, ctx.points[p.name], "F10", why)
+            release_float_output_skips(ctx)  # step 5 again: a fused Add may now write float
+            _release_float_output_bns(ctx)
+            points, groups = group_points(ctx, nodes)
+            points = assign_formats(ctx, points, groups)
     ordered = sorted(points, key=lambda p: (ctx.order[ctx.by_name[p.consumer]], p.kind != "weight"))
     covered = coverage(model if model is not None else root, ordered)
     name = type(model if model is not None else root).__name__

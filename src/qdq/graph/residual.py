@@ -21,8 +21,9 @@ from qdq.graph.patterns import (
     WEIGHTED_KINDS,
     tensor_inputs,
 )
+from qdq.graph.plan import QuantPoint
 
-__all__ = ["plan_residual_add", "silu_operand"]
+__all__ = ["fused_layer", "plan_residual_add", "silu_operand"]
 
 #: pointwise ops whose other operand is a constant (ConvNeXt's LayerScale ``x * gamma``, a bias
 #: ``x + b``): one more pointwise op of the epilogue, with a single activation input
@@ -57,6 +58,16 @@ def _backbone(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
         if len(nxt.users) != readers:
             return None
         cur = nxt
+
+
+def fused_layer(ctx: PlanContext, point: QuantPoint) -> fx.Node | None:
+    """The weighted op whose epilogue absorbs the Add of a quantized residual skip ``point``
+    (P03): the backbone of the Add's other operand; ``None`` for any other point."""
+    if point.rule != "P03" or not point.quantized or point.kind != "input":
+        return None
+    add = ctx.by_name[point.consumer]
+    others = [n for pos, n in tensor_inputs(add) if pos != point.arg]
+    return _backbone(ctx, others[0]) if len(others) == 1 else None
 
 
 def silu_operand(ctx: PlanContext, node: fx.Node) -> fx.Node | None:

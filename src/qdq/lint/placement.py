@@ -7,6 +7,7 @@ from typing import Any
 
 from qdq.lint.attention import attention_cores
 from qdq.lint.findings import INFO, WARN, Finding
+from qdq.lint.formats import FORMATS
 from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
 from qdq.lint.guard import Guard
 from qdq.lint.residual import both_conv_branches, fusible, is_residual, residual_add
@@ -269,6 +270,8 @@ def _concat(g: LintGraph, node: Any) -> list[Finding]:
     if not out_scales or len(node.input) < 2:
         return []  # a one-input Concat (torch.stack of one image) copies: one Quantize either way
     ins = [g.qinput(i) for i in node.input]
+    if not _plain_uses(g, _uses_through(g, node.output[0])):
+        return []  # read in FP8 only: no FP8 Concat, so it runs float and its reader quantizes
     if any(q is None for q in ins):
         floats = [i for i, q in zip(node.input, ins, strict=True) if q is None]
         return [
@@ -339,8 +342,9 @@ def _maxpool(g: LintGraph, node: Any) -> list[Finding]:
 
 
 def _avg_pool(g: LintGraph, node: Any) -> list[Finding]:
-    if g.qinput(node.input[0]) is not None or not _uses_through(g, node.output[0]):
-        return []
+    uses = _uses_through(g, node.output[0])
+    if g.qinput(node.input[0]) is not None or not _plain_uses(g, uses):
+        return []  # (read in FP8 only: TensorRT has no FP8 pooling, float is its best)
     producer = g.producer.get(node.input[0])
     if producer is None:
         return []
@@ -436,6 +440,13 @@ def _uses_through(g: LintGraph, tensor: str) -> list[tuple[Any, Any, tuple[float
     return out
 
 
+def _plain_uses(g: LintGraph, uses: list[tuple[Any, Any, tuple[float, ...]]]) -> bool:
+    """Whether some of ``uses`` quantize in a format whose pooling, pointwise and data-movement
+    layers TensorRT runs quantized (INT8; not FP8: :data:`qdq.lint.formats.FORMATS`), so that
+    quantizing such a layer's inputs too would let it run quantized."""
+    return any(FORMATS[g.qdq_format(q)].plain_layers for q, _, _ in uses)
+
+
 def _reorders_of(g: LintGraph, tensor: str) -> list[Any]:
     """The Concats reordering ``tensor`` that read its Slices directly (a roll's last Concat
     reads the first one's Slices: reached from that Concat's output)."""
@@ -489,6 +500,9 @@ def _tensor_rules(g: LintGraph, t: str) -> list[Finding]:
     floats = [c for c in g.float_uses(t) if not fusible(g, t, c) and not _quantized_through(g, c)]
     if not uses or not floats:
         return out
+    if not _plain_uses(g, uses) and not any(g.weighted(c) for c in floats):
+        return out  # FP8 readers beside float plain layers, which have no FP8 version: nothing
+        # quantizes those, and the producer writes float for them either way
     names = sorted({g.name(c) for c in floats})
     if any(c.op_type == "Sigmoid" for c in floats) and any(c.op_type == "Mul" for _, c, _ in uses):
         out.append(

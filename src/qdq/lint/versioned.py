@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.formats import INT8
+from qdq.lint.formats import FORMATS, INT8
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.predict import PredictedLayer, int8_capable, quantized_skips
 from qdq.lint.target import Target
@@ -132,7 +132,11 @@ def _p03d(g: LintGraph, ly: PredictedLayer, members: list[Any], add: Any, skip: 
         c for t in same for c in g.consumers.get(t, []) if c.op_type == "QuantizeLinear"
     ]
     only_here = other_q_readers == [skip.q] and len(g.consumers.get(skip.q.output[0], [])) == 1
-    if readers and not returned and all(can_read_int8(g, r) for r in readers):
+    if FORMATS[skip.fmt].plain_layers:
+        readable = all(can_read_int8(g, r) for r in readers)
+    else:  # FP8: only a GEMM/convolution reads it quantized (no FP8 pooling or pointwise)
+        readable = all(g.weighted(r) for r in readers)
+    if readers and not returned and readable:
         severity, fix = (
             WARN,
             (

@@ -254,6 +254,18 @@ RULES: tuple[Rule, ...] = (
         "NVIDIA/TensorRT#4524): FP8 pointwise convolutions between INT8 depthwise ones would cross "
         "a format boundary at every block. Override(format='fp8') keeps a layer FP8.",
     ),
+    Rule(
+        "F10",
+        "core",
+        "In a plan with FP8 layers, a Concat, pool or element-wise layer reading an FP8 tensor, or "
+        "an INT8 one an FP8 layer writes, stays float",
+        "TensorRT's FP8 kernels are GEMMs, convolutions and attention: a Concat, a pool or a "
+        "PointWise layer has no FP8 version, so FP8 Q/DQ on its inputs run as standalone "
+        "Dequantize layers and its FP8 reader's Quantize stands alone too; an FP8 layer cannot "
+        "write INT8 either. Left float, the layer costs its reader one Quantize (YOLOv8n's FP8 "
+        "export: 76 unfused Q/DQ -> 35; RepVGG-A0: 111 -> 28). A residual skip read in FP8 by the "
+        "convolution its Add fuses into keeps its Q/DQ: the fused Add reads it in that format.",
+    ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
 
