@@ -291,3 +291,22 @@ def test_mixed_attention_follows_its_gemms_to_int8_when_none_stays_fp8() -> None
     assert choice.to_dict()["followed"] == list(choice.followed)
     again = qdq.prepare(net, (x[:1],), QuantConfig(format="mixed", overrides=choice.overrides))
     assert {q.spec.format for q in qdq.quantizers_of(again).values()} == {"int8"}
+
+
+def test_fp8_job_lints_an_fp8_build_and_refuses_a_gpu_without_fp8(files, tmp_path: Path) -> None:
+    """``trt10`` names no GPU: the job lints the build an FP8 export needs (``--fp8`` added), so
+    no F07 warning; a target whose GPU has no FP8, or whose parser predates opset 19, is refused
+    before anything runs."""
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "a", format="fp8", ptq="none",
+                   show_progress=False)  # fmt: skip
+    rules = {f["rule"]: f["severity"] for f in res.report["lint_findings"]}
+    assert "F07" not in rules and rules.get("F01") == "INFO"  # names no GPU: INFO only
+    for target, match in (("trt10-ampere", "compute capability 8.9"), ("trt8.6", "opset 19")):
+        with pytest.raises(ValueError, match=match):
+            quantize(f"{model}:build", str(data), out=tmp_path / target, format="fp8",
+                     target=target, ptq="none", show_progress=False)  # fmt: skip
+        assert not (tmp_path / target).exists()
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        quantize(f"{model}:build", str(data), out=tmp_path / "m", format="mixed",
+                 target="trt10-turing", ptq="none", show_progress=False)  # fmt: skip

@@ -7,7 +7,7 @@ from qdq.config import CALIBRATION_METHODS, PLAN_FORMATS
 from qdq.pipeline.improve import PtqOptions
 from qdq.pipeline.recipe import SearchOptions
 
-__all__ = ["check_method", "check_options"]
+__all__ = ["check_format_target", "check_method", "check_options"]
 
 
 def check_options(
@@ -63,3 +63,44 @@ def check_method(calib: str | None, fmt: str) -> str | None:
     if calib is None:  # an FP8 plan: each quantizer's own method (max for FP8, mse for INT8)
         calib = "mse" if fmt == "int8" else None
     return calib
+
+
+def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
+    """Check that the linter's ``target`` can build a ``fmt`` plan; return the weak-typing build
+    flags the job lints with (``None``: the target's own).
+
+    An FP8 or mixed plan needs a GPU of compute capability 8.9+ (Ada, Hopper, Blackwell) and a
+    TensorRT whose ONNX parser reads opset 19 (FP8 ``QuantizeLinear``): 10.0 or newer. A weakly
+    typed target that names no GPU (``trt10``) lints with ``--fp8`` added to its flags: an FP8
+    export is built with it (``trtexec --int8 --fp16 --fp8``), and without it every FP8 job
+    would warn F07 about a build nobody should run.
+
+    Example:
+        >>> check_format_target("int8", "trt10"), check_format_target("fp8", "trt10")
+        (None, ('fp16', 'int8', 'fp8'))
+
+    Raises:
+        ValueError: FP8 or mixed with a target whose GPU has no FP8, or whose parser predates
+            opset 19.
+    """
+    from qdq.lint import parse_target
+
+    t = parse_target(target)
+    if fmt == "int8":
+        return None
+    if t.runs((8, 9)) is False:
+        have = ".".join(map(str, t.compute_capability or ()))
+        raise ValueError(
+            f"format={fmt!r} needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper, "
+            f"Blackwell); target {target!r} is {t.gpu} ({have}): use format='int8', or a target "
+            "naming an FP8 GPU (trt10-ada, trt10-hopper, trt10-blackwell)"
+        )
+    if t.max_opset is not None and t.max_opset < 19:
+        raise ValueError(
+            f"format={fmt!r} exports FP8 Q/DQ at opset 19, which the ONNX parser of target "
+            f"{target!r} does not read (it reads up to opset {t.max_opset}): target TensorRT 10 "
+            "or newer (trt10, trt10-hopper)"
+        )
+    if t.strongly_typed or t.flags & {"fp8", "best"}:
+        return None
+    return (*sorted(t.flags), "fp8")

@@ -56,7 +56,7 @@ from qdq.pipeline.inputs import (
 from qdq.pipeline.kinds import check_kind_name
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import ModelSource, resolve_model
-from qdq.pipeline.options import check_method, check_options
+from qdq.pipeline.options import check_format_target, check_method, check_options
 from qdq.pipeline.outdir import check_out_dir, staged_dir
 from qdq.pipeline.outputs import output_names, recorded_output
 from qdq.pipeline.per_image import per_image_keys, refuse_options
@@ -250,6 +250,7 @@ def quantize(
     from qdq.lint import parse_target
 
     parse_target(target)  # a bad target fails now, not after the export
+    lint_flags = check_format_target(format, target)  # nor FP8 for a GPU without it
     dev = resolve_device(device)  # nor a device that is not there
     from qdq.report import check_dependencies
 
@@ -396,6 +397,7 @@ def quantize(
                     str(dev),
                     keys,
                     None if chosen is None else chosen.to_dict(),
+                    lint_flags,
                 ),
                 caught,
                 fallback,
@@ -427,6 +429,7 @@ class _Settings:
     device: str = "cpu"  # where the torch stages ran
     per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
     format_choice: dict[str, Any] | None = None  # what --format mixed measured (FormatChoice)
+    lint_flags: tuple[str, ...] | None = None  # the build flags linted (FP8: --fp8 added)
 
 
 def _export_and_measure(
@@ -492,7 +495,7 @@ def _export_and_measure(
                 st.detail = ", ".join(f"{m} {r['metric']:.4f}" for m, r in methods.items())
         report_lint = None
         with stages.optional("lint") as st:
-            report_lint = lint(exported.path, target=s.target)
+            report_lint = lint(exported.path, target=s.target, flags=s.lint_flags)
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
         timings = stages.timings
         report = build_report(
