@@ -1033,6 +1033,36 @@ def test_fp8_plan_leaves_concats_and_pointwise_layers_between_fp8_convs_float() 
     assert all(f[n][0] == "fp8" for n in ("m1:input", "m2:input", "kxk:input", "out:input"))
 
 
+class _RepVgg(nn.Module):
+    """Two RepVGG blocks: 3x3 + 1x1 (the first), 3x3 + 1x1 + BatchNorm identity (the second)."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.k1, self.p1 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 1)
+        self.k2, self.p2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 1)
+        self.bns = nn.ModuleList(nn.BatchNorm2d(c) for _ in range(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.bns
+        y = F.relu(b[0](self.k1(x)) + b[1](self.p1(x)))
+        return F.relu(b[2](self.k2(y)) + b[3](self.p2(y)) + b[4](y))
+
+
+def test_fp8_skip_of_an_add_whose_output_a_float_layer_reads_stays_float() -> None:
+    """The first block's sum fuses into an FP8 conv; its output is read by the second block's
+    FP8 convs and by its identity BatchNorm, which stays float (F10): the fused layer writes
+    float, so it reads its skip in float and the skip's Q/DQ goes (an FP8 skip would be a
+    standalone Dequantize). In the INT8 plan the identity branch runs INT8 and the skip stays."""
+    first = "add:input0", "add:input1"
+    int8 = plan(_RepVgg(), 1, 32, 8, 8)
+    assert any(int8.point(n).quantized for n in first)
+    p = plan(_RepVgg(), 1, 32, 8, 8, config=QuantConfig(format="fp8"))
+    assert not any(p.point(n).quantized for n in first)
+    skip = next(p.point(n) for n in first if "skip" in p.point(n).reason)
+    assert skip.rule == "P03" and "fused into an FP8 layer" in skip.reason
+    assert p.point("bns.4:input").rule == "F10"  # the identity BatchNorm
+
+
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
     """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""

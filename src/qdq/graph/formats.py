@@ -62,7 +62,14 @@ from qdq.graph.patterns import (
 from qdq.graph.plan import QuantPoint, ScaleGroup
 from qdq.graph.residual import fused_layer, silu_operand
 
-__all__ = ["MIXED_CONV", "WEIGHTED", "assign_formats", "float_movement", "fp8_kernel"]
+__all__ = [
+    "MIXED_CONV",
+    "WEIGHTED",
+    "assign_formats",
+    "float_movement",
+    "fp8_fused_adds",
+    "fp8_kernel",
+]
 
 #: F07's reason: a convolution of a mixed plan
 MIXED_CONV = (
@@ -253,6 +260,19 @@ def float_movement(
         out.append((p, why))
     floated.update(p.consumer for p, _ in out)
     return out
+
+
+def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]:
+    """The residual Adds (their node names) whose quantized skip fuses into an FP8 layer: such a
+    layer writes FP8 only when every reader quantizes its output (F10), so its skip stays float
+    when one does not (:func:`qdq.graph.residual.release_float_output_skips`)."""
+    formats = {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
+    adds = set()
+    for p in points:
+        node = fused_layer(ctx, p)
+        if node is not None and formats.get(ctx.owners.get(node, "")) == "fp8":
+            adds.add(p.consumer)
+    return frozenset(adds)
 
 
 def _fp8_writer(

@@ -45,7 +45,7 @@ from qdq.graph.context import (
     skip_input,
     users_through,
 )
-from qdq.graph.formats import assign_formats, float_movement
+from qdq.graph.formats import assign_formats, float_movement, fp8_fused_adds
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
     COPY_KINDS,
@@ -118,13 +118,15 @@ def build_plan(
     if cfg.format != "int8":
         points = assign_formats(ctx, points, groups)
         floated: set[str] = set()
-        for _ in range(len(nodes)):  # each pass releases points (F10), so it ends
+        for _ in range(len(nodes)):  # each pass releases points, so it ends
             released = float_movement(ctx, points, floated)
-            if not released:
-                break
             for p, why in released:
                 release(ctx, ctx.points[p.name], "F10", why)
-            release_float_output_skips(ctx)  # step 5 again: a fused Add may now write float
+            # step 5 again: a fused Add may now write float (an FP8 one unless every reader
+            # quantizes its output)
+            skips = release_float_output_skips(ctx, fp8_fused_adds(ctx, points))
+            if not released and not skips:
+                break
             _release_float_output_bns(ctx)
             points, groups = group_points(ctx, nodes)
             points = assign_formats(ctx, points, groups)

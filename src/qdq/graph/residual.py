@@ -9,6 +9,7 @@ import torch.fx as fx
 from qdq.graph.context import (
     PlanContext,
     alias_root,
+    is_scale,
     quantize_input,
     reaches_quantized,
     release,
@@ -218,31 +219,66 @@ def _copies_of(ctx: PlanContext, node: fx.Node) -> set[str]:
     return names
 
 
-def release_float_output_skips(ctx: PlanContext) -> None:
+def release_float_output_skips(ctx: PlanContext, fp8_adds: frozenset[str] = frozenset()) -> int:
     """P03, second pass (after every other step): a residual skip quantized only for its Add
-    stays float when the fused conv+Add's output (through its epilogue) feeds no quantized op.
+    stays float when the fused conv+Add's output (through its epilogue) feeds no quantized op,
+    or, for the Adds of ``fp8_adds`` (fused into an FP8 layer), when any reader of it runs float
+    (no FP8 Concat, pooling or PointWise layer reads it quantized: the layer writes float).
+    Returns how many skips it released.
 
     TensorRT's conv+Add fusion reads its residual in its output precision: with a float output an
     INT8 skip costs a standalone DequantizeLinear (lint P03d), a float skip costs nothing. A skip
     that other quantized ops read (a ResNet block input, shared with ``conv1``) keeps its Q/DQ:
     leaving it float would only move the reformat to its producer.
     """
+    released = 0
     for name, point in list(ctx.points.items()):
         if point.rule != "P03" or not point.quantized or point.kind != "input":
             continue
         add = ctx.by_name[point.consumer]
-        if ctx.kinds[add] != "add" or reaches_quantized(ctx, add, _THROUGH_EPILOGUE, scales=True):
+        if ctx.kinds[add] != "add":
             continue
+        if add.name in fp8_adds:
+            if not _float_reader(ctx, add):
+                continue
+            why = (
+                "residual skip read only by this Add, fused into an FP8 layer whose output a "
+                "float layer reads (TensorRT has no FP8 Concat, pooling or PointWise layer): the "
+                "layer writes float and reads the skip in float, so it stays float (an FP8 skip "
+                "would cost a standalone DequantizeLinear, lint P03d)"
+            )
+        elif reaches_quantized(ctx, add, _THROUGH_EPILOGUE, scales=True):
+            continue
+        else:
+            why = (
+                "residual skip read only by this Add, whose fused conv+Add output stays float (it "
+                "feeds no quantized op): TensorRT reads the skip in that precision, so it stays "
+                "float (an INT8 skip would cost a standalone DequantizeLinear, lint P03d)"
+            )
         aliases = _copies_of(ctx, ctx.by_name[point.producer])
         if any(
             p.quantized and p.producer in aliases and p.name != name for p in ctx.points.values()
         ):
             continue
-        release(
-            ctx,
-            point,
-            "P03",
-            "residual skip read only by this Add, whose fused conv+Add output stays float (it "
-            "feeds no quantized op): TensorRT reads the skip in that precision, so it stays float "
-            "(an INT8 skip would cost a standalone DequantizeLinear, lint P03d)",
-        )
+        release(ctx, point, "P03", why)
+        released += 1
+    return released
+
+
+def _float_reader(ctx: PlanContext, node: fx.Node) -> bool:
+    """Whether some reader of ``node``'s output (through its epilogue and pass-through ops)
+    reads it unquantized (the graph output included)."""
+    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if (n.name, u.name) in read:
+                continue
+            if ctx.kinds.get(u) in _THROUGH_EPILOGUE or is_scale(ctx, u):
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+                continue
+            return True
+    return False

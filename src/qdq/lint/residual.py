@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.findings import INFO, WARN, Finding
+from qdq.lint.formats import FORMATS
 from qdq.lint.graph import COPY_OPS, LintGraph
 
 __all__ = ["both_conv_branches", "fusible", "is_residual", "residual_add"]
@@ -60,7 +61,9 @@ def residual_add(g: LintGraph, node: Any) -> list[Finding]:
                 "qdq rule P15",
             )
         ]
-    if n_quantized == 0 and not _output_int8(g, node):
+    fmts = {g.weighted_format(bb) for _, bb, _ in ops if bb is not None}
+    plain = all(FORMATS[f].plain_layers for f in fmts if f is not None)
+    if n_quantized == 0 and not _output_int8(g, node, plain):
         return []  # the fused output stays float: a float skip is what TensorRT reads (P03d)
     if n_quantized == 0:
         return [
@@ -93,12 +96,14 @@ def residual_add(g: LintGraph, node: Any) -> list[Finding]:
 _ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish"})
 
 
-def _output_int8(g: LintGraph, add: Any) -> bool:
+def _output_int8(g: LintGraph, add: Any, plain: bool = True) -> bool:
     """Whether the Add's fused output -- after its activation and copy ops, as TensorRT fuses
     them -- is, or could be, INT8: read through a QuantizeLinear, or only by readers that could
     run INT8 (:func:`~qdq.lint.versioned.can_read_int8`: a quantized GEMM behind a pool counts).
     When it cannot, the conv+Add fusion writes float and reads its residual in float too, so a
-    float skip is right and P03a does not apply (its fix would cost a P03d reformat)."""
+    float skip is right and P03a does not apply (its fix would cost a P03d reformat). For a
+    layer in a format without pooling, pointwise or data-movement layers (FP8: ``plain`` false)
+    only GEMM/convolution readers can read its output quantized."""
     from qdq.lint.versioned import can_read_int8, final_readers
 
     todo, seen = [add.output[0]], set()
@@ -107,14 +112,21 @@ def _output_int8(g: LintGraph, add: Any) -> bool:
         if tensor in seen:
             continue
         seen.add(tensor)
-        if g.quantized_uses(tensor):
+        if plain and g.quantized_uses(tensor):
             return True
         readers, returned = final_readers(g, tensor)
         fused = [c for c in readers if c.op_type in _ACTIVATIONS]
         if fused:
             todo.extend(o for c in fused for o in c.output)
             continue
-        if readers and not returned and all(can_read_int8(g, r) for r in readers):
+        if plain:
+            if readers and not returned and all(can_read_int8(g, r) for r in readers):
+                return True
+        elif (  # FP8: every reader quantized, or a GEMM that could be
+            not returned
+            and (readers or g.quantized_uses(tensor))
+            and all(g.weighted(r) for r in readers)
+        ):
             return True
     return False
 
