@@ -263,7 +263,7 @@ RULES: tuple[Rule, ...] = (
         "PointWise layer has no FP8 version, so FP8 Q/DQ on its inputs run as standalone "
         "Dequantize layers and its FP8 reader's Quantize stands alone too; an FP8 layer cannot "
         "write INT8 either. Left float, the layer costs its reader one Quantize (YOLOv8n's FP8 "
-        "export: 76 unfused Q/DQ -> 35; RepVGG-A0: 111 -> 28). A residual skip read in FP8 by the "
+        "export: 76 unfused Q/DQ -> 35; RepVGG-A0: 111 -> 25). A residual skip read in FP8 by the "
         "convolution its Add fuses into keeps its Q/DQ: the fused Add reads it in that format.",
     ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
