@@ -1063,6 +1063,31 @@ def test_fp8_skip_of_an_add_whose_output_a_float_layer_reads_stays_float() -> No
     assert p.point("bns.4:input").rule == "F10"  # the identity BatchNorm
 
 
+def test_fp8_skip_an_int8_shortcut_writes_stays_int8() -> None:
+    """A strided block whose shortcut convolution runs INT8 (16 input channels, F03) and whose
+    second convolution runs FP8 with the Add fused: the skip stays INT8, which its writer writes
+    at no cost (read in FP8 it would take a standalone Quantize after the shortcut: the
+    Fashion-MNIST ResNet's FP8 export went 2 -> 3 unfused Q/DQ that way)."""
+
+    class Strided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+            self.shortcut = nn.Conv2d(16, 32, 1, stride=2)
+            self.head = nn.Conv2d(32, 32, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv2(F.relu(self.conv1(x))) + self.shortcut(x)
+            return self.head(F.relu(y))
+
+    p = plan(Strided(), 1, 16, 8, 8, config=QuantConfig(format="fp8"))
+    f = _formats(p)
+    assert f["shortcut:weight"] == ("int8", "F03") and f["conv2:weight"] == ("fp8", "F06")
+    (skip,) = [pt for pt in p.points if pt.op == "add" and pt.quantized]
+    assert f[skip.name][0] == "int8"
+
+
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
     """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""

@@ -187,13 +187,31 @@ def _fused_owners(
     ctx: PlanContext, points: list[QuantPoint], layer: dict[str, tuple[str, str, str]]
 ) -> dict[str, str]:
     """Residual skip point -> the owner of the weighted layer its Add fuses into (P03), for the
-    skips whose layer has a format: that layer reads the skip, in its own format."""
+    skips whose layer has a format: that layer reads the skip, in its own format. Not a skip an
+    INT8 layer writes (a ResNet's strided shortcut convolution): that one is INT8 at no cost,
+    where reading it in FP8 would take a standalone Quantize after its writer."""
+    fused = _fused_nodes(ctx, points)
+    out = {}
+    for p in points:
+        node = fused.get(p.consumer) if p.quantized and p.rule == "P03" else None
+        owner = ctx.owners.get(node) if node is not None else None
+        if owner is None or owner not in layer:
+            continue
+        writer = _writer(ctx, ctx.by_name[p.producer], fused)
+        if writer is not None and layer.get(ctx.owners.get(writer, ""), ("",))[0] == "int8":
+            continue
+        out[p.name] = owner
+    return out
+
+
+def _fused_nodes(ctx: PlanContext, points: list[QuantPoint]) -> dict[str, fx.Node]:
+    """Residual Add (its name) -> the weighted op it fuses into, for the Adds with a quantized
+    skip (:func:`qdq.graph.residual.fused_layer`)."""
     out = {}
     for p in points:
         node = fused_layer(ctx, p)
-        owner = ctx.owners.get(node) if node is not None else None
-        if owner is not None and owner in layer:
-            out[p.name] = owner
+        if node is not None:
+            out[p.consumer] = node
     return out
 
 
@@ -223,11 +241,7 @@ def float_movement(
     """
     fmt = {p.group: p.spec.format for p in points if p.quantized and p.spec is not None}
     formats = {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
-    fused = {}
-    for p in points:
-        node = fused_layer(ctx, p)
-        if node is not None:
-            fused[p.consumer] = node
+    fused = _fused_nodes(ctx, points)
     out = []
     for p in points:
         if not p.quantized or p.kind != "input" or p.op in WEIGHTED or p.consumer in fused:
@@ -248,8 +262,9 @@ def float_movement(
         elif group == "int8" and p.format_rule == "F02" and not pool:
             # (a pool's one Quantize is before it or after it either way, and INT8 keeps the
             # head it feeds INT8: F05, _pooled_reads)
-            writer = _fp8_writer(ctx, ctx.by_name[p.producer], formats, fused)
-            if writer is None:
+            node = _writer(ctx, ctx.by_name[p.producer], fused)
+            writer = ctx.owners.get(node, "") if node is not None else ""
+            if formats.get(writer) != "fp8":
                 continue
             why = (
                 f"{writer} runs FP8 and cannot write INT8: {what} stays float (an INT8 input "
@@ -275,17 +290,14 @@ def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]
     return frozenset(adds)
 
 
-def _fp8_writer(
-    ctx: PlanContext, node: fx.Node, formats: dict[str, str], fused: dict[str, fx.Node]
-) -> str | None:
-    """The FP8 weighted layer (its owner) whose output ``node`` is: through its epilogue (BN,
-    activations, SiLU), pass-through ops and a residual Add fused into it; ``None`` if none."""
+def _writer(ctx: PlanContext, node: fx.Node, fused: dict[str, fx.Node]) -> fx.Node | None:
+    """The weighted op whose output ``node`` is: through its epilogue (BN, activations, SiLU),
+    pass-through ops and a residual Add fused into it (``fused``); ``None`` if none."""
     cur = node
     for _ in range(len(ctx.order)):
         kind = ctx.kinds.get(cur)
         if kind in WEIGHTED:
-            owner = ctx.owners.get(cur, "")
-            return owner if formats.get(owner) == "fp8" else None
+            return cur
         ins = tensor_inputs(cur)
         if cur.name in fused:
             cur = fused[cur.name]
