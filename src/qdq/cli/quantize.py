@@ -188,7 +188,8 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--target",
         default="trt10",
-        help="TensorRT version the linter predicts: trt8.6, trt10 (default), trt11",
+        help="TensorRT version (and GPU) the linter predicts: trt8.6, trt10 (default), trt11, "
+        "trt10-hopper, trt10.12-ada ...; --format fp8/mixed needs an FP8 GPU (Ada+) and trt10+",
     )
     p.add_argument(
         "--engine-report",
