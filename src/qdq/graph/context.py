@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch.fx as fx
@@ -21,6 +22,7 @@ from qdq.graph.plan import QUANTIZE, SKIP, QuantPoint
 __all__ = [
     "PlanContext",
     "alias_root",
+    "final_reads",
     "input_label",
     "is_scale",
     "make_point",
@@ -301,17 +303,32 @@ def reaches_quantized(
     """Whether ``node``'s output (through ops of the ``through`` kinds, by default the
     pass-through ones; with ``scales`` also through Muls by a constant, which join a PointWise
     layer) is read by a quantized point."""
+    return any(quantized for _, quantized in final_reads(ctx, node, through, scales=scales))
+
+
+def final_reads(
+    ctx: PlanContext,
+    node: fx.Node,
+    through: frozenset[str] = PASS_THROUGH_KINDS,
+    *,
+    scales: bool = False,
+) -> Iterator[tuple[fx.Node, bool]]:
+    """The readers of ``node``'s output, looking through unquantized reads by ops of the
+    ``through`` kinds (with ``scales`` also Muls by a constant), each with whether a planned
+    point quantizes what it reads."""
     read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
     stack, seen = [node], {node}
     while stack:
         n = stack.pop()
         for u in n.users:
             if (n.name, u.name) in read:
-                return True
-            if (ctx.kinds[u] in through or (scales and is_scale(ctx, u))) and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return False
+                yield u, True
+            elif ctx.kinds.get(u) in through or (scales and is_scale(ctx, u)):
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+            else:
+                yield u, False
 
 
 def users_through(ctx: PlanContext, node: fx.Node, kinds: frozenset[str]) -> set[fx.Node]:

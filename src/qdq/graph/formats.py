@@ -240,7 +240,7 @@ def float_movement(
     consumers of what is returned; the planner releases these points and plans the formats again.
     """
     fmt = {p.group: p.spec.format for p in points if p.quantized and p.spec is not None}
-    formats = {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
+    formats = _weight_formats(points)
     fused = _fused_nodes(ctx, points)
     out = []
     for p in points:
@@ -281,13 +281,14 @@ def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]
     """The residual Adds (their node names) whose quantized skip fuses into an FP8 layer: such a
     layer writes FP8 only when every reader quantizes its output (F10), so its skip stays float
     when one does not (:func:`qdq.graph.residual.release_float_output_skips`)."""
-    formats = {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
-    adds = set()
-    for p in points:
-        node = fused_layer(ctx, p)
-        if node is not None and formats.get(ctx.owners.get(node, "")) == "fp8":
-            adds.add(p.consumer)
-    return frozenset(adds)
+    formats = _weight_formats(points)
+    fused = _fused_nodes(ctx, points)
+    return frozenset(a for a, n in fused.items() if formats.get(ctx.owners.get(n, "")) == "fp8")
+
+
+def _weight_formats(points: list[QuantPoint]) -> dict[str, str]:
+    """Weighted layer (its owner) -> the format its weight quantizer runs."""
+    return {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
 
 
 def _writer(ctx: PlanContext, node: fx.Node, fused: dict[str, fx.Node]) -> fx.Node | None:

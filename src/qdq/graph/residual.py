@@ -9,7 +9,7 @@ import torch.fx as fx
 from qdq.graph.context import (
     PlanContext,
     alias_root,
-    is_scale,
+    final_reads,
     quantize_input,
     reaches_quantized,
     release,
@@ -268,17 +268,5 @@ def release_float_output_skips(ctx: PlanContext, fp8_adds: frozenset[str] = froz
 def _float_reader(ctx: PlanContext, node: fx.Node) -> bool:
     """Whether some reader of ``node``'s output (through its epilogue and pass-through ops)
     reads it unquantized (the graph output included)."""
-    read = {(p.producer, p.consumer) for p in ctx.points.values() if p.quantized}
-    stack, seen = [node], {node}
-    while stack:
-        n = stack.pop()
-        for u in n.users:
-            if (n.name, u.name) in read:
-                continue
-            if ctx.kinds.get(u) in _THROUGH_EPILOGUE or is_scale(ctx, u):
-                if u not in seen:
-                    seen.add(u)
-                    stack.append(u)
-                continue
-            return True
-    return False
+    reads = final_reads(ctx, node, _THROUGH_EPILOGUE, scales=True)
+    return any(not quantized for _, quantized in reads)
