@@ -10,8 +10,10 @@ Per model, each against the float model over the same calls:
   calibration, × the float forward; the QAT step (forward, loss, backward, SGD) × the float step;
 * aten ops and kernels (ops that are neither views nor allocations) of a forward and a backward,
   and the ops each quantizer adds: (subject − float) / quantizers;
-* host synchronisations (:mod:`gpu_proxy_probes`) per calibration batch (the difference between
-  a 3-batch and a 1-batch calibration, halved), in computing the amax, and per QAT step;
+* aten ops, kernels and host synchronisations (:mod:`gpu_proxy_probes`) per calibration batch
+  (the difference between a calibration of ``1 + MERGE_EVERY`` batches and one of 1, divided by
+  ``MERGE_EVERY``: one merge of the pending histograms included), in computing the amax, and per
+  QAT step;
 * ``torch.compile`` (dynamo, backend ``eager``): graphs, recompilations and graph breaks over
   :data:`gpu_proxy_probes.EVAL_SEQUENCE` (the prepared model) and ``TRAIN_SEQUENCE`` (the QAT
   model), against the float model over the same sequence, ``fullgraph=True`` where the float
@@ -191,39 +193,46 @@ def count_figures(s: Subjects) -> dict[str, Any]:
     out["qat_step_syncs"], out["float_step_syncs"] = len(qat_step.syncs), len(float_step.syncs)
     out["qat_step_sync_sites"] = _top(qat_step.sync_sites())
 
-    out.update(_calibration_counts(s, float_fwd.total))
+    out.update(_calibration_counts(s, float_fwd.total, float_fwd.kernels))
     return out
 
 
-def _calibration_counts(s: Subjects, float_ops: int) -> dict[str, Any]:
-    """Per calibration batch: half the difference between a 3-batch and a 1-batch calibration
-    (the histogram collection every method shares); the rest of a 1-batch calibration is the
-    amax computation (``max``, and ``mse``: the default). Counted on the histogram's path for
+def _calibration_counts(s: Subjects, float_ops: int, float_kernels: int) -> dict[str, Any]:
+    """Per calibration batch: the difference between a calibration of ``1 + MERGE_EVERY`` batches
+    and one of 1 batch, divided by ``MERGE_EVERY`` (the histogram collection every method
+    shares, with the merge of ``MERGE_EVERY`` pending batches into the running histogram that
+    the longer one pays once more); the rest of a 1-batch calibration is the amax computation
+    (``max``, and ``mse``: the default). Counted on the histogram's path for
     a device where reading back waits for it (``reads_free`` false): on the CPU the calibrator
     reads each batch's range and sign, which costs nothing there and is no proxy for a GPU."""
     out: dict[str, Any] = {}
     na = max(1, s.activations)
     free = histogram.reads_free
+    extra = getattr(histogram, "MERGE_EVERY", 1)  # 1: a qdq that merged every batch
     histogram.reads_free = lambda device: False
     try:
         one = probes.count(_calibrate(s.prepared, s.batches[:1], None), attribute=True,
                            host_reads=True)  # fmt: skip
-        three = probes.count(_calibrate(s.prepared, s.batches, None), attribute=True,
+        many = [s.batches[i % len(s.batches)] for i in range(1 + extra)]
+        many_c = probes.count(_calibrate(s.prepared, many, None), attribute=True,
                              host_reads=True)  # fmt: skip
         by_max = probes.count(_calibrate(s.prepared, s.batches[:1], "max"), host_reads=True)
     finally:
         histogram.reads_free = free
-    ops = (three.total - one.total) / 2
-    syncs = (len(three.syncs) - len(one.syncs)) / 2
-    sites = Counter({k: v / 2 for k, v in (three.sync_sites() - one.sync_sites()).items()})
+    ops = (many_c.total - one.total) / extra
+    syncs = (len(many_c.syncs) - len(one.syncs)) / extra
+    sites = Counter({k: v / extra for k, v in (many_c.sync_sites() - one.sync_sites()).items()})
     out["calib_batch_ops"], out["calib_batch_ops_x_float"] = ops, ops / max(1, float_ops)
+    kernels = (many_c.kernels - one.kernels) / extra
+    out["calib_batch_kernels"] = kernels
+    out["calib_batch_kernels_x_float"] = kernels / max(1, float_kernels)
     out["calib_batch_syncs"], out["calib_batch_syncs_per_q"] = syncs, syncs / na
     out["calib_batch_sync_sites"] = _top(sites)
     out["calib_batch_op_sites"] = _top(
-        Counter({k: v / 2 for k, v in (three.op_sites - one.op_sites).items()})
+        Counter({k: v / extra for k, v in (many_c.op_sites - one.op_sites).items()})
     )
     stacks: dict[str, list[str]] = {}
-    for sy in three.syncs:
+    for sy in many_c.syncs:
         if sy.site in sites:
             stacks.setdefault(sy.site, list(sy.stack))
     out["calib_batch_sync_stacks"] = dict(list(stacks.items())[:3])
@@ -288,11 +297,15 @@ def time_figures(s: Subjects, repeats: int, warmup: int) -> dict[str, float]:
 
 
 def _batch_ratio(s: Subjects, float_fwd: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """One more batch inside a calibration: (3-batch − 1-batch calibration) / 2, × the float
-    forward, the three timed back to back (order rotating) in each repeat; the median."""
+    """One more batch inside a calibration: ((1 + MERGE_EVERY)-batch − 1-batch calibration) /
+    MERGE_EVERY (a merge of the pending batches included, as :func:`_calibration_counts`),
+    × the float forward, the three timed back to back (order rotating) in each repeat; the
+    median."""
+    extra = getattr(histogram, "MERGE_EVERY", 1)  # 1: a qdq that merged every batch
+    many = [s.batches[i % len(s.batches)] for i in range(1 + extra)]
     runs = [
         _calibrate(s.prepared, s.batches[:1], None),
-        _calibrate(s.prepared, s.batches, None),
+        _calibrate(s.prepared, many, None),
         float_fwd,
     ]
     for _ in range(warmup):
@@ -306,7 +319,7 @@ def _batch_ratio(s: Subjects, float_fwd: Callable[[], Any], repeats: int, warmup
             t0 = time.perf_counter()
             runs[k]()
             t[k] = time.perf_counter() - t0
-        ratios.append((t[1] - t[0]) / 2 / t[2])
+        ratios.append((t[1] - t[0]) / extra / t[2])
     return statistics.median(ratios)
 
 
@@ -337,6 +350,7 @@ ROWS = (
     ("qat_fwd_kernels_per_q", "kernels added per quantizer, QAT forward"),
     ("qat_bwd_kernels_per_q", "kernels added per quantizer, QAT backward"),
     ("calib_batch_ops_x_float", "aten ops per calibration batch × float forward"),
+    ("calib_batch_kernels_x_float", "kernels per calibration batch × float forward"),
     ("calib_batch_syncs", "host syncs per calibration batch (per activation quantizer)"),
     ("calib_amax_syncs", "host syncs computing amax: max / mse"),
     ("qat_step_syncs", "host syncs per QAT step (float step)"),

@@ -105,6 +105,41 @@ def test_a_device_that_reads_nothing_back_names_the_bad_batch_when_amax_is_read(
         cal.compute_amax("mse")
 
 
+@pytest.mark.parametrize("reads_free", [True, False])
+def test_batches_merged_many_at_a_time_give_the_counts_of_one_batch(
+    reads_free, monkeypatch
+) -> None:
+    """Batches wait to be merged, ``MERGE_EVERY`` at a time (issue 48: a fixed cost per merge
+    instead of one per batch): over several merges, with ranges that grow and shrink between
+    and within them, the counts, the maximum and every method's amax are those of one batch of
+    everything; the first bad batch is named by its index, also when it comes after a merge and
+    when a later merge adds another."""
+    from qdq.calib import histogram
+
+    monkeypatch.setattr(histogram, "reads_free", lambda device: reads_free)
+    g = torch.Generator().manual_seed(1)
+    n = 2 * histogram.MERGE_EVERY + 3
+    scales = [10.0 ** ((7 * i) % 9 - 4) for i in range(n)]  # 1e-4 .. 1e4, not monotonic
+    batches = [torch.randn(257, generator=g) * s for s in scales]
+    merged, whole = HistogramCalibrator(), HistogramCalibrator()
+    for b in batches:
+        merged.collect(b)
+    whole.collect(torch.cat(batches))
+    for a, b in zip(merged.histogram(), whole.histogram(), strict=True):
+        assert (a == b).all()
+    assert merged.observed_max == whole.observed_max
+    for method in HistogramCalibrator.methods:
+        assert merged.compute_amax(method) == whole.compute_amax(method), method
+    if reads_free:
+        return  # the CPU path names a bad batch as it comes (the test above)
+    bad = HistogramCalibrator()
+    first = histogram.MERGE_EVERY + 2
+    for i, b in enumerate(batches):
+        bad.collect(b if i not in (first, n - 1) else torch.tensor([1.0, float("nan")]))
+    with pytest.raises(CalibrationError, match=f"batch {first} contains NaN or inf"):
+        bad.compute_amax("max")
+
+
 @pytest.mark.parametrize("cal", [MaxCalibrator(), HistogramCalibrator()])
 def test_empty_calibration_is_an_error(cal) -> None:
     with pytest.raises(CalibrationError, match="no data"):

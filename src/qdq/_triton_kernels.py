@@ -72,14 +72,14 @@ def ste_bwd_pc(x_ptr, g_ptr, out_ptr, amax_ptr, n, inner, qmax, min_scale, BLOCK
 
 @triton.jit
 def abs_hist(
-    x_ptr, lohi_ptr, part_ptr, stat_ptr, n, tiles,
+    x_ptr, lo_ptr, hi_ptr, part_ptr, stat_ptr, n, tiles,
     GRID: tl.constexpr, LOG2_GRID: tl.constexpr, MIN_EXP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    lo = tl.load(lohi_ptr).to(tl.float32)
-    hi = tl.load(lohi_ptr + 1).to(tl.float32)
+    lo = tl.load(lo_ptr).to(tl.float32)
+    hi = tl.load(hi_ptr).to(tl.float32)
     top = tl.maximum(-lo, hi)  # max|x|, NaN if any
     # the smallest e with 2**e >= top, from the float32 bits (exact): E - 127 for a power
     # of two, E - 126 otherwise; at least MIN_EXP (zero, subnormals, and below the floor)

@@ -262,7 +262,7 @@ def abs_histogram(x: torch.Tensor, grid: int) -> tuple[torch.Tensor, torch.Tenso
     (to subtract; a host number, so that nothing here waits for the device).
     """
     n = x.numel()
-    lohi = torch.stack(torch.aminmax(x))
+    lo, hi = torch.aminmax(x)
     tiles = max(1, -(-n // _HIST_BLOCK))
     nprog = _programs(x.device, tiles)
     per_prog = -(-tiles // nprog)
@@ -270,7 +270,7 @@ def abs_histogram(x: torch.Tensor, grid: int) -> tuple[torch.Tensor, torch.Tenso
     stats = torch.empty(2, dtype=torch.float32, device=x.device)
     k = _triton()
     k.abs_hist[(nprog,)](
-        x, lohi, part, stats, n, per_prog,
+        x, lo, hi, part, stats, n, per_prog,
         GRID=grid, LOG2_GRID=grid.bit_length() - 1, MIN_EXP=k.min_exp, BLOCK=_HIST_BLOCK,
     )  # fmt: skip
     counts = part.sum(dim=0, dtype=torch.int64)

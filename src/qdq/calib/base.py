@@ -45,7 +45,7 @@ class Calibrator(abc.ABC):
             raise TypeError(f"calibrators collect floating-point tensors, got dtype {x.dtype}")
         index = self._num_batches
         with torch.no_grad():
-            self._collect(x.detach(), index)
+            self._collect(x.detach() if x.requires_grad else x, index)  # a detach is an op
         self._num_batches += 1
 
     def reset(self) -> None:

@@ -17,9 +17,10 @@ Since the largest value lies above half the range, at least ``num_bins`` bins sp
 ``2*num_bins`` bins). Counts are int64, so huge tensors lose nothing (a trap of ``torch.histc``
 with float32 counts).
 
-Each batch is binned on its own grid and merged into the running histogram **on the device**: both
-regridded to the wider range by one ``scatter_add`` each (:meth:`HistogramCalibrator._merge`), the
-running exponent, maximum and first bad batch kept as device tensors. Nothing is read back while
+Each batch is binned on its own grid and merged into the running histogram **on the device**, up to
+:data:`MERGE_EVERY` batches at a time: all regridded to the widest range by one ``scatter_add``
+(:meth:`HistogramCalibrator._flush`; a merge costs a fixed number of ops however many batches it
+takes), the running exponent, maximum and first bad batch kept as device tensors. Nothing is read back while
 collecting, so a GPU never waits for a calibration batch (issue 48: 165 host syncs per batch on
 ResNet-50 before, 0 now); the state is read once, when amax is computed (a batch with NaN/inf is
 named then, by its index). The binning: on a GPU, :func:`qdq.kernels.abs_histogram` in one fused
@@ -83,6 +84,11 @@ _CHUNK = 1 << 24
 _CPU_CHUNK = 1 << 17
 _SCATTER_CHUNK = 1 << 19
 _PARALLEL_MIN = 1 << 16
+#: batches binned before they are merged into the running histogram (:meth:`_flush`): a merge
+#: costs the same few ops for one batch or many, and a pending batch holds ``2 * num_bins`` int64
+#: counts on the device (32 KiB by default)
+MERGE_EVERY = 16
+_NO_BAD = 1 << 62  # above every batch index
 DEFAULT_PERCENTILE = 99.99
 
 
@@ -291,16 +297,19 @@ class HistogramCalibrator(Calibrator):
         self._read: tuple[int, float, int] | None = (_MIN_EXP, 0.0, -1)
         self._host_counts: np.ndarray | None = None
         self._numel = 0
+        #: batches binned, not merged yet (:meth:`_flush`): counts on their own grid,
+        #: ``[max|x|, exponent]`` on the device (float32 from the fused kernel, else float64),
+        #: the batch index, and the padding lanes the fused kernel counted in bin 0
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
 
     # ---------------------------------------------------------------- collection
     def _collect(self, x: torch.Tensor, index: int) -> None:
         if x.numel() == 0:
             return
         x = kernels.densified(x)
+        pad = 0
         if kernels.usable(x):  # a GPU: one fused pass on the batch's own grid (module docstring)
             counts, stats, pad = kernels.abs_histogram(x, self._grid)
-            counts[0] -= pad  # every padding lane was counted in bin 0
-            top, exp = stats[0].to(torch.float64), stats[1].to(torch.int64)
         else:
             if x.dtype != torch.float32 and x.dtype != torch.float64:
                 x = x.to(torch.float32)  # exact for half / bfloat16
@@ -314,41 +323,85 @@ class HistogramCalibrator(Calibrator):
                 e = max(_ceil_log2(batch_max), _MIN_EXP) if batch_max > 0 else _MIN_EXP
                 counts = _bincount_cpu(flat, 2.0 ** (self._log2_grid - e), self._grid,
                                        signed=bool(lo < 0))  # fmt: skip
-                exp = torch.tensor(e, dtype=torch.int64)
+                stats = torch.tensor([batch_max, e], dtype=torch.float64)
             else:
                 exp = _exponent(top)
                 factor = torch.ldexp(torch.ones((), dtype=x.dtype, device=x.device),
                                      self._log2_grid - exp)  # fmt: skip
                 counts = _bincount_device(flat, factor, self._grid)
+                stats = torch.stack([top, exp.to(torch.float64)])
         self._numel += x.numel()
-        self._merge(counts, exp, top, torch.where(torch.isfinite(top), -1, index))
+        self._read, self._host_counts = None, None
+        self._pending.append((counts, stats, index, pad))
+        if len(self._pending) >= MERGE_EVERY:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Merge the pending batches into the running histogram on the device, all at once: about
+        20 kernels however many batches (issue 48: merging each batch as it came cost 30 ops per
+        batch and quantizer), nothing read back. The batches' counts and the running ones are
+        regridded to the widest range by one ``scatter_add`` (exactly: ``2**d`` bins into one),
+        the padding lanes the fused kernel counted in bin 0 (which every regrid keeps in bin 0)
+        subtracted; the maximum and the exponent come from the finite batches only, and the
+        first batch holding NaN/inf is kept to be named when the state is read."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        running = self._counts
+        device = (running if running is not None else pending[0][0]).device
+        rows = [c.to(device) for c, _, _, _ in pending]
+        stats = torch.stack([s.to(device) for _, s, _, _ in pending]).to(torch.float64)
+        top = stats[:, 0]
+        finite = top < math.inf  # max|x| >= 0: false for NaN and inf alike
+        # a bad batch's exponent may be NaN: replaced before the conversion
+        exps = torch.where(finite, stats[:, 1], float(_MIN_EXP)).to(torch.int64)
+        index = torch.tensor([i for _, _, i, _ in pending], dtype=torch.int64, device=device)
+        bad = torch.where(finite, _NO_BAD, index).min()
+        top = torch.where(finite, top, 0.0).max()
+        if running is not None:  # the running histogram is one more row, on its own grid
+            assert self._exp_t is not None and self._max_t is not None
+            assert self._bad_t is not None
+            rows.insert(0, running)
+            exps = torch.cat([self._exp_t.reshape(1), exps])
+            top = torch.maximum(self._max_t, top)
+            bad = torch.where(self._bad_t >= 0, self._bad_t, bad)
+        wider = exps.max()
+        counts = self._regrid(torch.stack(rows), wider - exps)
+        pad = sum(p for _, _, _, p in pending)
+        if pad:
+            counts[0] -= pad
+        self._counts, self._exp_t, self._max_t = counts, wider, top
+        self._bad_t = torch.where(bad == _NO_BAD, -1, bad)
 
     def _merge(
         self, counts: torch.Tensor, exp: torch.Tensor, top: torch.Tensor, bad: torch.Tensor
     ) -> None:
-        """Add ``counts`` (on the grid of ``2**exp``) to the running histogram on the device:
-        both regridded to the larger range, exactly (``2**d`` bins into one), no read back."""
-        self._read, self._host_counts = None, None
+        """Add ``counts`` (on the grid of ``2**exp``, with their finite maximum ``top`` and first
+        bad batch ``bad``, -1 for none) to the running histogram on the device: both regridded
+        to the larger range, exactly (``2**d`` bins into one), no read back."""
         if self._counts is None or self._exp_t is None or self._max_t is None:
-            self._counts, self._exp_t, self._max_t = counts, exp, torch.where(bad < 0, top, 0.0)
-            self._bad_t = bad
+            self._counts, self._exp_t, self._max_t, self._bad_t = counts, exp, top, bad
             return
+        assert self._bad_t is not None
+        device = self._counts.device
+        exp, top, bad = exp.to(device), top.to(device), bad.to(device)
         wider = torch.maximum(self._exp_t, exp)
         self._counts = self._regrid(self._counts, wider - self._exp_t) + self._regrid(
-            counts.to(self._counts.device), wider - exp
+            counts.to(device), wider - exp
         )
         self._exp_t = wider
-        self._max_t = torch.where(bad < 0, torch.maximum(self._max_t, top), self._max_t)
-        assert self._bad_t is not None
+        self._max_t = torch.maximum(self._max_t, top)
         self._bad_t = torch.where(self._bad_t < 0, bad, self._bad_t)
 
     def _regrid(self, counts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """``counts`` on a grid ``2**shift`` times as wide (``shift >= 0`` an int64 0-dim tensor
-        on the device: bins ``[k·2**s, (k+1)·2**s)`` into bin ``k``, all into bin 0 past the
-        grid's size), by one ``scatter_add`` on the device."""
+        """``counts`` (one row of ``grid`` bins, or ``[n, grid]``: their sum) on a grid ``2**shift``
+        times as wide (``shift >= 0`` int64 on the device, 0-dim or one per row: bins
+        ``[k·2**s, (k+1)·2**s)`` into bin ``k``, all into bin 0 past the grid's size), by one
+        ``scatter_add`` on the device."""
         bins = _bins(self._grid, counts.device)
-        target = bins >> torch.clamp(shift, 0, self._log2_grid)
-        return torch.zeros_like(counts).scatter_add_(0, target, counts)
+        target = bins >> torch.clamp(shift, 0, self._log2_grid).reshape(-1, 1)
+        out = torch.zeros(self._grid, dtype=counts.dtype, device=counts.device)
+        return out.scatter_add_(0, target.reshape(-1), counts.reshape(-1))
 
     def _host(self) -> tuple[int, float]:
         """The exponent and the largest |x| (one read back from the device, kept until the next
@@ -357,6 +410,7 @@ class HistogramCalibrator(Calibrator):
         Raises:
             CalibrationError: a batch held NaN or inf (naming the first one).
         """
+        self._flush()
         if self._read is None:
             assert self._exp_t is not None and self._max_t is not None and self._bad_t is not None
             exp, top, bad = torch.stack([self._exp_t.to(torch.float64), self._max_t,
@@ -368,6 +422,7 @@ class HistogramCalibrator(Calibrator):
         return exp, top
 
     def _pending_reads(self, method: str) -> list[torch.Tensor]:
+        self._flush()
         if self._counts is None:
             return []
         parts = []
@@ -403,6 +458,8 @@ class HistogramCalibrator(Calibrator):
                 f"cannot merge a histogram of {other.num_bins} bins / {other.num_bits} bits / "
                 f"{other.fmt} into one of {self.num_bins} bins / {self.num_bits} bits / {self.fmt}"
             )
+        self._flush()
+        other._flush()
         if other._counts is not None:
             assert other._exp_t is not None and other._max_t is not None
             assert other._bad_t is not None
@@ -410,6 +467,7 @@ class HistogramCalibrator(Calibrator):
         self._numel += other._numel
 
     def _reset(self) -> None:
+        self._pending = []
         self._counts = self._exp_t = self._max_t = self._bad_t = None
         self._read, self._host_counts = (_MIN_EXP, 0.0, -1), None
         self._numel = 0
@@ -456,6 +514,7 @@ class HistogramCalibrator(Calibrator):
             CalibrationError: nothing was collected, or a batch held NaN or inf.
         """
         self._check_has_data()
+        self._flush()
         if self._counts is None:
             raise CalibrationError("HistogramCalibrator collected only empty tensors")
         exp, _ = self._host()
@@ -488,6 +547,7 @@ class HistogramCalibrator(Calibrator):
             )
         self._check_method(method, percentile)
         self._check_has_data()
+        self._flush()
         if self._counts is None:
             raise CalibrationError("HistogramCalibrator collected only empty tensors")
         device = self._counts.device
