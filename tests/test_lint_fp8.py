@@ -443,3 +443,30 @@ def test_fp8_export_of_concats_and_pointwise_layers_costs_one_quantize_each(tmp_
     # skip's Dequantize for the bottleneck's fused Add (its output read by the float Concat);
     # the Concat with FP8 inputs cost 3 Dequantize more, the sum's INT8 inputs 2 reformats more
     assert counts["fp8"] <= 6, counts
+
+
+def test_fp8_export_of_pre_activation_layers_costs_one_quantize_per_fp8_reader(
+    tmp_path: Path,
+) -> None:
+    """DenseNet's pre-activation layers (tests/test_placement_rules.py's _Dense) in FP8: each
+    1x1 conv after a float BatchNorm + ReLU takes one Quantize, and nothing else is standalone
+    (17 unfused Q/DQ and P05 x6, S02b x3 before the BatchNorm inputs were left float)."""
+    import torch
+
+    import qdq
+    from qdq import QuantConfig
+    from test_placement_rules import _Dense
+
+    x = torch.randn(2, 32, 8, 8)
+    prepared = qdq.prepare(_Dense().eval(), (x,), QuantConfig(format="fp8"))
+    qdq.calibrate(prepared, [x], method="max", show_progress=False)
+    path = tmp_path / "fp8.onnx"
+    qdq.export_onnx(prepared, (x[:1],), path, exporter="torchscript")
+    report = lint(path, target="trt10-hopper")
+    assert report.verdict == "PASS", report.format()
+    standalone = [
+        layer.name for layer in report.layers
+        if layer.kind == "qdq" and "network input" not in layer.reason
+    ]  # fmt: skip
+    assert report.summary["unfused_qdq"] == len(standalone) == 5, standalone
+    assert all(name.startswith(("conv1.", "trans_conv.")) for name in standalone), standalone

@@ -1088,6 +1088,50 @@ def test_fp8_skip_an_int8_shortcut_writes_stays_int8() -> None:
     assert f[skip.name][0] == "int8"
 
 
+class _Dense(nn.Module):
+    """DenseNet's pre-activation layers: each reads the Concat of all before it through a
+    BatchNorm + ReLU (a PointWise layer of its own, no conv's epilogue), then a 1x1 and a 3x3
+    convolution; a transition (BatchNorm, ReLU, 1x1 conv, average pool) between two blocks."""
+
+    def __init__(self, c: int = 32, growth: int = 32) -> None:
+        super().__init__()
+        widths = [c + i * growth for i in range(2)]
+        self.norm1 = nn.ModuleList(nn.BatchNorm2d(w) for w in widths * 2)
+        self.conv1 = nn.ModuleList(nn.Conv2d(w, 64, 1) for w in widths * 2)
+        self.norm2 = nn.ModuleList(nn.BatchNorm2d(64) for _ in range(4))
+        self.conv2 = nn.ModuleList(nn.Conv2d(64, growth, 3, padding=1) for _ in range(4))
+        self.trans_norm = nn.BatchNorm2d(c + 2 * growth)
+        self.trans_conv = nn.Conv2d(c + 2 * growth, c, 1)
+
+    def _block(self, x: torch.Tensor, first: int) -> torch.Tensor:
+        feats = [x]
+        for i in range(first, first + 2):
+            y = self.conv1[i](F.relu(self.norm1[i](torch.cat(feats, 1))))
+            feats.append(self.conv2[i](F.relu(self.norm2[i](y))))
+        return torch.cat(feats, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._block(x, 0)
+        x = F.avg_pool2d(self.trans_conv(F.relu(self.trans_norm(x))), 2)
+        return self._block(x, 2)
+
+
+def test_fp8_plan_leaves_a_pointwise_layer_that_writes_only_fp8_readers_float() -> None:
+    """F10: the pre-activation BatchNorm + ReLU before an FP8 1x1 conv, INT8 PointWise layers in
+    the INT8 plan, cannot write FP8: they write float, so their INT8 input goes (it would be a
+    standalone Quantize and Dequantize: DenseNet-121's FP8 export had 184 unfused Q/DQ, 63 now);
+    so does the transition's pool input, which no INT8 layer reads after it."""
+    norms = ("norm1.0:input", "norm1.1:input", "norm1.2:input", "norm1.3:input")
+    int8 = plan(_Dense(), 1, 32, 8, 8)
+    assert all(int8.point(n).quantized for n in (*norms, "trans_norm:input"))
+    p = plan(_Dense(), 1, 32, 8, 8, config=QuantConfig(format="fp8"))
+    for name in (*norms, "trans_norm:input", "avg_pool2d:input"):
+        assert not p.point(name).quantized and p.point(name).rule == "F10", name
+    assert "writes only FP8 readers" in p.point("norm1.0:input").reason
+    f = _formats(p)
+    assert all(f[f"conv{k}.{i}:input"] == ("fp8", "F01") for k in (1, 2) for i in range(4))
+
+
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
     """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""

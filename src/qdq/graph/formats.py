@@ -230,9 +230,14 @@ def float_movement(
     * in an INT8 group no weighted layer reads (F02, the INT8 plan's element-wise layers) whose
       tensor an FP8 layer writes (through its epilogue, or a residual Add fused into it): an FP8
       layer cannot write INT8, so that is a standalone Quantize, and the INT8 layer writes INT8
-      for FP8 readers (RepVGG's identity-branch Adds: two reformats a block). Not a pool's: its
-      one Quantize is before it or after it either way, and INT8 keeps the head it feeds INT8
-      (F05, :func:`_pooled_reads`);
+      for FP8 readers (RepVGG's identity-branch Adds: two reformats a block). Not a pool's
+      whose output an INT8 layer reads: its one Quantize is before it or after it either way,
+      and INT8 keeps the head it feeds INT8 (F05, :func:`_pooled_reads`);
+    * in an INT8 group no weighted layer reads (F02) of a layer whose output (with its
+      epilogue) only FP8 layers read in quantized form: it cannot write FP8, so it writes float
+      and runs float, and its INT8 input would be a standalone Quantize and Dequantize of its
+      own (DenseNet's pre-activation BatchNorm + ReLU before each FP8 1x1 convolution:
+      DenseNet-121's FP8 export 184 -> 63 unfused Q/DQ);
     * every other quantized input of a layer in ``floated`` (one input left float above): it
       runs float, and its INT8 inputs would be standalone Dequantize layers.
 
@@ -242,6 +247,18 @@ def float_movement(
     fmt = {p.group: p.spec.format for p in points if p.quantized and p.spec is not None}
     formats = _weight_formats(points)
     fused = _fused_nodes(ctx, points)
+    reads: dict[fx.Node, list[str | None]] = {}  # tensor -> its quantized reads' formats
+    for q in points:
+        if q.quantized and q.kind == "input" and q.producer in ctx.by_name:
+            root = alias_root(ctx, ctx.by_name[q.producer], COPY_KINDS)
+            reads.setdefault(root, []).append(fmt.get(q.group))
+
+    def fp8_writer(p: QuantPoint) -> str:
+        """The FP8 layer that writes ``p``'s tensor (through its epilogue or a fused Add)."""
+        node = _writer(ctx, ctx.by_name[p.producer], fused)
+        writer = ctx.owners.get(node, "") if node is not None else ""
+        return writer if formats.get(writer) == "fp8" else ""
+
     out = []
     for p in points:
         if not p.quantized or p.kind != "input" or p.op in WEIGHTED or p.consumer in fused:
@@ -249,7 +266,11 @@ def float_movement(
         group = fmt.get(p.group)
         consumer = ctx.by_name[p.consumer]
         what = f"{ctx.owners.get(consumer) or p.consumer} ({ctx.kinds.get(consumer)})"
-        pool = ctx.kinds.get(consumer) in ("avg_pool", "max_pool")
+        # a pool whose output an INT8 layer reads: its one Quantize is before it or after it
+        # either way, and INT8 keeps the head it feeds INT8 (F05, _pooled_reads)
+        pool = ctx.kinds.get(consumer) in ("avg_pool", "max_pool") and "int8" in reads.get(
+            consumer, []
+        )
         if group == "fp8":
             why = (
                 f"{what} would read FP8, and TensorRT has no FP8 Concat, pooling or PointWise "
@@ -259,22 +280,41 @@ def float_movement(
             )
         elif p.consumer in floated:
             why = f"another input of {what} stays float (F10), so it runs float"
-        elif group == "int8" and p.format_rule == "F02" and not pool:
-            # (a pool's one Quantize is before it or after it either way, and INT8 keeps the
-            # head it feeds INT8: F05, _pooled_reads)
-            node = _writer(ctx, ctx.by_name[p.producer], fused)
-            writer = ctx.owners.get(node, "") if node is not None else ""
-            if formats.get(writer) != "fp8":
-                continue
+        elif group == "int8" and p.format_rule == "F02" and not pool and fp8_writer(p):
             why = (
-                f"{writer} runs FP8 and cannot write INT8: {what} stays float (an INT8 input "
-                "would be a standalone Quantize after it)"
+                f"{fp8_writer(p)} runs FP8 and cannot write INT8: {what} stays float (an INT8 "
+                "input would be a standalone Quantize after it)"
+            )
+        elif group == "int8" and p.format_rule == "F02" and _read_in_fp8_only(ctx, consumer, reads):
+            why = (
+                f"{what} writes only FP8 readers, and TensorRT has no FP8 PointWise or pooling "
+                "layer: it writes float, so it runs float and an INT8 input would be a "
+                "standalone Quantize and Dequantize of its own (a pre-activation BatchNorm + "
+                "ReLU before an FP8 convolution: DenseNet)"
             )
         else:
             continue
         out.append((p, why))
     floated.update(p.consumer for p, _ in out)
     return out
+
+
+def _read_in_fp8_only(
+    ctx: PlanContext, node: fx.Node, reads: dict[fx.Node, list[str | None]]
+) -> bool:
+    """Whether the output of ``node`` with its epilogue (a BatchNorm, an activation: the single
+    readers after it) is quantized for its readers in FP8 only (``reads``: each tensor's
+    quantized reads by format)."""
+    cur = node
+    for _ in range(len(ctx.order)):
+        users = list(cur.users)
+        if len(users) != 1 or ctx.kinds.get(users[0]) not in EPILOGUE_KINDS:
+            break
+        if len(tensor_inputs(users[0])) != 1:
+            break
+        cur = users[0]
+    formats = reads.get(cur, [])
+    return bool(formats) and all(f == "fp8" for f in formats)
 
 
 def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]:

@@ -258,12 +258,15 @@ RULES: tuple[Rule, ...] = (
         "F10",
         "core",
         "In a plan with FP8 layers, a Concat, pool or element-wise layer reading an FP8 tensor, or "
-        "an INT8 one an FP8 layer writes, stays float",
+        "an INT8 one an FP8 layer writes, or writing only FP8 readers, stays float",
         "TensorRT's FP8 kernels are GEMMs, convolutions and attention: a Concat, a pool or a "
         "PointWise layer has no FP8 version, so FP8 Q/DQ on its inputs run as standalone "
         "Dequantize layers and its FP8 reader's Quantize stands alone too; an FP8 layer cannot "
         "write INT8 either. Left float, the layer costs its reader one Quantize (YOLOv8n's FP8 "
-        "export: 76 unfused Q/DQ -> 35; RepVGG-A0: 111 -> 25). A residual skip read in FP8 by the "
+        "export: 76 unfused Q/DQ -> 35; RepVGG-A0: 111 -> 25). A layer whose only quantized "
+        "readers run FP8 writes float, so its INT8 input would be a standalone Quantize and "
+        "Dequantize (DenseNet's pre-activation BatchNorm + ReLU: DenseNet-121 184 -> 63). "
+        "A residual skip read in FP8 by the "
         "convolution its Add fuses into keeps its Q/DQ: the fused Add reads it in that format.",
     ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
