@@ -290,6 +290,26 @@ def test_a_one_input_concat_before_a_quantize_is_no_s02b() -> None:
     assert "S02b" in lint(model(True)).rules()  # two float inputs: two Quantize kernels
 
 
+def test_a_concat_of_float_conv_outputs_before_a_quantize_is_no_s02b_warning() -> None:
+    """Res2Net's small 3x3 convs run float (H02): quantizing their outputs for an INT8 Concat
+    would take a standalone Quantize each, where the reader's one Quantize after the float
+    Concat costs one: an INFO, not a warning. One such input beside an INT8-written one is still
+    S02b (its Quantize costs what the reader's would)."""
+    from lint_graphs import G
+
+    def model(float_convs: int) -> onnx.ModelProto:
+        g = G()
+        x = g.qdq("x")
+        parts = [g.op("Relu", [g.conv("x", qw=False)]) for _ in range(float_convs)]
+        parts += [g.qdq(g.op("Relu", [g.conv(x)])) for _ in range(2 - float_convs)]
+        cat = g.op("Concat", parts, axis=1)
+        return g.model([g.conv(g.qdq(cat), cin=128)])
+
+    two = lint(model(2))
+    assert "S02b" not in two.rules("WARN") and "S02b" in two.rules("INFO"), two.format()
+    assert "S02b" in lint(model(1)).rules("WARN")
+
+
 def test_a_relu_beside_another_reader_is_no_epilogue() -> None:
     # RetinaNet's p6: the head conv and relu(p6) -> p7 conv both read the INT8 p6 (P04)
     from lint_graphs import G, block_input

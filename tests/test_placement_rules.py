@@ -1132,6 +1132,38 @@ def test_fp8_plan_leaves_a_pointwise_layer_that_writes_only_fp8_readers_float() 
     assert all(f[f"conv{k}.{i}:input"] == ("fp8", "F01") for k in (1, 2) for i in range(4))
 
 
+class _Res2(nn.Module):
+    """A Res2Net block: a 1x1 conv split into four 14-channel parts, each (from the second) a
+    3x3 conv of its part plus the previous one's output (14 channels: float, H02), all
+    concatenated into a 1x1 conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(64, 56, 1)
+        self.convs = nn.ModuleList(nn.Conv2d(14, 14, 3, padding=1) for _ in range(3))
+        self.conv3 = nn.Conv2d(56, 64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(F.relu(self.conv1(x)), 14, 1)
+        outs, sp = [], parts[0]
+        for i, conv in enumerate(self.convs):
+            sp = F.relu(conv(sp if i == 0 else sp + parts[i]))
+            outs.append(sp)
+        return self.conv3(torch.cat([*outs, parts[3]], 1)) + x
+
+
+def test_a_concat_of_float_conv_outputs_stays_float() -> None:
+    """S02: three of the Concat's inputs are written by float convs (H02), which cannot write
+    INT8 at no cost: quantized, each would be a standalone Quantize (Res2Net-50 14w-8s: 25
+    unfused Q/DQ, 4 now), so the Concat stays float and its reader quantizes its output."""
+    p = plan(_Res2(), 1, 64, 8, 8)
+    cat = [pt for pt in p.points if pt.op == "cat"]
+    assert cat and not any(pt.quantized for pt in cat)
+    assert "3 of its inputs are written by float layers (convs.0" in cat[0].reason
+    assert p.point("conv3:input").quantized
+    assert all(p.point(f"convs.{i}:input").rule == "H02" for i in range(3))
+
+
 def test_a_tensor_read_by_an_int8_layer_makes_its_fp8_readers_int8() -> None:
     """F05: one Quantize per tensor. ``x`` feeds a 7x7 conv (INT8, F03) and a 1x1 conv that could
     run FP8: the 1x1 conv reads the same Quantize, so it becomes INT8, weight included."""

@@ -58,7 +58,12 @@ from qdq.graph.patterns import (
 )
 from qdq.graph.plan import QuantPlan
 from qdq.graph.pointwise import plan_pointwise_adds
-from qdq.graph.pools import left_float, plan_concat, plan_pools_and_concats
+from qdq.graph.pools import (
+    left_float,
+    plan_concat,
+    plan_pools_and_concats,
+    release_float_written_concats,
+)
 from qdq.graph.residual import plan_residual_add, release_float_output_skips, silu_operand
 from qdq.graph.weighted import plan_weighted
 
@@ -110,6 +115,7 @@ def build_plan(
     _settle(ctx, nodes)
     if _small_convs_between_int8(ctx, nodes):
         _settle(ctx, nodes)
+    release_float_written_concats(ctx, nodes)
     release_float_output_skips(ctx)
     _release_float_output_bns(ctx)
     for n in nodes:

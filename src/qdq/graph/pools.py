@@ -22,12 +22,26 @@ from qdq.graph.context import (
     input_label,
     quantize_input,
     reaches_quantized,
+    release,
     skip_input,
     users_through,
 )
-from qdq.graph.patterns import COPY_KINDS, THROUGH_ACT_KINDS, tensor_inputs
+from qdq.graph.patterns import (
+    COPY_KINDS,
+    EPILOGUE_KINDS,
+    PASS_THROUGH_KINDS,
+    THROUGH_ACT_KINDS,
+    WEIGHTED_KINDS,
+    tensor_inputs,
+)
 
-__all__ = ["NO_QUANTIZED_READER", "left_float", "plan_concat", "plan_pools_and_concats"]
+__all__ = [
+    "NO_QUANTIZED_READER",
+    "left_float",
+    "plan_concat",
+    "plan_pools_and_concats",
+    "release_float_written_concats",
+]
 
 #: the reason of a pool or Concat left float (``again`` plans it when a reader appears)
 NO_QUANTIZED_READER = "output does not feed a quantized op"
@@ -235,3 +249,55 @@ def plan_concat(ctx: PlanContext, node: fx.Node, *, fanout: bool = False) -> Non
         else:
             rule, reason = "S02", f"{NO_QUANTIZED_READER}; the Concat stays float"
         skip_input(ctx, node, pos, producer, rule, reason, label=input_label(node, pos))
+
+
+def release_float_written_concats(ctx: PlanContext, nodes: list[fx.Node]) -> int:
+    """S02 once the weighted layers' precisions are final (after H02's small convolutions that
+    read INT8 went INT8): a quantized Concat with two or more inputs written by float Conv/GEMM
+    layers stays float. Those layers cannot write INT8 at no cost, so each such input's Quantize
+    would run standalone, where the Concat's quantized reader quantizes its output with one.
+    Returns the number of Concats released."""
+    released = 0
+    for n in nodes:
+        if ctx.kinds[n] != "cat":
+            continue
+        ins = tensor_inputs(n)
+        points = [ctx.points.get(f"{ctx.owners[n]}:{input_label(n, pos)}") for pos, _ in ins]
+        if not all(p is not None and p.quantized and p.rule == "S02" for p in points):
+            continue
+        floats = _float_writers(ctx, ins)
+        if len(floats) < 2:
+            continue
+        reason = (
+            f"{len(floats)} of its inputs are written by float layers ({', '.join(floats[:3])}"
+            f"{', ...' if len(floats) > 3 else ''}): quantized, each would be a standalone "
+            "Quantize; the Concat stays float and its quantized reader quantizes its output "
+            "(one Quantize)"
+        )
+        for p in points:
+            assert p is not None
+            release(ctx, p, "S02", reason)
+        released += 1
+    return released
+
+
+def _float_writers(ctx: PlanContext, ins: list[tuple[int, fx.Node]]) -> list[str]:
+    """The float Conv/GEMM layers (their owners: left float by an earlier rule, H02's small
+    convolutions) that write the Concat inputs ``ins``, through their epilogues and pass-through
+    ops: such a layer cannot write INT8 at no cost, so an INT8 Concat input it writes is a
+    standalone Quantize (Res2Net's 14-channel 3x3 convolutions: seven per block)."""
+    found = []
+    for _, producer in ins:
+        cur = producer
+        for _ in range(len(ctx.order)):
+            kind = ctx.kinds.get(cur)
+            ups = tensor_inputs(cur)
+            if kind in WEIGHTED_KINDS:
+                point = ctx.points.get(f"{ctx.owners[cur]}:{input_label(cur, ups[0][0])}")
+                if point is not None and not point.quantized:
+                    found.append(ctx.owners[cur])
+                break
+            if kind not in EPILOGUE_KINDS | PASS_THROUGH_KINDS or len(ups) != 1:
+                break
+            cur = ups[0][1]
+    return found

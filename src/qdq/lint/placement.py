@@ -262,6 +262,13 @@ def _epilogue_qdq(g: LintGraph, node: Any) -> list[Finding]:
     return out
 
 
+def _float_layer_output(g: LintGraph, tensor: str) -> bool:
+    """Whether ``tensor`` is the output (with its epilogue) of a Conv/GEMM that runs float: it
+    cannot write INT8 at no cost."""
+    layer = g.backbone(tensor)
+    return layer is not None and not g.quantized_weighted(layer)
+
+
 def _concat(g: LintGraph, node: Any) -> list[Finding]:
     name = g.name(node)
     if g.reorder_source(node) is not None:
@@ -274,6 +281,21 @@ def _concat(g: LintGraph, node: Any) -> list[Finding]:
         return []  # read in FP8 only: no FP8 Concat, so it runs float and its reader quantizes
     if any(q is None for q in ins):
         floats = [i for i, q in zip(node.input, ins, strict=True) if q is None]
+        written = [i for i in floats if _float_layer_output(g, i)]
+        if len(written) >= 2:  # a Quantize each: more than the reader's one after the Concat
+            return [
+                Finding(
+                    "S02b",
+                    INFO,
+                    (name,),
+                    f"{name}: {len(written)} inputs written by float Conv/GEMM layers "
+                    f"({written[:3]}) stay float and the Concat runs float",
+                    "its quantized reader's Quantize runs standalone (one, where quantizing "
+                    "these inputs would take one each)",
+                    "none needed; to run the Concat INT8, quantize the layers writing its inputs",
+                    _SRC,
+                )
+            ]
         return [
             Finding(
                 "S02b",

@@ -115,7 +115,10 @@ RULES: tuple[Rule, ...] = (
         "concat",
         "Concat: all inputs and the output's consumers share one scale",
         "TensorRT splits the Q after a Concat into each input and eliminates the Concat (zero copy) "
-        "only when every scale is equal; otherwise each input gets a re-quantize kernel.",
+        "only when every scale is equal; otherwise each input gets a re-quantize kernel. A Concat "
+        "with two or more inputs written by float Conv/GEMM layers (H02's small convolutions: "
+        "Res2Net) stays float: each such input's Quantize would run standalone, where the "
+        "reader's one Quantize after the Concat costs one.",
     ),
     Rule(
         "S03",
