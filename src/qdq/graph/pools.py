@@ -292,7 +292,7 @@ def _float_writers(ctx: PlanContext, ins: list[tuple[int, fx.Node]]) -> list[str
         for _ in range(len(ctx.order)):
             kind = ctx.kinds.get(cur)
             ups = tensor_inputs(cur)
-            if kind in WEIGHTED_KINDS:
+            if kind in WEIGHTED_KINDS and ups:
                 point = ctx.points.get(f"{ctx.owners[cur]}:{input_label(cur, ups[0][0])}")
                 if point is not None and not point.quantized:
                     found.append(ctx.owners[cur])
