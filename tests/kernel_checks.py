@@ -128,17 +128,19 @@ def check_histogram(device: str) -> None:
     assert fused.observed_max == plain.observed_max
     for method in ("max", "entropy", "mse", "percentile"):
         assert torch.equal(fused.compute_amax(method), plain.compute_amax(method)), method
-    cal = HistogramCalibrator()
-    cal.collect(torch.randn(10, device=dev))
-    bad = torch.randn(10, device=dev)
-    bad[3] = math.nan
-    cal.collect(bad)
-    try:
-        cal.compute_amax("max")
-    except CalibrationError as err:
-        assert "batch 1" in str(err)
-    else:
-        raise AssertionError("a NaN batch was not reported")
+    for first in (1, 19):  # 19: after a merge of the first 16 (qdq.calib.histogram.MERGE_EVERY)
+        cal = HistogramCalibrator()
+        for i in range(first + 6):
+            batch = torch.randn(10, device=dev) * (i + 1)
+            if i in (first, first + 4):  # the first bad batch is named, not a later one
+                batch[3] = math.nan if i == first else math.inf
+            cal.collect(batch)
+        try:
+            cal.compute_amax("max")
+        except CalibrationError as err:
+            assert f"batch {first} " in str(err), err
+        else:
+            raise AssertionError("a NaN batch was not reported")
 
 
 def main() -> None:
