@@ -231,3 +231,37 @@ def test_on_cuda_every_method_gives_the_cpu_amax_with_two_host_syncs() -> None:
         for n, q in _activations(on_cpu).items():
             assert gpu[n].amax.device.type == "cuda"
             assert torch.equal(q.amax, gpu[n].amax.cpu()), (method, n)
+
+
+@pytest.mark.gpu
+def test_on_cuda_calibration_batches_never_wait_for_the_device() -> None:
+    """Forwards in calibration mode over more batches than the histograms keep pending
+    (``MERGE_EVERY``: a merge happens in between), under CUDA's sync debug mode set to raise:
+    no batch and no merge synchronises (a copy of host numbers to the device would), and the
+    amax are the CPU's."""
+    on_cpu = _calibrated(2)
+    on_gpu = copy.deepcopy(on_cpu).cuda()
+    gen = torch.Generator().manual_seed(5)
+    data = [torch.randn(2, C, 8, 8, generator=gen) * (1 + i % 5) for i in range(20)]
+    for prepared, device in ((on_cpu, "cpu"), (on_gpu, "cuda")):
+        batches = [x.to(device) for x in data]
+        torch.cuda.synchronize()
+        acts = _activations(prepared)
+        for q in acts.values():
+            q.calibrator.reset()
+            q.mode = "calibrate"
+        torch.cuda.set_sync_debug_mode("error" if device == "cuda" else "default")
+        try:
+            with torch.no_grad():
+                for x in batches:
+                    prepared(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            for q in acts.values():
+                q.mode = "quantize"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qdq.recompute_amax(prepared, "mse")
+    gpu = _activations(on_gpu)
+    for n, q in _activations(on_cpu).items():
+        assert torch.equal(q.amax, gpu[n].amax.cpu()), n

@@ -332,6 +332,8 @@ class HistogramCalibrator(Calibrator):
                 stats = torch.stack([top, exp.to(torch.float64)])
         self._numel += x.numel()
         self._read, self._host_counts = None, None
+        if self._pending and index != self._pending[-1][2] + 1:
+            self._flush()  # an empty batch came between: the pending indices stay consecutive
         self._pending.append((counts, stats, index, pad))
         if len(self._pending) >= MERGE_EVERY:
             self._flush()
@@ -355,7 +357,9 @@ class HistogramCalibrator(Calibrator):
         finite = top < math.inf  # max|x| >= 0: false for NaN and inf alike
         # a bad batch's exponent may be NaN: replaced before the conversion
         exps = torch.where(finite, stats[:, 1], float(_MIN_EXP)).to(torch.int64)
-        index = torch.tensor([i for _, _, i, _ in pending], dtype=torch.int64, device=device)
+        # the batch indices are consecutive (_collect): an arange plus the first, computed on
+        # the device (a tensor of host numbers would be a copy the device waits for)
+        index = torch.arange(len(pending), device=device) + pending[0][2]
         bad = torch.where(finite, _NO_BAD, index).min()
         top = torch.where(finite, top, 0.0).max()
         if running is not None:  # the running histogram is one more row, on its own grid
