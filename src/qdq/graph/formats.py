@@ -55,12 +55,11 @@ from qdq.graph.context import PlanContext, alias_root
 from qdq.graph.patterns import (
     COPY_KINDS,
     EPILOGUE_KINDS,
-    PASS_THROUGH_KINDS,
     conv_groups,
     tensor_inputs,
 )
 from qdq.graph.plan import QuantPoint, ScaleGroup
-from qdq.graph.residual import fused_layer, silu_operand
+from qdq.graph.residual import fused_layer, weighted_writer
 
 __all__ = [
     "MIXED_CONV",
@@ -197,7 +196,7 @@ def _fused_owners(
         owner = ctx.owners.get(node) if node is not None else None
         if owner is None or owner not in layer:
             continue
-        writer = _writer(ctx, ctx.by_name[p.producer], fused)
+        writer = weighted_writer(ctx, ctx.by_name[p.producer], fused)
         if writer is not None and layer.get(ctx.owners.get(writer, ""), ("",))[0] == "int8":
             continue
         out[p.name] = owner
@@ -255,7 +254,7 @@ def float_movement(
 
     def fp8_writer(p: QuantPoint) -> str:
         """The FP8 layer that writes ``p``'s tensor (through its epilogue or a fused Add)."""
-        node = _writer(ctx, ctx.by_name[p.producer], fused)
+        node = weighted_writer(ctx, ctx.by_name[p.producer], fused)
         writer = ctx.owners.get(node, "") if node is not None else ""
         return writer if formats.get(writer) == "fp8" else ""
 
@@ -280,10 +279,10 @@ def float_movement(
             )
         elif p.consumer in floated:
             why = f"another input of {what} stays float (F10), so it runs float"
-        elif group == "int8" and p.format_rule == "F02" and not pool and fp8_writer(p):
+        elif group == "int8" and p.format_rule == "F02" and not pool and (w := fp8_writer(p)):
             why = (
-                f"{fp8_writer(p)} runs FP8 and cannot write INT8: {what} stays float (an INT8 "
-                "input would be a standalone Quantize after it)"
+                f"{w} runs FP8 and cannot write INT8: {what} stays float (an INT8 input would be "
+                "a standalone Quantize after it)"
             )
         elif group == "int8" and p.format_rule == "F02" and _read_in_fp8_only(ctx, consumer, reads):
             why = (
@@ -329,26 +328,6 @@ def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]
 def _weight_formats(points: list[QuantPoint]) -> dict[str, str]:
     """Weighted layer (its owner) -> the format its weight quantizer runs."""
     return {p.owner: p.spec.format for p in points if p.kind == "weight" and p.spec is not None}
-
-
-def _writer(ctx: PlanContext, node: fx.Node, fused: dict[str, fx.Node]) -> fx.Node | None:
-    """The weighted op whose output ``node`` is: through its epilogue (BN, activations, SiLU),
-    pass-through ops and a residual Add fused into it (``fused``); ``None`` if none."""
-    cur = node
-    for _ in range(len(ctx.order)):
-        kind = ctx.kinds.get(cur)
-        if kind in WEIGHTED:
-            return cur
-        ins = tensor_inputs(cur)
-        if cur.name in fused:
-            cur = fused[cur.name]
-        elif (x := silu_operand(ctx, cur)) is not None:
-            cur = x
-        elif kind in EPILOGUE_KINDS | PASS_THROUGH_KINDS and len(ins) == 1:
-            cur = ins[0][1]
-        else:
-            return None
-    return None
 
 
 def _pooled_reads(

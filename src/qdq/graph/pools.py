@@ -26,14 +26,8 @@ from qdq.graph.context import (
     skip_input,
     users_through,
 )
-from qdq.graph.patterns import (
-    COPY_KINDS,
-    EPILOGUE_KINDS,
-    PASS_THROUGH_KINDS,
-    THROUGH_ACT_KINDS,
-    WEIGHTED_KINDS,
-    tensor_inputs,
-)
+from qdq.graph.patterns import COPY_KINDS, THROUGH_ACT_KINDS, tensor_inputs
+from qdq.graph.residual import weighted_writer
 
 __all__ = [
     "NO_QUANTIZED_READER",
@@ -288,16 +282,11 @@ def _float_writers(ctx: PlanContext, ins: list[tuple[int, fx.Node]]) -> list[str
     standalone Quantize (Res2Net's 14-channel 3x3 convolutions: seven per block)."""
     found = []
     for _, producer in ins:
-        cur = producer
-        for _ in range(len(ctx.order)):
-            kind = ctx.kinds.get(cur)
-            ups = tensor_inputs(cur)
-            if kind in WEIGHTED_KINDS and ups:
-                point = ctx.points.get(f"{ctx.owners[cur]}:{input_label(cur, ups[0][0])}")
-                if point is not None and not point.quantized:
-                    found.append(ctx.owners[cur])
-                break
-            if kind not in EPILOGUE_KINDS | PASS_THROUGH_KINDS or len(ups) != 1:
-                break
-            cur = ups[0][1]
+        layer = weighted_writer(ctx, producer)
+        ups = tensor_inputs(layer) if layer is not None else []
+        if layer is None or not ups:
+            continue
+        point = ctx.points.get(f"{ctx.owners[layer]}:{input_label(layer, ups[0][0])}")
+        if point is not None and not point.quantized:
+            found.append(ctx.owners[layer])
     return found

@@ -24,7 +24,7 @@ from qdq.graph.patterns import (
 )
 from qdq.graph.plan import QuantPoint
 
-__all__ = ["fused_layer", "plan_residual_add", "silu_operand"]
+__all__ = ["fused_layer", "plan_residual_add", "silu_operand", "weighted_writer"]
 
 #: pointwise ops whose other operand is a constant (ConvNeXt's LayerScale ``x * gamma``, a bias
 #: ``x + b``): one more pointwise op of the epilogue, with a single activation input
@@ -81,6 +81,29 @@ def silu_operand(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
     for a, b in (ins, ins[::-1]):
         if ctx.kinds[b] == "sigmoid" and tensor_inputs(b) and tensor_inputs(b)[0][1] is a:
             return a
+    return None
+
+
+def weighted_writer(
+    ctx: PlanContext, node: fx.Node, fused: dict[str, fx.Node] | None = None
+) -> fx.Node | None:
+    """The weighted op whose output ``node`` is: through its epilogue (BN, activations, SiLU),
+    pass-through ops and a residual Add fused into it (``fused``: Add name -> the weighted op it
+    fuses into); ``None`` if none."""
+    cur = node
+    for _ in range(len(ctx.order)):
+        kind = ctx.kinds.get(cur)
+        if kind in WEIGHTED_KINDS:
+            return cur
+        ins = tensor_inputs(cur)
+        if fused and cur.name in fused:
+            cur = fused[cur.name]
+        elif (x := silu_operand(ctx, cur)) is not None:
+            cur = x
+        elif kind in EPILOGUE_KINDS | PASS_THROUGH_KINDS and len(ins) == 1:
+            cur = ins[0][1]
+        else:
+            return None
     return None
 
 
