@@ -349,9 +349,8 @@ class HistogramCalibrator(Calibrator):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        running = self._counts
-        device = (running if running is not None else pending[0][0]).device
-        rows = [c.to(device) for c, _, _, _ in pending]
+        device = (self._counts if self._counts is not None else pending[0][0]).device
+        rows = [c for c, _, _, _ in pending]
         stats = torch.stack([s.to(device) for _, s, _, _ in pending]).to(torch.float64)
         top = stats[:, 0]
         finite = top < math.inf  # max|x| >= 0: false for NaN and inf alike
@@ -362,7 +361,27 @@ class HistogramCalibrator(Calibrator):
         index = torch.arange(len(pending), device=device) + pending[0][2]
         bad = torch.where(finite, _NO_BAD, index).min()
         top = torch.where(finite, top, 0.0).max()
-        if running is not None:  # the running histogram is one more row, on its own grid
+        bad = torch.where(bad == _NO_BAD, -1, bad)
+        self._merge(rows, exps, top, bad, pad=sum(p for _, _, _, p in pending))
+
+    def _merge(
+        self,
+        rows: list[torch.Tensor],
+        exps: torch.Tensor,
+        top: torch.Tensor,
+        bad: torch.Tensor,
+        pad: int = 0,
+    ) -> None:
+        """Add histograms (``rows``, each on the grid of ``2**exps[i]``, with their finite
+        maximum ``top`` and first bad batch ``bad``, -1 for none) to the running one on the
+        device, the running one as one more row: all regridded to the widest range by one
+        ``scatter_add`` (exactly: ``2**d`` bins into one), ``pad`` lanes taken from bin 0 (which
+        every regrid keeps in bin 0), nothing read back."""
+        running = self._counts
+        device = (running if running is not None else rows[0]).device
+        rows = [r.to(device) for r in rows]
+        exps, top, bad = exps.to(device), top.to(device), bad.to(device)
+        if running is not None:
             assert self._exp_t is not None and self._max_t is not None
             assert self._bad_t is not None
             rows.insert(0, running)
@@ -371,31 +390,9 @@ class HistogramCalibrator(Calibrator):
             bad = torch.where(self._bad_t >= 0, self._bad_t, bad)
         wider = exps.max()
         counts = self._regrid(torch.stack(rows), wider - exps)
-        pad = sum(p for _, _, _, p in pending)
         if pad:
             counts[0] -= pad
-        self._counts, self._exp_t, self._max_t = counts, wider, top
-        self._bad_t = torch.where(bad == _NO_BAD, -1, bad)
-
-    def _merge(
-        self, counts: torch.Tensor, exp: torch.Tensor, top: torch.Tensor, bad: torch.Tensor
-    ) -> None:
-        """Add ``counts`` (on the grid of ``2**exp``, with their finite maximum ``top`` and first
-        bad batch ``bad``, -1 for none) to the running histogram on the device: both regridded
-        to the larger range, exactly (``2**d`` bins into one), no read back."""
-        if self._counts is None or self._exp_t is None or self._max_t is None:
-            self._counts, self._exp_t, self._max_t, self._bad_t = counts, exp, top, bad
-            return
-        assert self._bad_t is not None
-        device = self._counts.device
-        exp, top, bad = exp.to(device), top.to(device), bad.to(device)
-        wider = torch.maximum(self._exp_t, exp)
-        self._counts = self._regrid(self._counts, wider - self._exp_t) + self._regrid(
-            counts.to(device), wider - exp
-        )
-        self._exp_t = wider
-        self._max_t = torch.maximum(self._max_t, top)
-        self._bad_t = torch.where(self._bad_t < 0, bad, self._bad_t)
+        self._counts, self._exp_t, self._max_t, self._bad_t = counts, wider, top, bad
 
     def _regrid(self, counts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """``counts`` (one row of ``grid`` bins, or ``[n, grid]``: their sum) on a grid ``2**shift``
@@ -467,7 +464,7 @@ class HistogramCalibrator(Calibrator):
         if other._counts is not None:
             assert other._exp_t is not None and other._max_t is not None
             assert other._bad_t is not None
-            self._merge(other._counts.clone(), other._exp_t, other._max_t, other._bad_t)
+            self._merge([other._counts], other._exp_t.reshape(1), other._max_t, other._bad_t)
         self._numel += other._numel
 
     def _reset(self) -> None:
