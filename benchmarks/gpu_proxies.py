@@ -197,6 +197,13 @@ def count_figures(s: Subjects) -> dict[str, Any]:
     return out
 
 
+def _merge_span(s: Subjects) -> tuple[int, list[Any]]:
+    """``MERGE_EVERY`` (1 for a qdq that merged every batch as it came) and ``1 + MERGE_EVERY``
+    calibration batches (the subject's, cycled): one more batch than a merge takes."""
+    extra = getattr(histogram, "MERGE_EVERY", 1)
+    return extra, [s.batches[i % len(s.batches)] for i in range(1 + extra)]
+
+
 def _calibration_counts(s: Subjects, float_ops: int, float_kernels: int) -> dict[str, Any]:
     """Per calibration batch: the difference between a calibration of ``1 + MERGE_EVERY`` batches
     and one of 1 batch, divided by ``MERGE_EVERY`` (the histogram collection every method
@@ -208,12 +215,11 @@ def _calibration_counts(s: Subjects, float_ops: int, float_kernels: int) -> dict
     out: dict[str, Any] = {}
     na = max(1, s.activations)
     free = histogram.reads_free
-    extra = getattr(histogram, "MERGE_EVERY", 1)  # 1: a qdq that merged every batch
+    extra, many = _merge_span(s)
     histogram.reads_free = lambda device: False
     try:
         one = probes.count(_calibrate(s.prepared, s.batches[:1], None), attribute=True,
                            host_reads=True)  # fmt: skip
-        many = [s.batches[i % len(s.batches)] for i in range(1 + extra)]
         many_c = probes.count(_calibrate(s.prepared, many, None), attribute=True,
                              host_reads=True)  # fmt: skip
         by_max = probes.count(_calibrate(s.prepared, s.batches[:1], "max"), host_reads=True)
@@ -301,8 +307,7 @@ def _batch_ratio(s: Subjects, float_fwd: Callable[[], Any], repeats: int, warmup
     MERGE_EVERY (a merge of the pending batches included, as :func:`_calibration_counts`),
     × the float forward, the three timed back to back (order rotating) in each repeat; the
     median."""
-    extra = getattr(histogram, "MERGE_EVERY", 1)  # 1: a qdq that merged every batch
-    many = [s.batches[i % len(s.batches)] for i in range(1 + extra)]
+    extra, many = _merge_span(s)
     runs = [
         _calibrate(s.prepared, s.batches[:1], None),
         _calibrate(s.prepared, many, None),
