@@ -106,7 +106,10 @@ def prepare(
     else:
         prepared = rec.root
         plan = materialize(
-            prepared, rec.graph, build_plan(rec.graph, prepared, cfg, model), rec.leaf_calls
+            prepared,
+            rec.graph,
+            build_plan(rec.graph, prepared, cfg, model, rec.unused),
+            rec.leaf_calls,
         )
         if rec.data_dependent:
             where = ", ".join(p or "<root>" for p in rec.data_dependent)

@@ -63,9 +63,12 @@ def run_exporter(
                     for n in {d for a in axes.values() for d in a.values()}
                 }
                 dims["batch"] = torch.export.Dim("batch")
-                dyn = tuple(
-                    {d: dims[n] for d, n in axes[i].items()} if i in axes else None
-                    for i in range(len(args))
+                dyn = _by_signature(
+                    model,
+                    [
+                        {d: dims[n] for d, n in axes[i].items()} if i in axes else None
+                        for i in range(len(args))
+                    ],
                 )
                 if dynamic_batch:
                     args = _batch_of_two(args)
@@ -111,6 +114,26 @@ def run_exporter(
         finally:
             for h in hooks:
                 h.remove()
+
+
+def _by_signature(model: nn.Module, per_arg: list[Any]) -> tuple[Any, ...]:
+    """The dynamic shapes of the positional inputs ``per_arg`` in the structure torch.export binds
+    them to ``model.forward``'s parameters: one entry per named parameter, and the inputs that a
+    ``*args`` parameter collects as one tuple (``forward(self, *inputs)``: a wrapper's), none
+    when it collects nothing (ultralytics' ``forward(self, x, *args, **kwargs)``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return tuple(per_arg)
+    named = 0
+    for p in params:
+        if p.kind == inspect.Parameter.VAR_POSITIONAL and len(per_arg) > named:
+            return (*per_arg[:named], tuple(per_arg[named:]))
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            named += 1
+    return tuple(per_arg)
 
 
 def register_lost_constants(model: Any) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import torch.fx as fx
@@ -125,11 +125,14 @@ def _share_rule(
 
 
 # --------------------------------------------------------------- coverage
-def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, ...]:
+def coverage(
+    model: nn.Module, points: Iterable[QuantPoint], unused: Mapping[str, str] | None = None
+) -> tuple[Coverage, ...]:
     """One entry per Conv/Linear module; a module called several times is int8 only if every
     call that runs is (the entry then cites the first float call). A call on constants alone
     (DeBERTa's projections of its relative-position table) is folded by the builder and no
-    runtime layer: it counts only when it is the module's every call."""
+    runtime layer: it counts only when it is the module's every call. ``unused``: why a module
+    that forward calls has no call in the graph (its results reach no output)."""
     weights: dict[str, QuantPoint] = {}
     for p in points:
         if p.kind != "weight":
@@ -154,6 +157,8 @@ def coverage(model: nn.Module, points: Iterable[QuantPoint]) -> tuple[Coverage, 
         parent = next((ln for ln, lm in leaves if name.startswith(ln + ".")), None)
         if parent is not None:
             reason = f"inside {parent} ({type(dict(leaves)[parent]).__name__}), run as one fused op"
+        elif unused and name in unused:
+            reason = unused[name]
         else:
             reason = "not called by forward() on the example inputs"
         out.append(Coverage(name, type(m).__name__, "not reached", "-", reason))

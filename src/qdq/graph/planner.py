@@ -25,6 +25,7 @@ Steps, each citing its rule id (``qdq.rules``):
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch.fx as fx
@@ -75,6 +76,7 @@ def build_plan(
     root: nn.Module,
     config: QuantConfig | None = None,
     model: nn.Module | None = None,
+    unused: Mapping[str, str] | None = None,
 ) -> QuantPlan:
     """Plan Q/DQ placement for a recorded graph (:func:`qdq.graph.record.record`).
 
@@ -83,6 +85,8 @@ def build_plan(
         root: the module copy the graph's ``get_attr``/``call_module`` targets refer to.
         config: what to quantize (default ``QuantConfig.tensorrt()``).
         model: the original model, for the Conv/Linear coverage list (default: ``root``).
+        unused: module paths whose calls the recording dropped, with why
+            (:attr:`~qdq.graph.record.Recording.unused`), for the coverage list.
     """
     cfg = config if config is not None else QuantConfig.tensorrt()
     modules = dict(root.named_modules())
@@ -137,7 +141,7 @@ def build_plan(
             points, groups = group_points(ctx, nodes)
             points = assign_formats(ctx, points, groups)
     ordered = sorted(points, key=lambda p: (ctx.order[ctx.by_name[p.consumer]], p.kind != "weight"))
-    covered = coverage(model if model is not None else root, ordered)
+    covered = coverage(model if model is not None else root, ordered, unused)
     name = type(model if model is not None else root).__name__
     return QuantPlan(
         model=name,

@@ -56,6 +56,9 @@ class Recording:
     value_reads: tuple[str, ...] = ()
     #: per leaf module path: what its calls did (:data:`~qdq.graph.calls.LeafCalls`)
     leaf_calls: dict[str, LeafCalls] | None = None
+    #: module paths of calls whose results reach no output of the model (dropped from ``graph``,
+    #: as the exporters drop them): ``{path: reason}``
+    unused: dict[str, str] | None = None
 
 
 class _Recorder(CallTracker):
@@ -283,8 +286,11 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
             rec._deactivate()
     rec.graph.output(rec.arg(out))
     _drop_dead_getitems(rec.graph)
+    unused = _drop_unused_calls(rec.graph) if _plain_output(out) else {}
     leaves = {p: (frozenset(f), frozenset(at)) for p, (f, at) in rec.leaf_calls.items()}
-    return Recording(rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads), leaves)
+    return Recording(
+        rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads), leaves, unused
+    )
 
 
 def _has_tensor(value: Any) -> bool:
@@ -317,6 +323,66 @@ def _input_names(model: nn.Module, n: int) -> list[str]:
     ]
     names += [f"input_{i}" for i in range(len(names), n)]
     return names[:n]
+
+
+#: why a module's calls are not in the graph when their results reach no output
+UNUSED_REASON = (
+    "its result reaches no output of the model (forward computes it and drops it): the "
+    "exporters leave it out, so it is not quantized"
+)
+
+
+def _plain_output(value: Any) -> bool:
+    """Whether the recorded output holds every tensor the model returned: tensors in tuples,
+    lists and dicts (``ModelOutput`` is one), beside plain Python values. Tensors inside another
+    object (a dataclass, a results class) are not followed, so nothing may be called unused."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain_output(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain_output(v) for v in value.values())
+    return value is None or isinstance(value, (torch.Tensor, bool, int, float, str, torch.Size))
+
+
+def _mutates(node: fx.Node) -> bool:
+    """An in-place call (``x.add_(y)``, ``x[i] = y``, ``out=``): it may write a tensor that
+    something else reads (a view's base), so it counts as used, as the exporters keep it."""
+    if node.op not in ("call_method", "call_function", "call_module"):
+        return False
+    name = str(node.target) if node.op != "call_function" else getattr(node.target, "__name__", "")
+    in_place = name.endswith("_") and not name.startswith("__")
+    return (
+        in_place
+        or node.target in (operator.setitem, operator.iadd, operator.imul)
+        or ("out" in node.kwargs)
+    )
+
+
+def _drop_unused_calls(graph: fx.Graph) -> dict[str, str]:
+    """Remove the calls whose results reach neither the output nor an in-place write (a head
+    that a wrapper computes and does not return): the exporters drop them, so a plan that
+    quantized them would plan Q/DQ that no exported graph holds. Returns the module paths of the
+    removed calls with the reason (for the Conv/Linear coverage)."""
+    live: set[fx.Node] = set()
+    stack = [n for n in graph.nodes if n.op == "output" or _mutates(n)]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(n.all_input_nodes)
+    unused: dict[str, str] = {}
+    for node in reversed(list(graph.nodes)):
+        if node in live or node.op in ("placeholder", "get_attr") or node.users:
+            continue
+        path = (
+            str(node.target)
+            if node.op == "call_module"
+            else next(reversed(node.meta.get("nn_module_stack") or {"": None}), "")
+        )
+        if path:
+            unused[path] = UNUSED_REASON
+        graph.erase_node(node)
+    return unused
 
 
 def _drop_dead_getitems(graph: fx.Graph) -> None:
