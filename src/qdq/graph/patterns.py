@@ -79,6 +79,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     operator.matmul: "matmul",
     torch.mm: "matmul",
     torch.bmm: "matmul",
+    torch.addmm: "matmul",  # addmm(bias, x, W): transformers' Conv1D (GPT-2), W of (in, out)
     operator.add: "add",
     operator.iadd: "add",
     torch.add: "add",
@@ -163,6 +164,7 @@ _METHOD_KINDS: dict[str, str] = {
     "mul": "mul",
     "mul_": "mul",
     "matmul": "matmul",
+    "addmm": "matmul",
     "mean": "mean",
     "softmax": "softmax",
     **dict.fromkeys(("size", "dim", "numel"), "shape"),
@@ -376,9 +378,13 @@ def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
 
 def _weight_operand(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     """``(position or keyword, node)`` of a weighted call's second operand: argument 1, or
-    ``weight=`` / ``other=``."""
+    ``weight=`` / ``other=``; of ``addmm(bias, x, W)``, ``W`` (argument 2 or ``mat2=``)."""
+    if _is_addmm(node):
+        w = node.args[2] if len(node.args) > 2 else node.kwargs.get("mat2")
+        key: int | str = 2 if len(node.args) > 2 else "mat2"
+        return (key, w) if isinstance(w, fx.Node) else None
     if len(node.args) > 1:
-        key: int | str = 1
+        key = 1
         w = node.args[1]
     elif "weight" in node.kwargs:
         key, w = "weight", node.kwargs["weight"]
@@ -387,6 +393,12 @@ def _weight_operand(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     else:
         return None
     return (key, w) if isinstance(w, fx.Node) else None
+
+
+def _is_addmm(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.addmm) or (
+        node.op == "call_method" and node.target == "addmm"
+    )
 
 
 def conv_groups(node: fx.Node) -> int | None:
