@@ -91,6 +91,37 @@ def test_a_reducemean_of_unknown_rank_is_kept() -> None:
     assert global_average_pools(model) == 0
 
 
+class _RMSNorm(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class _LayerNorm(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+@pytest.mark.parametrize("norm", [_RMSNorm, _LayerNorm])
+def test_a_normalization_statistic_over_the_last_axis_stays_a_reducemean(
+    norm: type[torch.nn.Module],
+) -> None:
+    """A (batch, tokens, channels) tensor's mean over channels is "all spatial axes" of a
+    rank-3 tensor, but the mean of a ``Pow`` or a mean subtracted from its input is a
+    normalization's statistic (the dynamo export of T5's RMSNorm), not a pool: made a
+    GlobalAveragePool, TensorRT tooling and the linter would read the norm as an INT8 pool."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            norm().eval(), (torch.randn(2, 6, 32),), dynamo=True, opset_version=18, verbose=False
+        )
+    model = program.model_proto
+    means = sum(n.op_type == "ReduceMean" for n in model.graph.node)
+    assert means == (1 if norm is _RMSNorm else 2)
+    assert global_average_pools(model) == 0
+    assert [n.op_type for n in model.graph.node].count("ReduceMean") == means
+
+
 def _export(prepared: torch.nn.Module, x: torch.Tensor, path: Path, exporter: str) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -158,3 +158,91 @@ def test_shifted_windows_export_with_the_roll_as_slices_and_concats_and_lint_cle
     assert sum(n.op_type == "Concat" for n in model.graph.node) >= 2
     assert not _placement_warnings(report), report.format()
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"]
+
+
+# ------------------------------------------------------- normalizations written as arithmetic
+class RMSNorm(nn.Module):
+    """T5's / LLaMA's RMSNorm as ``transformers`` writes it."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        return self.weight * (h * torch.rsqrt(variance + 1e-6))
+
+
+class ChannelsFirstLayerNorm(nn.Module):
+    """ConvNeXt's channels-first LayerNorm: ``u = x.mean(1, keepdim=True)``, ``x - u``..."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        return self.weight[:, None, None] * ((x - u) / torch.sqrt(s + 1e-6))
+
+
+class PreNormBlock(nn.Module):
+    """``x + mlp(norm(x))`` twice, with a hand-written normalization."""
+
+    def __init__(self, norm: type[nn.Module], dim: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(dim, dim)
+        self.norms = nn.ModuleList([norm(dim), norm(dim)])
+        self.fcs = nn.ModuleList([nn.Linear(dim, dim), nn.Linear(dim, dim)])
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for norm, fc in zip(self.norms, self.fcs, strict=True):
+            x = x + fc(torch.relu(norm(x)))
+        return self.out(x)
+
+
+def _channels_first_block() -> nn.Module:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.stem = nn.Conv2d(3, 32, 3, padding=1)
+            self.norm = ChannelsFirstLayerNorm(32)
+            self.conv = nn.Conv2d(32, 32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.stem(x)
+            return x + self.conv(self.norm(x))
+
+    return Block().eval()
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_p15_a_hand_written_rmsnorm_reads_the_residual_stream_in_float(
+    exporter: str, tmp_path: Path
+) -> None:
+    """The residual Adds of a pre-norm block whose RMSNorm is arithmetic (``x.pow(2).mean(-1)``,
+    T5, LLaMA) stay float (P15), as with ``nn.LayerNorm``: quantizing their skip for the Add
+    (P03) made the stream a standalone Quantize beside the norm's float read (lint P04 per
+    block: T5 encoder, 2 layers, 12 -> 4 unfused Q/DQ, WARN -> PASS)."""
+    model = PreNormBlock(RMSNorm).eval()
+    inputs = (torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(1)),)
+    plan = _plan(model, inputs)
+    adds = [p for p in plan.points if p.op == "add"]
+    assert adds and {(p.decision, p.rule) for p in adds} == {("skip", "P15")}
+    assert "norms.0" in adds[0].reason
+    assert _placement_warnings(_export(model, inputs, tmp_path / "m.onnx", exporter)) == []
+
+
+def test_p15_a_channels_first_layernorm_written_as_arithmetic_is_a_float_reader() -> None:
+    """ConvNeXt's ``u = x.mean(1, keepdim=True); x - u``: the 1x1 conv's residual Add keeps its
+    skip float, as beside ``nn.LayerNorm``; a mean that nothing subtracts from its input (a
+    pooling) is no normalization."""
+    model = _channels_first_block()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    (add,) = [p for p in _plan(model, inputs).points if p.op == "add" and p.arg == 0]
+    assert (add.decision, add.rule) == ("skip", "P15")

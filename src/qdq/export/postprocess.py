@@ -199,11 +199,12 @@ def global_average_pools(model: Any) -> int:
         if v.type.tensor_type.HasField("shape")
     }
     uses = Counter(i for n in graph.node for i in n.input)
+    statistics = _norm_statistics(graph)
     nodes, dropped, count = [], set(), 0
     for node in graph.node:
         rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" and node.input else None
         axes = _reduce_axes(node, consts) if rank is not None else None
-        if rank is None or axes is None or not 3 <= rank <= 5:
+        if rank is None or axes is None or not 3 <= rank <= 5 or node.output[0] in statistics:
             nodes.append(node)
             continue
         if sorted(a % rank for a in axes) != list(range(2, rank)):  # also: empty axes
@@ -232,6 +233,25 @@ def global_average_pools(model: Any) -> int:
         del graph.initializer[:]
         graph.initializer.extend(keep)
     return count
+
+
+def _norm_statistics(graph: Any) -> set[str]:
+    """The outputs of the ``ReduceMean`` nodes that take a normalization's statistic, not a
+    pool: the mean of a ``Pow`` (an RMSNorm's ``x.pow(2).mean(-1)`` over a (batch, tokens,
+    channels) tensor, whose last axis is "all spatial axes" of a rank-3 tensor) or a mean
+    subtracted from its input (a LayerNorm's ``x - x.mean(-1)``)."""
+    producers = {o: n for n in graph.node for o in n.output}
+    subtracted = {(n.input[0], n.input[1]) for n in graph.node if n.op_type == "Sub"}
+    found: set[str] = set()
+    for n in graph.node:
+        if n.op_type != "ReduceMean" or not n.input:
+            continue
+        source = producers.get(n.input[0])
+        if (source is not None and source.op_type == "Pow") or (n.input[0], n.output[0]) in (
+            subtracted
+        ):
+            found.add(n.output[0])
+    return found
 
 
 def _reduce_axes(node: Any, consts: dict[str, Any]) -> list[int] | None:

@@ -23,6 +23,7 @@ from qdq.graph.patterns import (
     tensor_inputs,
 )
 from qdq.graph.plan import QuantPoint
+from qdq.graph.streams import norm_reader
 
 __all__ = ["fused_layer", "plan_residual_add", "silu_operand", "weighted_writer"]
 
@@ -158,20 +159,12 @@ def _fused_operand(ctx: PlanContext, a: fx.Node, b: fx.Node) -> tuple[int | None
 
 
 def _float_stream_reader(ctx: PlanContext, skip: fx.Node) -> fx.Node | None:
-    """A normalization (LayerNorm, GroupNorm) reading the Add's skip operand, through copy ops: the
-    residual stream of a pre-norm transformer block (``x + f(norm(x))``), which TensorRT keeps
-    float. (An Add whose *output* feeds a norm, as at a ConvNeXt stage end, keeps P03: its skip is
-    quantized for a conv anyway, and a float Add would read it in float beside that conv.)"""
-    stack, seen = [skip], {skip}
-    while stack:
-        n = stack.pop()
-        for u in n.users:
-            if ctx.kinds[u] == "norm":
-                return u
-            if ctx.kinds[u] in COPY_KINDS and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return None
+    """A normalization (LayerNorm, GroupNorm, an RMSNorm written as arithmetic) reading the Add's
+    skip operand, through copy ops: the residual stream of a pre-norm transformer block
+    (``x + f(norm(x))``), which TensorRT keeps float. (An Add whose *output* feeds a norm, as at a
+    ConvNeXt stage end, keeps P03: its skip is quantized for a conv anyway, and a float Add would
+    read it in float beside that conv.)"""
+    return norm_reader(ctx, skip, COPY_KINDS)
 
 
 def _keep_float(

@@ -24,12 +24,14 @@ than running that conv in FP16 is not measured here: the placement follows the r
 
 from __future__ import annotations
 
+import operator
+
 import torch.fx as fx
 
 from qdq.graph.context import PlanContext
 from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
 
-__all__ = ["stream_norm"]
+__all__ = ["norm_reader", "stream_norm"]
 
 #: ops a weighted op may read its input through and still read the same tensor in INT8: data
 #: movement (the Quantize moves back across it, S03) and average pools (quantized at their
@@ -44,7 +46,7 @@ def stream_norm(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
     seen: set[fx.Node] = set()
     while node is not None and node not in seen:
         seen.add(node)
-        norm = _norm_reader(ctx, node)
+        norm = norm_reader(ctx, node)
         if norm is not None:
             return norm
         ins = tensor_inputs(node)
@@ -52,14 +54,47 @@ def stream_norm(ctx: PlanContext, x: fx.Node) -> fx.Node | None:
     return None
 
 
-def _norm_reader(ctx: PlanContext, node: fx.Node) -> fx.Node | None:
-    """A normalization reading ``node``'s output, through data movement."""
+def norm_reader(
+    ctx: PlanContext, node: fx.Node, through: frozenset[str] = PASS_THROUGH_KINDS
+) -> fx.Node | None:
+    """A normalization reading ``node``'s output, through ops of the kinds ``through`` (data
+    movement): a LayerNorm/GroupNorm/InstanceNorm/RMSNorm, module or functional, or one written
+    as arithmetic (:func:`_norm_statistic`)."""
     stack, seen = [node], {node}
     while stack:
-        for u in stack.pop().users:
-            if ctx.kinds[u] == "norm":
+        x = stack.pop()
+        for u in x.users:
+            if ctx.kinds[u] == "norm" or _norm_statistic(ctx, u, x):
                 return u
-            if ctx.kinds[u] in PASS_THROUGH_KINDS and u not in seen:
+            if ctx.kinds[u] in through and u not in seen:
                 seen.add(u)
                 stack.append(u)
     return None
+
+
+#: a hand-written normalization's statistic of its input ``x``: the mean square, the variance
+_POW = frozenset({"pow", "__pow__", "square"})
+_VARIANCE = frozenset({"var", "var_mean", "std", "std_mean"})
+
+
+def _name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+
+
+def _norm_statistic(ctx: PlanContext, u: fx.Node, x: fx.Node) -> bool:
+    """Whether ``u`` starts a normalization written as arithmetic on ``x``: an RMSNorm's
+    ``x.pow(2).mean(-1, keepdim=True)`` (T5's, LLaMA's and their kin in ``transformers``), a
+    LayerNorm's ``u = x.mean(dim, keepdim=True)`` then ``x - u`` (ConvNeXt's channels-first one),
+    ``x.var(...)``. Lowered to ONNX arithmetic, it reads ``x`` in float as a LayerNorm does."""
+    name = _name(u)
+    if name in _VARIANCE:
+        return True
+    if name in _POW:
+        exponent = u.args[1] if len(u.args) > 1 else u.kwargs.get("exponent", 2)
+        squared = isinstance(exponent, (int, float)) and exponent == 2
+        return squared and any(_name(r) == "mean" for r in u.users)
+    if name != "mean" or ctx.kinds[u] != "other" or not u.kwargs.get("keepdim", False):
+        return False
+    return any(_name(r) == "sub" or r.target is operator.sub for r in u.users if x in r.args)

@@ -150,11 +150,28 @@ def _norm_reader(g: LintGraph, add: Any) -> Any:
             continue
         seen.add(t)
         for c in g.consumers.get(t, []):
-            if c.op_type in _NORMS:
+            if c.op_type in _NORMS or _norm_statistic(g, c, t):
                 return c
             if c.op_type in COPY_OPS:
                 stack.append(c.output[0])
     return None
+
+
+def _norm_statistic(g: LintGraph, node: Any, tensor: str) -> bool:
+    """Whether ``node`` starts a normalization written as arithmetic on ``tensor`` (what the
+    exporters write for T5's and LLaMA's RMSNorm, ConvNeXt's channels-first LayerNorm): a
+    ``Pow(tensor, 2)`` that a ``ReduceMean`` reads, or a ``ReduceMean(tensor)`` subtracted from
+    ``tensor``. TensorRT runs it in float, as a LayerNormalization."""
+    readers = g.consumers.get(node.output[0], []) if node.output else []
+    if node.op_type == "Pow" and node.input[0] == tensor and len(node.input) > 1:
+        exponent = g.const.get(node.input[1])
+        squared = exponent is not None and exponent.size == 1 and float(exponent.ravel()[0]) == 2
+        return squared and any(r.op_type == "ReduceMean" for r in readers)
+    if node.op_type == "ReduceMean":
+        return any(
+            r.op_type == "Sub" and list(r.input) == [tensor, node.output[0]] for r in readers
+        )
+    return False
 
 
 def _conv_branch(g: LintGraph, tensor: str, add: Any) -> bool:
