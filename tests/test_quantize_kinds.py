@@ -183,3 +183,21 @@ def test_output_kind_is_refused_where_labels_decide_the_headline(files, tmp_path
         quantize(_net(files, "logits"), labelled, out=tmp_path / "o", output_kind="tensor",
                  show_progress=False, ptq=PtqOptions())  # fmt: skip
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_model_is_quantized_from_a_float32_copy(
+    files, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """A model whose weights are float16/bfloat16 (an ultralytics ``.pt`` loads so) runs the
+    main job on a float32 copy, says so, and is left as it was; before, its first layer refused
+    the float32 calibration samples."""
+    model = _net(files, "logits").to(dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = _quantize(model, tmp_path / "o")
+    assert report["int8"]["metric"] == pytest.approx(report["fp32_metric"], abs=0.1)
+    assert any(
+        str(dtype).removeprefix("torch.") in w and "float32 copy" in w for w in report["warnings"]
+    )
+    assert all(t.dtype == dtype for t in model.state_dict().values())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())

@@ -101,6 +101,24 @@ def module_on(module: nn.Module, device: torch.device) -> nn.Module:
     return copy.deepcopy(module).to(device)
 
 
+def float32_module(module: nn.Module) -> tuple[nn.Module, torch.dtype | None]:
+    """``module`` and ``None`` when no parameter or buffer is float16/bfloat16; else a float32
+    copy (the user's model is never cast) and the low precision it had: calibration statistics,
+    the FP32 reference and the Q/DQ ONNX are float32, from which TensorRT builds its FP16 layers
+    (a checkpoint saved in half, as ultralytics saves its ``.pt`` files, loads as one)."""
+    low = next(
+        (
+            t.dtype
+            for t in (*module.parameters(), *module.buffers())
+            if t.dtype in (torch.float16, torch.bfloat16)
+        ),
+        None,
+    )
+    if low is None:
+        return module, None
+    return copy.deepcopy(module).float(), low
+
+
 def to_device(value: Any, device: torch.device) -> Any:
     """Every tensor in ``value`` (a tensor, tuple, list or dict of them) moved to ``device``."""
 

@@ -31,7 +31,7 @@ from qdq.pipeline import per_image
 from qdq.pipeline.budget import Budget, check_budget
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.degenerate import degenerate_outputs
-from qdq.pipeline.device import module_on, resolve_device, to_device
+from qdq.pipeline.device import float32_module, module_on, resolve_device, to_device
 from qdq.pipeline.evaluate import check_labels, measure, output_metric
 from qdq.pipeline.exporting import export_model
 from qdq.pipeline.extras import (
@@ -267,7 +267,15 @@ def quantize(
         warnings.simplefilter("always")
         with stages("load_model") as st:
             source = resolve_model(model)
-            source = replace(source, module=module_on(source.module, dev))
+            module, low = float32_module(module_on(source.module, dev))
+            if low is not None:
+                warnings.warn(
+                    f"{source.spec}: its parameters are {str(low).removeprefix('torch.')}; "
+                    "calibrated, evaluated and exported from a float32 copy (the model is not "
+                    "changed; TensorRT builds FP16 layers from the float32 Q/DQ ONNX)",
+                    stacklevel=1,
+                )
+            source = replace(source, module=module)
             st.detail = (
                 f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params) on {dev}"
             )
