@@ -22,13 +22,21 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-__all__ = ["default_device", "module_device", "module_on", "resolve_device", "to_device"]
+__all__ = [
+    "default_device",
+    "float32_module",
+    "module_device",
+    "module_on",
+    "resolve_device",
+    "to_device",
+]
 
 _FORMS = "use cpu, cuda or cuda:N"
 
@@ -101,11 +109,12 @@ def module_on(module: nn.Module, device: torch.device) -> nn.Module:
     return copy.deepcopy(module).to(device)
 
 
-def float32_module(module: nn.Module) -> tuple[nn.Module, torch.dtype | None]:
-    """``module`` and ``None`` when no parameter or buffer is float16/bfloat16; else a float32
-    copy (the user's model is never cast) and the low precision it had: calibration statistics,
-    the FP32 reference and the Q/DQ ONNX are float32, from which TensorRT builds its FP16 layers
-    (a checkpoint saved in half, as ultralytics saves its ``.pt`` files, loads as one)."""
+def float32_module(module: nn.Module, name: str) -> nn.Module:
+    """``module`` when no parameter or buffer is float16/bfloat16, else a float32 copy (the user's
+    model is never cast) and a warning naming the model ``name`` and the precision it had:
+    calibration statistics, the FP32 reference and the Q/DQ ONNX are float32, from which TensorRT
+    builds its FP16 layers (a checkpoint saved in half, as ultralytics saves its ``.pt`` files,
+    loads as one)."""
     low = next(
         (
             t.dtype
@@ -115,8 +124,14 @@ def float32_module(module: nn.Module) -> tuple[nn.Module, torch.dtype | None]:
         None,
     )
     if low is None:
-        return module, None
-    return copy.deepcopy(module).float(), low
+        return module
+    warnings.warn(
+        f"{name}: its parameters are {str(low).removeprefix('torch.')}; calibrated, evaluated "
+        "and exported from a float32 copy (the model is not changed; TensorRT builds FP16 layers "
+        "from the float32 Q/DQ ONNX)",
+        stacklevel=2,
+    )
+    return copy.deepcopy(module).float()
 
 
 def to_device(value: Any, device: torch.device) -> Any:

@@ -267,15 +267,9 @@ def quantize(
         warnings.simplefilter("always")
         with stages("load_model") as st:
             source = resolve_model(model)
-            module, low = float32_module(module_on(source.module, dev))
-            if low is not None:
-                warnings.warn(
-                    f"{source.spec}: its parameters are {str(low).removeprefix('torch.')}; "
-                    "calibrated, evaluated and exported from a float32 copy (the model is not "
-                    "changed; TensorRT builds FP16 layers from the float32 Q/DQ ONNX)",
-                    stacklevel=1,
-                )
-            source = replace(source, module=module)
+            source = replace(
+                source, module=float32_module(module_on(source.module, dev), source.spec)
+            )
             st.detail = (
                 f"{source.kind} {source.spec} ({_params(source.module) / 1e6:.2f}M params) on {dev}"
             )
