@@ -66,6 +66,36 @@ def test_positional_batches_stay_positional() -> None:
     assert isinstance(inputs, tuple) and len(inputs) == 3 and labels is None
 
 
+class _ImageAndTokens(nn.Module):
+    def forward(self, image, ids):
+        return image.mean((1, 2, 3)) + ids.float().mean(1)
+
+
+class _TwoImages(nn.Module):
+    def forward(self, a, b):
+        return a - b
+
+
+def test_a_tuple_of_several_inputs_is_one_batch() -> None:
+    """``(image, ids)`` for ``forward(image, ids)``: the inputs of one batch, not two batches
+    of one input (which could not be joined); ``(x, labels)`` likewise; two inputs of one shape
+    are one batch when ``forward`` takes two; three tensors for a one-input model stay three
+    batches."""
+    image, ids = torch.randn(6, 3, 4, 4), torch.randint(0, 50, (6, 7))
+    inputs, labels, _ = from_memory((image, ids), _ImageAndTokens())
+    assert isinstance(inputs, tuple) and labels is None
+    assert torch.equal(inputs[0], image) and torch.equal(inputs[1], ids)
+    y = torch.randint(0, 3, (6,))
+    inputs, labels, _ = from_memory((image, y), nn.Conv2d(3, 4, 1))
+    assert torch.equal(inputs, image) and labels is not None and torch.equal(labels, y)
+    a, b = torch.randn(5, 8), torch.randn(5, 8)
+    inputs, _, _ = from_memory((a, b), _TwoImages())
+    assert isinstance(inputs, tuple) and torch.equal(inputs[0], a) and torch.equal(inputs[1], b)
+    parts = (torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4))
+    inputs, _, what = from_memory(parts, nn.Conv2d(3, 4, 1))
+    assert inputs.shape == (6, 3, 4, 4) and "3 batches" in what
+
+
 def test_in_memory_data_is_split_like_a_file() -> None:
     data = resolve_data([_encoding(6), _encoding(6)], model=_Tokens())
     assert data.labels is not None and len(data.labels) == 6  # 12 samples: 6 calibrate, 6 evaluate

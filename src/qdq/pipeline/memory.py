@@ -6,6 +6,9 @@
 * **a dict** of tensors, arrays or lists: the ``.npz`` convention (:mod:`qdq.pipeline.data`): one
   input, or inputs named after ``forward``'s parameters (``input_ids``, ``attention_mask`` ...),
   plus optional integer labels (``labels``/``label``/``y``/...), samples along dimension 0;
+* **a tuple of tensors or arrays** of one length along dimension 0 whose shapes differ after it,
+  or as many as ``forward`` takes positional inputs: one batch (``(image, token_ids)`` for
+  ``forward(image, ids)``, ``(inputs, labels)``), as in a list of batches below;
 * **a list, tuple or any iterable of batches** (a ``DataLoader``), each batch in one form:
 
   * a tensor (one input);
@@ -50,6 +53,8 @@ def from_memory(data: Any, model: nn.Module | None) -> tuple[Inputs, torch.Tenso
         arrays = _mapping(data, "data")
         inputs, labels = named_arrays(dict(arrays), "data", model)
         return inputs, labels, f"a dict of {_count(inputs)} samples"
+    if _one_batch(data, model):
+        return _batches([data], model)
     if not isinstance(data, Iterable):
         raise TypeError(
             f"data is a {type(data).__name__}: give a data spec (a path or a built-in dataset "
@@ -101,6 +106,31 @@ def _batches(
         arrays["labels"] = y_all
     inputs, y = named_arrays(arrays, "data", model)
     return inputs, y, f"{count} batches of {_count(inputs)} samples"
+
+
+def _one_batch(data: Any, model: nn.Module | None) -> bool:
+    """Whether a tuple of tensors is one batch of several inputs, not batches of one: their
+    shapes after dimension 0 differ (they could not be joined), or ``forward`` takes as many
+    positional inputs without defaults."""
+    if not isinstance(data, tuple) or len(data) < 2:
+        return False
+    if not all(isinstance(t, (torch.Tensor, np.ndarray)) and t.ndim for t in data):
+        return False
+    if len({int(t.shape[0]) for t in data}) != 1:
+        return False
+    return len({tuple(t.shape[1:]) for t in data}) > 1 or _required_inputs(model) == len(data)
+
+
+def _required_inputs(model: nn.Module | None) -> int | None:
+    """How many positional inputs without defaults ``model.forward`` takes (``None``: unknown)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values() if model is not None else ()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
 
 
 def _split_labels(batch: Any) -> tuple[Any, Any]:
