@@ -27,6 +27,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from qdq.graph.patterns import call_name
+
 __all__ = [
     "MAX_INT8_SEQUENCE",
     "attention_math",
@@ -300,15 +302,11 @@ def _between(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
     kind = kinds.get(node)
     if kind in ("copy", "identity", "mul", "bias", "add"):
         return True
-    return kind == "other" and _name(node) in _MASKING
+    return kind == "other" and call_name(node) in _MASKING
 
 
 def _layout(node: fx.Node, kinds: dict[fx.Node, str]) -> bool:
     """A layout op, dropout (identity in eval) or a cast: what may sit between the softmax and
     BMM2 inside TensorRT's MHA fusion (the probabilities' Q/DQ goes right on the softmax)."""
     kind = kinds.get(node)
-    return kind in ("copy", "identity") or (kind == "other" and _name(node) in _CASTS)
-
-
-def _name(node: fx.Node) -> str:
-    return str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
+    return kind in ("copy", "identity") or (kind == "other" and call_name(node) in _CASTS)

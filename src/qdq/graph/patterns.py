@@ -22,6 +22,7 @@ __all__ = [
     "EPILOGUE_KINDS",
     "PASS_THROUGH_KINDS",
     "WEIGHTED_KINDS",
+    "call_name",
     "conv_groups",
     "op_kind",
     "tensor_inputs",
@@ -181,6 +182,14 @@ _IDENTITY_FUNCTIONS = frozenset({"stochastic_depth", "drop_path"})
 #: region samplers with no INT8 kernel in TensorRT (torchvision.ops.roi_align and its
 #: ``torch.ops.torchvision.roi_align``), matched by name so the core does not import torchvision
 _SAMPLER_FUNCTIONS = frozenset({"roi_align"})
+
+
+def call_name(node: fx.Node) -> str:
+    """The name a call node calls: a method's (``"pow"``), a function's ``__name__``
+    (``"addmm"``); ``""`` for module calls and the rest."""
+    if node.op == "call_method":
+        return str(node.target)
+    return str(getattr(node.target, "__name__", "")) if node.op == "call_function" else ""
 
 
 def _callable_name(target: Any) -> str:
@@ -344,7 +353,7 @@ def transposed_weight_arg(node: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
     if found is None or found[1].op not in ("call_method", "call_function"):
         return None
     call = found[1]
-    name = call.target if call.op == "call_method" else getattr(call.target, "__name__", "")
+    name = call_name(call)
     param = call.args[0] if call.args else None
     if name not in _AXIS_SWAPS or not isinstance(param, fx.Node) or param.op != "get_attr":
         return None

@@ -41,6 +41,7 @@ from qdq.graph.calls import (
     _path_of,
 )
 from qdq.graph.capture import CaptureError, ForwardError
+from qdq.graph.patterns import call_name
 
 __all__ = ["Recording", "record"]
 
@@ -346,9 +347,7 @@ def _plain_output(value: Any) -> bool:
 def _mutates(node: fx.Node) -> bool:
     """An in-place call (``x.add_(y)``, ``x[i] = y``, ``out=``): it may write a tensor that
     something else reads (a view's base), so it counts as used, as the exporters keep it."""
-    if node.op not in ("call_method", "call_function", "call_module"):
-        return False
-    name = str(node.target) if node.op != "call_function" else getattr(node.target, "__name__", "")
+    name = call_name(node)
     in_place = name.endswith("_") and not name.startswith("__")
     return (
         in_place

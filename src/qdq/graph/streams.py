@@ -29,7 +29,7 @@ import operator
 import torch.fx as fx
 
 from qdq.graph.context import PlanContext
-from qdq.graph.patterns import PASS_THROUGH_KINDS, tensor_inputs
+from qdq.graph.patterns import PASS_THROUGH_KINDS, call_name, tensor_inputs
 
 __all__ = ["norm_reader", "stream_norm"]
 
@@ -77,24 +77,18 @@ _POW = frozenset({"pow", "__pow__", "square"})
 _VARIANCE = frozenset({"var", "var_mean", "std", "std_mean"})
 
 
-def _name(node: fx.Node) -> str:
-    if node.op == "call_method":
-        return str(node.target)
-    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
-
-
 def _norm_statistic(ctx: PlanContext, u: fx.Node, x: fx.Node) -> bool:
     """Whether ``u`` starts a normalization written as arithmetic on ``x``: an RMSNorm's
     ``x.pow(2).mean(-1, keepdim=True)`` (T5's, LLaMA's and their kin in ``transformers``), a
     LayerNorm's ``u = x.mean(dim, keepdim=True)`` then ``x - u`` (ConvNeXt's channels-first one),
     ``x.var(...)``. Lowered to ONNX arithmetic, it reads ``x`` in float as a LayerNorm does."""
-    name = _name(u)
+    name = call_name(u)
     if name in _VARIANCE:
         return True
     if name in _POW:
         exponent = u.args[1] if len(u.args) > 1 else u.kwargs.get("exponent", 2)
         squared = isinstance(exponent, (int, float)) and exponent == 2
-        return squared and any(_name(r) == "mean" for r in u.users)
+        return squared and any(call_name(r) == "mean" for r in u.users)
     if name != "mean" or ctx.kinds[u] != "other" or not u.kwargs.get("keepdim", False):
         return False
-    return any(_name(r) == "sub" or r.target is operator.sub for r in u.users if x in r.args)
+    return any(call_name(r) == "sub" or r.target is operator.sub for r in u.users if x in r.args)
