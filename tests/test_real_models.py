@@ -184,6 +184,10 @@ PLAN_SHAPE: dict[str, tuple[int, int, int, int]] = {
     "electra_tiny": (4, 4, 0, 0),
     "bert_tokens_tiny": (4, 4, 0, 0),
     "meanpool_tiny": (4, 4, 0, 0),
+    # pre-norm decoders: every residual Add on the stream a (hand-written, LLaMA) norm reads stays
+    # float (P15); GPT-2's k and v, slices of one Conv1D qkv, share a scale (S03)
+    "gpt2_tiny": (0, 6, 0, 2),
+    "llama_tiny": (0, 8, 0, 0),
     # GroupNorm ResNet blocks: the block input is a float stream its GroupNorm reads (P15), so
     # no skip is quantized; one S02 group is the timestep's sin/cos Concat before the time MLP,
     # the other the up path's Concat of the upsampler's output and the skip the downsampler reads
@@ -204,6 +208,8 @@ ATTENTION_MATMULS: dict[str, int] = {
         for f in ("bert", "distilbert", "roberta", "albert", "deberta_v2", "electra", "bert_tokens")
     },
     "meanpool_tiny": 4,
+    "gpt2_tiny": 4,
+    "llama_tiny": 4,
     # attention at the 16x16 level (256 keys): self- and cross-attention of 4 transformer blocks;
     # self-attention of 4 attention blocks. The decoder attends over its 32x32 latent (1024 keys
     # > 512): FP16 MHA (P14)
@@ -280,7 +286,7 @@ def test_coverage_accounts_for_every_weighted_module(case: RealCase) -> None:
     expected = {
         n: type(m).__name__
         for n, m in case.rm.model.named_modules()
-        if isinstance(m, WEIGHTED_TYPES)
+        if isinstance(m, WEIGHTED_TYPES) or type(m).__name__ == "Conv1D"  # transformers' (GPT-2)
     }
     seen = Counter(c.module for c in plan.coverage)
     assert set(seen) == set(expected), {
@@ -326,6 +332,11 @@ EXPORTS: dict[tuple[str, str], set[str]] = {
     ("electra_tiny", "dynamo"): set(),
     ("bert_tokens_tiny", "torchscript"): set(),
     ("meanpool_tiny", "dynamo"): set(),
+    # decoders: GPT-2's Conv1D projections export as Gemm (torch.addmm; its classifier's
+    # torch.diff has no TorchScript ONNX symbolic: dynamo only), LLaMA's hand-written RMSNorm
+    # keeps its residual stream float (P15)
+    ("gpt2_tiny", "dynamo"): set(),
+    **{("llama_tiny", e): set() for e in ("dynamo", "torchscript")},
     # diffusion (issue 47): the 1x1 conv_shortcuts read the float stream (P15), the text UNet on
     # dynamo (where its up path also showed P03a), the pixel-space UNet on TorchScript (the tiny
     # blocks of test_placement_streams.py take both); H01: the 3-channel conv_out

@@ -189,6 +189,36 @@ def _hf(family: str, head: str = "ForSequenceClassification", base: bool = False
     return build
 
 
+def _hf_decoder(family: str) -> Builder:
+    """A ``transformers`` decoder-only model as a sequence classifier (no KV cache), random
+    weights: GPT-2 (its projections are ``Conv1D``: ``torch.addmm(b, x, W)``), LLaMA (a
+    hand-written RMSNorm, rotary embeddings, grouped-query attention)."""
+
+    def build() -> tuple[nn.Module, Inputs]:
+        import transformers
+
+        tiny = dict(_HF_TINY)
+        if family == "gpt2":
+            config = transformers.GPT2Config(
+                n_embd=tiny["hidden_size"], n_layer=tiny["num_hidden_layers"],
+                n_head=tiny["num_attention_heads"], n_positions=tiny["max_position_embeddings"],
+                vocab_size=tiny["vocab_size"], num_labels=3, pad_token_id=0, use_cache=False,
+            )  # fmt: skip
+            cls = transformers.GPT2ForSequenceClassification
+        else:
+            config = transformers.LlamaConfig(
+                **tiny, num_key_value_heads=2, num_labels=3, pad_token_id=0, use_cache=False
+            )
+            cls = transformers.LlamaForSequenceClassification
+        model = cls._from_config(config, attn_implementation="sdpa")
+        ids, mask = _tokens(config.vocab_size, TOKEN_LENGTH)
+        # GPT-2's second parameter is past_key_values: the token ids alone (the classifier
+        # reads the last token that is not padding)
+        return model.eval(), (ids,) if family == "gpt2" else (ids, mask)
+
+    return build
+
+
 class MeanPooled(nn.Module):
     """A sentence-transformers-style encoder: BERT, then the mask-weighted mean of the last
     hidden state, returned under sentence-transformers' key."""
@@ -492,6 +522,10 @@ _ROWS: tuple[Arch, ...] = (
              note="2 layers, hidden 64, 16 tokens (a quarter padded)")
         for f in ("bert", "distilbert", "roberta", "albert", "deberta_v2", "electra")
     ),
+    Arch("gpt2_tiny", "transformers", ("transformers",), _hf_decoder("gpt2"),
+         note="GPT-2, 2 layers, hidden 64 (Conv1D projections), 16 tokens, no KV cache"),
+    Arch("llama_tiny", "transformers", ("transformers",), _hf_decoder("llama"),
+         note="LLaMA, 2 layers, hidden 64, 2 KV heads (RMSNorm, rotary), 16 tokens, no KV cache"),
     Arch("bert_tokens_tiny", "transformers", ("transformers",), _hf("bert", "ForTokenClassification"),
          note="token classification"),
     Arch("meanpool_tiny", "transformers", ("transformers",), _mean_pooled(),

@@ -18,6 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 __all__ = [
+    "COVERED_BY_NAME",
     "TRACE_THROUGH",
     "CaptureError",
     "ForwardError",
@@ -36,6 +37,11 @@ TRACE_THROUGH: tuple[type[nn.Module], ...] = (
     nn.ConvTranspose3d,
     nn.Linear,
 )
+
+#: weighted modules of other packages, by class name (the core imports none of them), that the
+#: Conv/Linear coverage lists: transformers' ``Conv1D`` (GPT-2's projections, a Linear whose
+#: weight is (in, out): ``torch.addmm(bias, x, W)``)
+COVERED_BY_NAME = frozenset({"Conv1D"})
 
 
 class CaptureError(RuntimeError):

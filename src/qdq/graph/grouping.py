@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch.fx as fx
 from torch import nn
 
-from qdq.graph.capture import TRACE_THROUGH
+from qdq.graph.capture import COVERED_BY_NAME, TRACE_THROUGH
 from qdq.graph.context import PlanContext
 from qdq.graph.patterns import DATA_MOVEMENT_KINDS, tensor_inputs
 from qdq.graph.plan import SHARE, Coverage, QuantPoint, ScaleGroup
@@ -147,7 +147,7 @@ def coverage(
     ]
     out = []
     for name, m in model.named_modules():
-        if not isinstance(m, TRACE_THROUGH):
+        if not isinstance(m, TRACE_THROUGH) and type(m).__name__ not in COVERED_BY_NAME:
             continue
         wp = weights.get(name)
         if wp is not None:
