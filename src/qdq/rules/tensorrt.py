@@ -79,7 +79,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "P15",
         "residual",
-        "Float stream: a tensor a LayerNorm/GroupNorm reads is read in float by all its readers: "
+        "Float stream: a tensor a LayerNorm/GroupNorm reads (or a normalization written as "
+        "arithmetic: T5's and LLaMA's RMSNorm x.pow(2).mean(-1)) is read in float by all its readers: "
         "a pre-norm block's residual Add (transformers, diffusion ResNet blocks) and a Conv/"
         "Linear reading it directly (diffusers' 1x1 conv_shortcut) stay float",
         "The normalization runs in float, so the tensor is written in float; a quantized skip or "
