@@ -123,12 +123,10 @@ def _by_signature(model: nn.Module, per_arg: list[Any]) -> tuple[Any, ...]:
     when it collects nothing (ultralytics' ``forward(self, x, *args, **kwargs)``)."""
     import inspect
 
-    try:
-        params = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return tuple(per_arg)
+    from qdq.calib.batches import forward_parameters
+
     named = 0
-    for p in params:
+    for p in forward_parameters(model):
         if p.kind == inspect.Parameter.VAR_POSITIONAL and len(per_arg) > named:
             return (*per_arg[:named], tuple(per_arg[named:]))
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):

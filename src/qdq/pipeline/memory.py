@@ -25,6 +25,7 @@ max_length=N)``). Tensors are copied to the CPU; the user's objects are not modi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from qdq.pipeline.arrays import LABEL_KEYS, class_labels, named_arrays
-from qdq.pipeline.inputs import Inputs, check_inputs
+from qdq.pipeline.inputs import Inputs, check_inputs, forward_parameters
 
 __all__ = ["from_memory"]
 
@@ -121,14 +122,9 @@ def _one_batch(data: Any, model: nn.Module | None) -> bool:
     return len({tuple(t.shape[1:]) for t in data}) > 1 or _required_inputs(model) == len(data)
 
 
-def _required_inputs(model: nn.Module | None) -> int | None:
-    """How many positional inputs without defaults ``model.forward`` takes (``None``: unknown)."""
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters.values() if model is not None else ()
-    except (TypeError, ValueError):
-        return None
+def _required_inputs(model: nn.Module | None) -> int:
+    """How many positional inputs without defaults ``model.forward`` takes (0: no signature)."""
+    params = forward_parameters(model) if model is not None else []
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
 
