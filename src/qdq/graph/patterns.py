@@ -388,7 +388,7 @@ def computed_weight_arg(node: fx.Node) -> tuple[int | str, fx.Node] | None:
 def _weight_operand(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     """``(position or keyword, node)`` of a weighted call's second operand: argument 1, or
     ``weight=`` / ``other=``; of ``addmm(bias, x, W)``, ``W`` (argument 2 or ``mat2=``)."""
-    if _is_addmm(node):
+    if call_name(node) == "addmm":  # torch.addmm, Tensor.addmm
         w = node.args[2] if len(node.args) > 2 else node.kwargs.get("mat2")
         key: int | str = 2 if len(node.args) > 2 else "mat2"
         return (key, w) if isinstance(w, fx.Node) else None
@@ -402,12 +402,6 @@ def _weight_operand(node: fx.Node) -> tuple[int | str, fx.Node] | None:
     else:
         return None
     return (key, w) if isinstance(w, fx.Node) else None
-
-
-def _is_addmm(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target is torch.addmm) or (
-        node.op == "call_method" and node.target == "addmm"
-    )
 
 
 def conv_groups(node: fx.Node) -> int | None:

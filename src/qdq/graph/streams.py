@@ -24,8 +24,6 @@ than running that conv in FP16 is not measured here: the placement follows the r
 
 from __future__ import annotations
 
-import operator
-
 import torch.fx as fx
 
 from qdq.graph.context import PlanContext
@@ -91,4 +89,4 @@ def _norm_statistic(ctx: PlanContext, u: fx.Node, x: fx.Node) -> bool:
         return squared and any(call_name(r) == "mean" for r in u.users)
     if name != "mean" or ctx.kinds[u] != "other" or not u.kwargs.get("keepdim", False):
         return False
-    return any(call_name(r) == "sub" or r.target is operator.sub for r in u.users if x in r.args)
+    return any(call_name(r) == "sub" for r in u.users if x in r.args)  # x.sub(u), x - u
