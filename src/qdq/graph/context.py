@@ -24,6 +24,8 @@ __all__ = [
     "alias_root",
     "final_reads",
     "input_label",
+    "input_point",
+    "input_points",
     "is_scale",
     "make_point",
     "owner_names",
@@ -150,6 +152,16 @@ def make_point(
 
 def input_label(node: fx.Node, arg: int) -> str:
     return "input" if len(tensor_inputs(node)) == 1 else f"input{arg}"
+
+
+def input_point(ctx: PlanContext, node: fx.Node, arg: int) -> QuantPoint | None:
+    """The point planned so far for ``node``'s activation input ``arg`` (``None``: none yet)."""
+    return ctx.points.get(f"{ctx.owners[node]}:{input_label(node, arg)}")
+
+
+def input_points(ctx: PlanContext, node: fx.Node) -> list[QuantPoint | None]:
+    """:func:`input_point` of every activation input of ``node``, in order."""
+    return [input_point(ctx, node, pos) for pos, _ in tensor_inputs(node)]
 
 
 def quantize_input(

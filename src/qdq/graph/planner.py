@@ -36,6 +36,8 @@ from qdq.graph.context import (
     PlanContext,
     alias_root,
     input_label,
+    input_point,
+    input_points,
     is_scale,
     owner_names,
     owner_type,
@@ -178,14 +180,15 @@ def _small_convs_between_int8(ctx: PlanContext, nodes: list[fx.Node]) -> bool:
         if ctx.kinds[n] != "conv" or not tensor_inputs(n):
             continue
         pos, x = tensor_inputs(n)[0]
-        point = ctx.points.get(f"{ctx.owners[n]}:{input_label(n, pos)}")
+        point = input_point(ctx, n, pos)
         if point is None or point.quantized or point.rule != "H02":
             continue
         why, gate = _int8_input(ctx, n, x)
         if why is None:
             continue
         plan_weighted(ctx, n, performance=False)
-        point = ctx.points[f"{ctx.owners[n]}:{input_label(n, pos)}"]
+        point = input_point(ctx, n, pos)
+        assert point is not None  # plan_weighted planned it
         if not point.quantized:  # float for another rule (P15: a normalization reads its input)
             continue
         ctx.add(replace(point, reason=f"{point.reason}; small conv (H02) whose input is {why}"))
@@ -384,7 +387,7 @@ def _plan_fanout_bn(ctx: PlanContext, node: fx.Node) -> None:
         add_ins = tensor_inputs(add)
         if ctx.kinds[add] != "add" or len(add_ins) != 2:
             continue
-        points = [ctx.points.get(f"{ctx.owners[add]}:{input_label(add, i)}") for i, _ in add_ins]
+        points = input_points(ctx, add)
         if any(p is None or p.quantized or p.rule != "P05" for p in points):
             continue
         a_excluded, a_calib, a_bits = ctx.config.resolve(

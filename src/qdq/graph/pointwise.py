@@ -38,6 +38,8 @@ from qdq.graph.context import (
     PlanContext,
     alias_root,
     input_label,
+    input_point,
+    input_points,
     is_scale,
     quantize_input,
     quantized_for_others,
@@ -45,7 +47,6 @@ from qdq.graph.context import (
     skip_input,
 )
 from qdq.graph.patterns import PASS_THROUGH_KINDS, THROUGH_ACT_KINDS, tensor_inputs
-from qdq.graph.plan import QuantPoint
 
 __all__ = ["plan_pointwise_adds"]
 
@@ -66,15 +67,8 @@ def plan_pointwise_adds(ctx: PlanContext, nodes: list[fx.Node]) -> None:
                 changed = True
 
 
-def _points(ctx: PlanContext, node: fx.Node) -> list[QuantPoint | None]:
-    return [
-        ctx.points.get(f"{ctx.owners[node]}:{input_label(node, pos)}")
-        for pos, _ in tensor_inputs(node)
-    ]
-
-
 def _eligible(ctx: PlanContext, add: fx.Node) -> bool:
-    if any(p is None or p.quantized or p.rule != "P05" for p in _points(ctx, add)):
+    if any(p is None or p.quantized or p.rule != "P05" for p in input_points(ctx, add)):
         return False
     excluded, _, _ = ctx.config.resolve(ctx.owners[add], ctx.owner_types[add], "add")
     inputs = _external_inputs(ctx, add)
@@ -163,7 +157,7 @@ def _chained(ctx: PlanContext, add: fx.Node, operand: fx.Node) -> str | None:
         return None
     if any(_gating_mul(ctx, operand, q) for _, q in ins):
         return None  # a gated Add (PP-OCR's RSE) is a PointWise layer of its own
-    points = _points(ctx, operand)
+    points = input_points(ctx, operand)
     return (
         "Add"
         if all(p is not None and not p.quantized and p.rule == "P05" for p in points)
@@ -226,7 +220,7 @@ def _quantize_add(ctx: PlanContext, add: fx.Node) -> None:
     inputs = _external_inputs(ctx, add) or []
     inside = _inner_edges(ctx, add)  # before the inputs are quantized: that ends the chains
     for reader, pos, producer in inputs:
-        point = ctx.points.get(f"{ctx.owners[reader]}:{input_label(reader, pos)}")
+        point = input_point(ctx, reader, pos)
         if point is not None and point.quantized:
             continue  # a gating Mul operand already quantized (P04)
         _, calib_o, bits_o = ctx.config.resolve(

@@ -20,6 +20,8 @@ import torch.fx as fx
 from qdq.graph.context import (
     PlanContext,
     input_label,
+    input_point,
+    input_points,
     quantize_input,
     reaches_quantized,
     release,
@@ -255,11 +257,10 @@ def release_float_written_concats(ctx: PlanContext, nodes: list[fx.Node]) -> int
     for n in nodes:
         if ctx.kinds[n] != "cat":
             continue
-        ins = tensor_inputs(n)
-        points = [ctx.points.get(f"{ctx.owners[n]}:{input_label(n, pos)}") for pos, _ in ins]
+        points = input_points(ctx, n)
         if not all(p is not None and p.quantized and p.rule == "S02" for p in points):
             continue
-        floats = _float_writers(ctx, ins)
+        floats = _float_writers(ctx, tensor_inputs(n))
         if len(floats) < 2:
             continue
         reason = (
@@ -286,7 +287,7 @@ def _float_writers(ctx: PlanContext, ins: list[tuple[int, fx.Node]]) -> list[str
         ups = tensor_inputs(layer) if layer is not None else []
         if layer is None or not ups:
             continue
-        point = ctx.points.get(f"{ctx.owners[layer]}:{input_label(layer, ups[0][0])}")
+        point = input_point(ctx, layer, ups[0][0])
         if point is not None and not point.quantized:
             found.append(ctx.owners[layer])
     return found
