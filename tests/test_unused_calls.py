@@ -21,7 +21,7 @@ from torch import nn
 
 import qdq
 from qdq.backends.onnxruntime import run, session
-from qdq.graph.record import UNUSED_REASON
+from qdq.graph.grouping import UNUSED_REASON
 
 
 class Heads(nn.Module):

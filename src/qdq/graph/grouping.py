@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 
 import torch.fx as fx
@@ -16,7 +16,7 @@ from qdq.graph.plan import SHARE, Coverage, QuantPoint, ScaleGroup
 from qdq.graph.weighted import FOLDED_REASON
 from qdq.rules import UnionFind
 
-__all__ = ["coverage", "group_points"]
+__all__ = ["UNUSED_REASON", "coverage", "group_points"]
 
 
 def group_points(
@@ -125,14 +125,21 @@ def _share_rule(
 
 
 # --------------------------------------------------------------- coverage
+#: why a Conv/Linear module is not reached when forward calls it but its results reach no output
+UNUSED_REASON = (
+    "its result reaches no output of the model (forward computes it and drops it): the "
+    "exporters leave it out, so it is not quantized"
+)
+
+
 def coverage(
-    model: nn.Module, points: Iterable[QuantPoint], unused: Mapping[str, str] | None = None
+    model: nn.Module, points: Iterable[QuantPoint], unused: Collection[str] = ()
 ) -> tuple[Coverage, ...]:
     """One entry per Conv/Linear module; a module called several times is int8 only if every
     call that runs is (the entry then cites the first float call). A call on constants alone
     (DeBERTa's projections of its relative-position table) is folded by the builder and no
-    runtime layer: it counts only when it is the module's every call. ``unused``: why a module
-    that forward calls has no call in the graph (its results reach no output)."""
+    runtime layer: it counts only when it is the module's every call. ``unused``: modules that
+    forward calls but whose calls left the graph (their results reach no output)."""
     weights: dict[str, QuantPoint] = {}
     for p in points:
         if p.kind != "weight":
@@ -157,8 +164,8 @@ def coverage(
         parent = next((ln for ln, lm in leaves if name.startswith(ln + ".")), None)
         if parent is not None:
             reason = f"inside {parent} ({type(dict(leaves)[parent]).__name__}), run as one fused op"
-        elif unused and name in unused:
-            reason = unused[name]
+        elif name in unused:
+            reason = UNUSED_REASON
         else:
             reason = "not called by forward() on the example inputs"
         out.append(Coverage(name, type(m).__name__, "not reached", "-", reason))

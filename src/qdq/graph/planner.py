@@ -25,7 +25,7 @@ Steps, each citing its rule id (``qdq.rules``):
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection
 from dataclasses import replace
 
 import torch.fx as fx
@@ -78,7 +78,7 @@ def build_plan(
     root: nn.Module,
     config: QuantConfig | None = None,
     model: nn.Module | None = None,
-    unused: Mapping[str, str] | None = None,
+    unused: Collection[str] = (),
 ) -> QuantPlan:
     """Plan Q/DQ placement for a recorded graph (:func:`qdq.graph.record.record`).
 
@@ -87,7 +87,7 @@ def build_plan(
         root: the module copy the graph's ``get_attr``/``call_module`` targets refer to.
         config: what to quantize (default ``QuantConfig.tensorrt()``).
         model: the original model, for the Conv/Linear coverage list (default: ``root``).
-        unused: module paths whose calls the recording dropped, with why
+        unused: module paths whose calls the recording dropped
             (:attr:`~qdq.graph.record.Recording.unused`), for the coverage list.
     """
     cfg = config if config is not None else QuantConfig.tensorrt()

@@ -58,8 +58,8 @@ class Recording:
     #: per leaf module path: what its calls did (:data:`~qdq.graph.calls.LeafCalls`)
     leaf_calls: dict[str, LeafCalls] | None = None
     #: module paths of calls whose results reach no output of the model (dropped from ``graph``,
-    #: as the exporters drop them): ``{path: reason}``
-    unused: dict[str, str] | None = None
+    #: as the exporters drop them)
+    unused: frozenset[str] = frozenset()
 
 
 class _Recorder(CallTracker):
@@ -287,7 +287,7 @@ def record(model: nn.Module, example_inputs: Sequence[Any]) -> Recording:
             rec._deactivate()
     rec.graph.output(rec.arg(out))
     _drop_dead_getitems(rec.graph)
-    unused = _drop_unused_calls(rec.graph) if _plain_output(out) else {}
+    unused = _drop_unused_calls(rec.graph) if _plain_output(out) else frozenset()
     leaves = {p: (frozenset(f), frozenset(at)) for p, (f, at) in rec.leaf_calls.items()}
     return Recording(
         rec.graph, clone, tuple(rec.data_dependent), tuple(rec.value_reads), leaves, unused
@@ -326,13 +326,6 @@ def _input_names(model: nn.Module, n: int) -> list[str]:
     return names[:n]
 
 
-#: why a module's calls are not in the graph when their results reach no output
-UNUSED_REASON = (
-    "its result reaches no output of the model (forward computes it and drops it): the "
-    "exporters leave it out, so it is not quantized"
-)
-
-
 def _plain_output(value: Any) -> bool:
     """Whether the recorded output holds every tensor the model returned: tensors in tuples,
     lists and dicts (``ModelOutput`` is one), beside plain Python values. Tensors inside another
@@ -356,11 +349,11 @@ def _mutates(node: fx.Node) -> bool:
     )
 
 
-def _drop_unused_calls(graph: fx.Graph) -> dict[str, str]:
+def _drop_unused_calls(graph: fx.Graph) -> frozenset[str]:
     """Remove the calls whose results reach neither the output nor an in-place write (a head
     that a wrapper computes and does not return): the exporters drop them, so a plan that
     quantized them would plan Q/DQ that no exported graph holds. Returns the module paths of the
-    removed calls with the reason (for the Conv/Linear coverage)."""
+    removed calls (for the Conv/Linear coverage)."""
     live: set[fx.Node] = set()
     stack = [n for n in graph.nodes if n.op == "output" or _mutates(n)]
     while stack:
@@ -369,7 +362,7 @@ def _drop_unused_calls(graph: fx.Graph) -> dict[str, str]:
             continue
         live.add(n)
         stack.extend(n.all_input_nodes)
-    unused: dict[str, str] = {}
+    unused: set[str] = set()
     for node in reversed(list(graph.nodes)):
         if node in live or node.op in ("placeholder", "get_attr") or node.users:
             continue
@@ -379,9 +372,9 @@ def _drop_unused_calls(graph: fx.Graph) -> dict[str, str]:
             else next(reversed(node.meta.get("nn_module_stack") or {"": None}), "")
         )
         if path:
-            unused[path] = UNUSED_REASON
+            unused.add(path)
         graph.erase_node(node)
-    return unused
+    return frozenset(unused)
 
 
 def _drop_dead_getitems(graph: fx.Graph) -> None:
