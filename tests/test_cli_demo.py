@@ -29,6 +29,12 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
             "--calib-samples",
             "128",
             "--no-progress",
+            # the method table below needs --compare-methods, which the default budget drops
+            # when the machine is busy (a parallel test run); the search keeps its demo size
+            "--time-budget",
+            "900",
+            "--search-budget",
+            "10",
         ],
         capture_output=True,
         text=True,
@@ -76,7 +82,11 @@ def test_demo_replaces_only_its_own_output(tmp_path: Path, capsys) -> None:
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
-def test_demo_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["demo", "--out", str(out), "--time-budget", "-1", "--no-progress"]) == 2
+    assert "time_budget must be a number of seconds > 0" in capsys.readouterr().err
+    assert not out.exists()
     assert main(["demo", "--limit", "0"]) == 2
     assert "--limit must be >= 1" in capsys.readouterr().err
 

@@ -27,6 +27,8 @@ def run_demo(
     overwrite: bool = False,
     as_json: bool = False,
     show_progress: bool = True,
+    time_budget: float | None = None,
+    search_budget: float | None = None,
 ) -> int:
     """Run the demo, print the summary, write ``<out_dir>/report.{json,html}``; return an exit code."""
     out = Path(out_dir)
@@ -40,6 +42,9 @@ def run_demo(
         argv.append("--json")
     if not show_progress:
         argv.append("--no-progress")
+    for flag, seconds in (("--time-budget", time_budget), ("--search-budget", search_budget)):
+        if seconds is not None:
+            argv += [flag, str(seconds)]
     # parsed by the quantize command's own parser: every option it has keeps its default
     parser = argparse.ArgumentParser(prog="qdq")
     add_quantize_parser(parser.add_subparsers(dest="command"))

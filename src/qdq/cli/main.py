@@ -45,6 +45,19 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--overwrite", action="store_true", help="replace any non-empty OUT")
     demo.add_argument("--json", action="store_true", help="print report.json instead")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="seconds for the whole job (default: qdq quantize's, 2x the estimated cost of "
+        "the stages every job runs); on a busy machine the method comparison may not fit in it",
+    )
+    demo.add_argument(
+        "--search-budget",
+        type=float,
+        metavar="SECONDS",
+        help="at most this much of it for the recipe search (as qdq quantize)",
+    )
     add_quantize_parser(sub)
     add_qat_parser(sub)
     add_zoo_parser(sub)
@@ -160,6 +173,8 @@ def _run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             as_json=args.json,
             show_progress=not args.no_progress,
+            time_budget=args.time_budget,
+            search_budget=args.search_budget,
         )
     if args.command == "quantize":
         return run_quantize(args)

@@ -110,7 +110,7 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "--time-budget",
         type=float,
         metavar="SECONDS",
-        help="seconds for the whole job, from capture to the written report (default: 1.5x the "
+        help="seconds for the whole job, from capture to the written report (default: 2x the "
         "estimated cost of the stages every job runs, set after calibration; printed). The "
         "recipe search, the refit, --compare-methods and the per-layer errors fit in it; "
         "report.json's budget says what was left out",
