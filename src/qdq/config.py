@@ -230,6 +230,10 @@ class QuantConfig:
             moves single layers, as ``qdq quantize --format mixed`` does where INT8 loses
             accuracy); docs/placement.md. The specs above are the INT8 ones, the planner derives
             FP8's.
+        fp8_gemm_per_channel: FP8 GEMM weights (Linear, MatMul/Gemm with a weight) per output
+            channel instead of per tensor (rule F06): TensorRT scales FP8 GEMMs per channel
+            from 10.6 on Hopper and 10.7 on Ada (``Target.fp8_gemm_per_channel``; the job sets
+            it from its target). FP8 convolution weights stay per tensor on every target.
 
     Example:
         >>> cfg = QuantConfig.tensorrt().exclude(regex=r"^fc$").with_calib(method="percentile")
@@ -245,6 +249,7 @@ class QuantConfig:
     conv_transpose_axis: int | None = None
     overrides: tuple[Override, ...] = ()
     format: str = "int8"
+    fp8_gemm_per_channel: bool = False
 
     def __post_init__(self) -> None:
         from qdq.rules import FAMILIES
@@ -269,6 +274,11 @@ class QuantConfig:
         if self.conv_transpose_axis not in (None, 1):
             raise ValueError(
                 f"conv_transpose_axis must be None (per tensor) or 1, got {self.conv_transpose_axis}"
+            )
+        if not isinstance(self.fp8_gemm_per_channel, bool):
+            raise TypeError(
+                "fp8_gemm_per_channel must be True or False, got "
+                f"{type(self.fp8_gemm_per_channel).__name__}"
             )
         for o in self.overrides:
             if not isinstance(o, Override):

@@ -6,7 +6,8 @@ layer: convolutions INT8, GEMMs and attention FP8. :func:`choose_formats` then m
 calibrated mixed plan, what each weighted layer that could run either format would lose in each:
 the quantization noise of its input (the tensors one calibration batch feeds it; INT8 at its mse
 amax, FP8 at the abs-max TensorRT's FP8 recipes use) and of its weight (INT8 per output channel,
-FP8 per tensor), as an SQNR in dB of the two together (independent noises add). One Quantize
+FP8 per tensor, or per channel for GEMMs where the target scales FP8 GEMMs so), as an SQNR in dB
+of the two together (independent noises add). One Quantize
 serves every reader of a tensor (F05), so the choice is per input tensor: it moves to the other
 format when each of its readers can and that format is better by :data:`MARGIN_DB` on average
 (an INT8 convolution to FP8 where INT8 loses on outliers; an FP8 GEMM to INT8 where FP8's 3-bit
@@ -32,6 +33,7 @@ from torch import nn
 
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import Override
+from qdq.graph.plan import QuantPoint
 from qdq.quant import Quantizer, QuantMode, fake_quant
 
 __all__ = ["MARGIN_DB", "MIN_DB", "FormatChoice", "FormatRow", "choose_formats"]
@@ -137,6 +139,7 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
         raise ValueError("choose_formats needs a plan of QuantConfig(format='mixed')")
     reads: dict[str, str] = {}  # layer -> its input quantizer
     weights: dict[str, str] = {}  # layer -> its weight quantizer
+    axes: dict[str, tuple[int | None, int | None]] = {}  # weight quantizer -> INT8, FP8 axis
     readers: dict[str, list[str]] = {}  # input quantizer -> every weighted layer reading it
     for p in plan.points:
         group = plan.groups[p.group] if p.group is not None else None
@@ -144,6 +147,7 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
             continue
         if p.kind == "weight":
             weights[p.owner] = group.quantizer
+            axes[group.quantizer] = _weight_axes(p)
         elif p.op in ("conv", "conv_transpose", "linear", "matmul"):
             reads[p.owner] = group.quantizer
             readers.setdefault(group.quantizer, []).append(p.owner)
@@ -155,7 +159,7 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
             continue
         act, w = reads[layer], weights[layer]
         a8, af = _noise(quantizers[act], seen[act])
-        w8, wf = _noise(quantizers[w], seen[w])
+        w8, wf = _weight_noise(seen[w], *axes[w])
         noise[layer] = (a8 + w8, af + wf)
     choice = _decide(plan, planned, readers, noise, change=True)
     if not choice.changes:
@@ -265,25 +269,52 @@ def _inputs(
     return seen
 
 
+def _weight_axes(p: QuantPoint) -> tuple[int | None, int | None]:
+    """The axis of a weight point in INT8 and in FP8 (``None``: per tensor): its own in its
+    format; in the other, what the plan gives it there. An INT8 convolution (F07) would be FP8
+    per tensor (F06). FP8 GEMM weights per channel (``fp8_gemm_per_channel``) keep INT8's axis;
+    per tensor, INT8's is the output axis: 0 for a Linear, the last for a MatMul's parameter."""
+    assert p.spec is not None
+    axis = p.spec.axis
+    if p.spec.format == "int8":
+        return axis, None
+    if axis is not None:
+        return axis, axis
+    return (0 if p.op == "linear" else -1), None
+
+
+def _weight_noise(
+    x: torch.Tensor, int8_axis: int | None, fp8_axis: int | None
+) -> tuple[float, float]:
+    """The relative quantization noise (noise power over signal power) of a weight in INT8 and
+    in FP8, each at its abs-max along its axis (``None``: per tensor)."""
+    power = float(x.square().mean())
+    if power == 0.0:
+        return 0.0, 0.0
+    out = []
+    for fmt, axis in (("int8", int8_axis), ("fp8", fp8_axis)):
+        if axis is None or x.dim() < 2:
+            q = fake_quant(x, x.abs().max(), fmt=fmt)
+        else:
+            ax = axis % x.dim()
+            amax = x.abs().amax(dim=[d for d in range(x.dim()) if d != ax])
+            q = fake_quant(x, amax, axis=ax, fmt=fmt)
+        out.append(float((x - q).square().mean()) / power)
+    return out[0], out[1]
+
+
 def _noise(q: Quantizer, x: torch.Tensor) -> tuple[float, float]:
-    """The relative quantization noise (noise power over signal power) of ``x`` by ``q`` in INT8
-    and in FP8, whichever format ``q`` is: a weight INT8 per output channel and FP8 per tensor
-    at its abs-max; an activation INT8 at its mse amax (the calibrated one, or mse on INT8's
-    grid from the same histogram) and FP8 at the abs-max of every calibration batch."""
+    """The relative quantization noise (noise power over signal power) of an activation ``x`` by
+    ``q`` in INT8 and in FP8, whichever format ``q`` is: INT8 at its mse amax (the calibrated
+    one, or mse on INT8's grid from the same histogram) and FP8 at the abs-max of every
+    calibration batch."""
     power = float(x.square().mean())
     if power == 0.0 or q.mode is not QuantMode.QUANTIZE or not q.is_calibrated:
         return 0.0, 0.0
-    if q.name.endswith(":weight"):
-        if x.dim() > 1:  # INT8 per output channel
-            int8 = fake_quant(x, x.reshape(x.shape[0], -1).abs().amax(dim=1), axis=0)
-        else:
-            int8 = fake_quant(x, x.abs().max())
-        fp8 = fake_quant(x, x.abs().max(), fmt="fp8")
-    else:
-        top = _stat(q, "max", x.abs().max())
-        calibrated = q.amax.detach().float().cpu().reshape(())
-        int8 = fake_quant(x, calibrated if q.spec.format == "int8" else _int8_mse(q, top))
-        fp8 = fake_quant(x, top, fmt="fp8")
+    top = _stat(q, "max", x.abs().max())
+    calibrated = q.amax.detach().float().cpu().reshape(())
+    int8 = fake_quant(x, calibrated if q.spec.format == "int8" else _int8_mse(q, top))
+    fp8 = fake_quant(x, top, fmt="fp8")
     return float((x - int8).square().mean()) / power, float((x - fp8).square().mean()) / power
 
 

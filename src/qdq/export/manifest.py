@@ -430,8 +430,9 @@ def config_of(manifest: str | Path) -> QuantConfig | None:
     """The :class:`QuantConfig` that plans the model of ``manifest`` again with each layer in its
     recorded format (``None``: every quantizer INT8, the default config does): an FP8 plan
     whose every weighted layer is pinned to the format the manifest records
-    (``Override(format=...)``), so that :func:`load_calibration` finds the same quantizers,
-    axes included, for an ``int8``, ``fp8`` or ``mixed`` export alike.
+    (``Override(format=...)``), its FP8 GEMM weights per channel when the manifest records
+    them so, so that :func:`load_calibration` finds the same quantizers, axes included, for an
+    ``int8``, ``fp8`` or ``mixed`` export alike.
 
     Raises:
         FileNotFoundError / ValueError: no manifest, or not a qdq manifest (as
@@ -454,4 +455,11 @@ def config_of(manifest: str | Path) -> QuantConfig | None:
         for e in entries
         if isinstance(e, dict) and e.get("kind") == "weight" and ":" in str(e.get("name", ""))
     )
-    return QuantConfig(format="fp8", overrides=pins)
+    per_channel = any(  # F06: per-channel FP8 GEMM weights (a target that builds them)
+        isinstance(e, dict)
+        and e.get("kind") == "weight"
+        and e.get("format") == "fp8"
+        and e.get("axis") is not None
+        for e in entries
+    )
+    return QuantConfig(format="fp8", overrides=pins, fp8_gemm_per_channel=per_channel)

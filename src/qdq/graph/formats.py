@@ -16,7 +16,8 @@ them with their sources:
   nothing changes: no format boundary inside a group, the fewest reformats;
 * F06: FP8 weights per tensor (TensorRT rejects per-channel FP8 convolution weights; per-channel
   FP8 GEMM scales exist from TensorRT 10.6 on Hopper and 10.7 on Ada only, so per tensor builds on
-  every FP8 target);
+  every FP8 target); with ``QuantConfig(fp8_gemm_per_channel=True)`` (the job's choice on such a
+  target) GEMM weights keep their per-output-channel axis;
 * F07 (``format="mixed"``): each layer the format TensorRT runs fastest: convolutions INT8 (FP8
   convolutions measured no faster: ModelOpt's FAR3D example, INT8 24.6 ms against FP8 31.5 ms on
   an RTX 6000 Ada; users report FP8 convolutions no faster than FP16 on Ada with TensorRT 10.3),
@@ -77,6 +78,8 @@ MIXED_CONV = (
 )
 #: the layer kinds a format is chosen for (their activation inputs follow them)
 WEIGHTED = ("conv", "conv_transpose", "linear", "matmul")
+#: the weighted layers TensorRT runs as GEMMs (F06: their FP8 weights may be per channel)
+GEMMS = ("linear", "matmul")
 
 
 def fp8_kernel(kind: str, wshape: tuple[int, ...], groups: int = 1) -> tuple[str, str, str]:
@@ -461,7 +464,13 @@ def _with_format(ctx: PlanContext, p: QuantPoint, fmt: str, rule: str, why: str)
         return replace(p, reason=reason, format_rule=rule)
     spec: QuantSpec = replace(p.spec, format="fp8", num_bits=8, narrow_range=False)
     calib = p.calib
-    if p.kind == "weight":
+    if p.kind == "weight" and ctx.config.fp8_gemm_per_channel and p.op in GEMMS:
+        reason = (
+            f"weights per output channel (F06: the target scales FP8 GEMMs per channel); "
+            f"FP8 ({rule}: {why})"
+        )
+        rule = "F06"
+    elif p.kind == "weight":
         spec = replace(spec, axis=None)
         reason, rule = f"weights per tensor (F06); FP8 ({rule}: {why})", "F06"
     elif calib == ctx.config.activation_calib and calib == CalibSpec():

@@ -47,9 +47,6 @@ _MODELOPT = (
     "(find_nodes_from_convs_to_exclude, _MIN_CHANNELS_FP8 = 16; find_nodes_from_matmul_to_exclude, "
     "_MIN_MATMUL_DIM = 16)"
 )
-#: the least TensorRT version with per-channel FP8 GEMM scales, by GPU compute capability major
-#: (release notes 10.6: Hopper, 10.7: Ada)
-_PER_CHANNEL_GEMM = {(9, 0): (10, 6), (8, 9): (10, 7)}
 _MAX_FP8_KERNEL_AREA = 32
 _MIN_FP8_CHANNELS = 16  # exclusive: <= 16 is left out
 _MIN_GEMM_DIM = 16
@@ -370,22 +367,19 @@ def _gemm_rules(g: LintGraph, t: Target, node: Any, name: str) -> list[Finding]:
                 _MODELOPT,
             )
         )
-    if _per_channel(g, node):
-        cc = t.compute_capability
-        since = _PER_CHANNEL_GEMM.get(cc) if cc is not None else None
-        if since is None or not t.at_least(*since):
-            out.append(
-                Finding(
-                    "F06",
-                    INFO,
-                    (name,),
-                    f"{name}: per-channel FP8 GEMM weights",
-                    "supported from TensorRT 10.6 on Hopper and 10.7 on Ada; "
-                    f"{t.label} is not known to build them",
-                    f"verify on the GPU, or quantize {name}'s weights per tensor",
-                    "TensorRT 10.6.0 and 10.7.0 release notes (per-channel scaling for FP8 GEMMs)",
-                )
+    if _per_channel(g, node) and not t.fp8_gemm_per_channel:
+        out.append(
+            Finding(
+                "F06",
+                INFO,
+                (name,),
+                f"{name}: per-channel FP8 GEMM weights",
+                "supported from TensorRT 10.6 on Hopper and 10.7 on Ada; "
+                f"{t.label} is not known to build them",
+                f"verify on the GPU, or quantize {name}'s weights per tensor",
+                "TensorRT 10.6.0 and 10.7.0 release notes (per-channel scaling for FP8 GEMMs)",
             )
+        )
     return out
 
 

@@ -28,6 +28,10 @@ _SM = re.compile(r"^sm_?(\d+)(?:\.(\d))?$")
 # highest ONNX opset of the bundled parser, by first release (onnx-tensorrt docs/operators.md;
 # TensorRT ONNX opset guide): 8.6 -> 17, 10.0 -> 20, 11.x -> 25
 _MAX_OPSET = {(8, 6): 17, (10, 0): 20, (11, 0): 25}
+#: the first TensorRT that scales FP8 GEMMs per channel, by compute capability (release notes:
+#: 10.6.0 "per-channel scaling for FP8 matrix multiplications on Hopper", 10.7.0 "on Ada"); no
+#: other GPU is documented
+_PER_CHANNEL_FP8_GEMM = {(9, 0): (10, 6), (8, 9): (10, 7)}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,18 @@ class Target:
         """The highest opset the target's ONNX parser reads, when known."""
         known = [k for k in _MAX_OPSET if k <= self.version]
         return _MAX_OPSET[max(known)] if known else None
+
+    @property
+    def fp8_gemm_per_channel(self) -> bool:
+        """Whether the target's TensorRT builds FP8 GEMMs with per-channel weight scales (10.6+
+        on Hopper, 10.7+ on Ada; ``False`` when no GPU is named).
+
+        Example:
+            >>> [parse_target(t).fp8_gemm_per_channel for t in ("trt10.6-hopper", "trt10.6-ada")]
+            [True, False]
+        """
+        since = _PER_CHANNEL_FP8_GEMM.get(self.compute_capability or (0, 0))
+        return since is not None and self.at_least(*since)
 
     def at_least(self, major: int, minor: int = 0) -> bool:
         """Whether the target is TensorRT ``major.minor`` or newer."""

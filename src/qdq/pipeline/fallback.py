@@ -54,7 +54,8 @@ def fallback_search(
         method=calib or "mse", percentile=99.99 if percentile is None else percentile
     )
     if config is not None:
-        cfg = replace(cfg, format=config.format, overrides=config.overrides)
+        cfg = replace(cfg, format=config.format, overrides=config.overrides,
+                      fp8_gemm_per_channel=config.fp8_gemm_per_channel)  # fmt: skip
     return auto_quantize(
         float_model,
         example,

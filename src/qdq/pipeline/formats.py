@@ -54,8 +54,10 @@ def plan_config(
     """The job's :class:`QuantConfig` for ``fmt``, and for ``"mixed"`` what was measured
     (``exporter`` and ``target``: the job's, for the reformat count of the moves)."""
     import qdq
+    from qdq.lint import parse_target
 
-    config = QuantConfig(format=fmt)
+    per_channel = fmt != "int8" and parse_target(target).fp8_gemm_per_channel
+    config = QuantConfig(format=fmt, fp8_gemm_per_channel=per_channel)
     if fmt != "mixed":
         return config, None
     with stages("formats") as st:

@@ -225,9 +225,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "F06",
         "core",
-        "FP8 weights per tensor",
+        "FP8 weights per tensor; GEMM weights per channel where the target scales FP8 GEMMs so",
         "TensorRT rejects per-channel FP8 convolution weights; per-channel FP8 GEMM scales exist "
-        "from TensorRT 10.6 (Hopper) and 10.7 (Ada) only. Per tensor builds on every FP8 target.",
+        "from TensorRT 10.6 (Hopper) and 10.7 (Ada) only. Per tensor builds on every FP8 target; "
+        "on those targets (QuantConfig(fp8_gemm_per_channel=True), which qdq quantize sets from "
+        "--target) GEMM weights keep their per-output-channel axis.",
     ),
     Rule(
         "F07",
