@@ -190,8 +190,9 @@ def test_overwrite(inputs, tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("qdq quantize: error: ") and "--overwrite" in err
     assert [p.name for p in out.iterdir()] == ["precious.txt"]
-    assert main([*args, "--overwrite"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == FILES and not _leftovers(tmp_path)
+    assert main([*args, "--overwrite"]) == 0  # replaces qdq's own files only
+    assert sorted(p.name for p in out.iterdir()) == sorted([*FILES, "precious.txt"])
+    assert (out / "precious.txt").read_text() == "keep" and not _leftovers(tmp_path)
 
 
 def test_failure_after_staging_leaves_nothing(inputs, tmp_path: Path, capsys) -> None:

@@ -109,11 +109,15 @@ def atomic_move_files(
     *,
     overwrite: bool = True,
     remove: Sequence[str | Path] = (),
+    backup_dir: str | Path | None = None,
 ) -> list[Path]:
     """Move already written files into place as one unit (``{target: source}``, each source on the
     target's file system, e.g. a temporary beside it), and delete the files in ``remove`` with
     them: afterwards all targets are new and ``remove`` is gone, or (on any error) all are as
-    before. The sources are not removed on error.
+    before. The sources are not removed on error. Targets are placed in the order given (put the
+    file that seals the set, a manifest, last); every old file is moved aside (in the reverse
+    order) before the first is placed, into ``backup_dir`` when given (on the targets' file
+    system), else beside it. A link at a target is replaced, never followed.
 
     Used for outputs too large to hold as bytes (an ONNX file and its external-data file, written
     by ``onnx`` into a temporary directory beside the target).
@@ -130,15 +134,14 @@ def atomic_move_files(
     """
     targets = {Path(t): Path(s) for t, s in moves.items()}
     _refuse_existing(targets, overwrite)
-    doomed = [Path(r) for r in remove if Path(r).exists() and Path(r) not in targets]
+    doomed = [Path(r) for r in remove if os.path.lexists(r) and Path(r) not in targets]
     backups: dict[Path, Path] = {}
     placed: list[Path] = []
     try:
-        for target in [*targets, *doomed]:
-            if target.exists():
-                fd, name = tempfile.mkstemp(
-                    prefix=f".{target.name}.", suffix=".old", dir=target.parent
-                )
+        for target in [*reversed(targets), *doomed]:  # the seal first
+            if os.path.lexists(target):
+                aside = target.parent if backup_dir is None else Path(backup_dir)
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".old", dir=aside)
                 os.close(fd)
                 os.replace(target, name)
                 backups[target] = Path(name)

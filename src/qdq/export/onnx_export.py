@@ -243,6 +243,8 @@ def export_onnx(
             onnx_file=target.name, onnx_sha256=sha256_of(data), onnx_external=external,
             qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
         ).encode("utf-8")  # fmt: skip
+        # the manifest last: it seals the unit (a process killed between two moves leaves no
+        # manifest beside a new model); staged under a name that is not its final one
         if staged is None or sidecar is None:
             atomic_write_files(
                 {target: data, manifest_file: manifest},
@@ -250,7 +252,7 @@ def export_onnx(
                 remove=[sidecar_for(target)],  # an old export's external data
             )
         else:
-            staged_manifest = staged.with_name(manifest_file.name)
+            staged_manifest = staged.with_name(manifest_file.name + ".partial")
             staged_manifest.write_bytes(manifest)
             atomic_move_files(
                 {target: staged, sidecar_for(target): sidecar, manifest_file: staged_manifest},

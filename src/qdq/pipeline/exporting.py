@@ -62,8 +62,16 @@ def export_model(
 ) -> tuple[Any, dict[int, dict[int, str]]]:
     """Export ``prepared`` (its :class:`~qdq.export.ExportResult`) and the dynamic dimensions
     besides the batch it got; ``static``: a fixed batch (a ``.pt2``'s); ``per_image``: detection
-    lists, verified by the caller."""
+    lists, verified by the caller.
+
+    ``onnx_path`` and ``manifest_path`` lie in the job's staging folder
+    (:func:`qdq.pipeline.outdir.staged_dir`): the manifest is written there as
+    ``manifest.json.partial`` and takes its name when the folder is published, so that a killed
+    job never leaves a model and its manifest that look finished."""
     import qdq
+    from qdq.pipeline.outdir import staged_name
+
+    manifest_path = staged_name(manifest_path)
 
     def run(dims: dict[int, dict[int, str]]) -> Any:
         return qdq.export_onnx(
