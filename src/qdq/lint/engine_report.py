@@ -19,20 +19,33 @@ Example:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from qdq.lint.engine_fields import (
+    MAX_MS,
+    EngineReportError,
+    array,
+    dims,
+    json_kind,
+    keys,
+    milliseconds,
+    quote,
+    text,
+)
 from qdq.lint.formats import is_quantized
+from qdq.lint.untrusted_json import UntrustedJSONError, load_json, parse_json
 
 __all__ = [
     "DTYPES",
+    "MAX_MS",
     "EngineIOTensor",
     "EngineLayer",
     "EngineReport",
+    "EngineReportError",
     "EngineTensor",
     "load_engine_report",
     "normalize_dtype",
@@ -49,9 +62,11 @@ _DTYPE_WORDS = {
 }  # fmt: skip
 _WEIGHTED = ("convolution", "deconvolution", "convactpool", "fullyconnected", "matrixmultiply",
              "matmul", "gemm")  # fmt: skip
-_PROFILE_SUFFIX = re.compile(r" \[profile (\d+)\]$")
-_ONNX_LAYER = re.compile(r"\[ONNX Layer:\s*(.+?)\](?=\[|$)")
+_PROFILE_SUFFIX = re.compile(r" \[profile (\d{1,9})\]$")
+_ONNX_LAYER = "[ONNX Layer:"
+_ONNX_LAYER_END = re.compile(r"\](?=\[|$)")
 _WRAPPERS = ("PWN(", "fusedPointwiseNode(")
+_UNWRAP_DEPTH = 16  # PWN(PWN(...)) deeper than this is kept as one name
 
 
 def normalize_dtype(text: str | None) -> str | None:
@@ -194,7 +209,8 @@ class EngineReport:
     def build_precision(self) -> str | None:
         """``build_options.Precision`` of the build metadata (``"FP32+FP16+INT8"``), if known."""
         options = (self.build_metadata or {}).get("build_options") or {}
-        return options.get("Precision") if isinstance(options, dict) else None
+        precision = options.get("Precision") if isinstance(options, dict) else None
+        return precision if isinstance(precision, str) else None
 
     def reformats(self, origin: str | None = None) -> tuple[EngineLayer, ...]:
         """Reformat layers, optionally only those of ``origin`` (``"QDQ"``/``"REFORMAT"``)."""
@@ -280,6 +296,10 @@ def load_engine_report(
 ) -> EngineReport:
     """Read ``trtexec --exportLayerInfo`` JSON (and optionally ``--exportProfile`` and build metadata).
 
+    The files are read as untrusted input: within the size and nesting limits of
+    :mod:`qdq.lint.untrusted_json`, every field the reader uses checked for its type, every time
+    finite, non-negative and at most :data:`MAX_MS`.
+
     Args:
         graph_json: the layer-information file (written with ``--profilingVerbosity=detailed``).
         profile_json: the per-layer profile file, for :attr:`EngineLayer.median_ms`.
@@ -287,8 +307,9 @@ def load_engine_report(
 
     Raises:
         FileNotFoundError: a file does not exist.
-        ValueError: a file is not JSON or not of the expected shape (layers given as plain strings
-            mean the engine was built without detailed profiling verbosity).
+        EngineReportError: (a ``ValueError``) a file is not JSON, breaks a limit or is not of the
+            expected shape (layers given as plain strings mean the engine was built without
+            detailed profiling verbosity); the message names the file and the field.
 
     Example:
         >>> import json, os, tempfile
@@ -299,9 +320,14 @@ def load_engine_report(
         >>> len(load_engine_report(path).qdq_reformats())
         1
     """
+    files = {"layers": graph_json, "profile": profile_json, "metadata": metadata_json}
     profile = _read_json(profile_json, "profile JSON") if profile_json is not None else None
     meta = _read_json(metadata_json, "build metadata JSON") if metadata_json is not None else None
-    return parse_engine_report(_read_json(graph_json, "layer-information JSON"), profile, meta)
+    layers = _read_json(graph_json, "layer-information JSON")
+    try:
+        return parse_engine_report(layers, profile, meta)
+    except EngineReportError as err:
+        raise EngineReportError(f"{files[err.part]}: {err}", err.part) from None
 
 
 def parse_engine_report(
@@ -313,63 +339,67 @@ def parse_engine_report(
 
     ``layer_info`` is what ``IEngineInspector.get_engine_information(LayerInformationFormat.JSON)``
     returns, or the decoded object; ``profile`` the decoded ``--exportProfile`` list.
+
+    Raises:
+        EngineReportError: as :func:`load_engine_report` (``part`` says which input is wrong).
     """
     if isinstance(layer_info, (str, bytes)):
         try:
-            layer_info = json.loads(layer_info)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"engine layer information is not JSON: {err}") from err
+            layer_info = parse_json(layer_info, "engine layer information")
+        except UntrustedJSONError as err:
+            raise EngineReportError(f"engine layer information is not JSON: {err.reason}") from None
     if isinstance(layer_info, list):
         raw_layers, io_raw, bindings = layer_info, None, None
     elif isinstance(layer_info, dict) and isinstance(layer_info.get("Layers"), list):
         raw_layers = layer_info["Layers"]
         io_raw, bindings = layer_info.get("I/O Tensors"), layer_info.get("Bindings")
     else:
-        raise ValueError(
+        raise EngineReportError(
             "engine layer information must be a list of layers or an object with a 'Layers' list, "
             f"got {type(layer_info).__name__}"
-            + (f" with keys {sorted(layer_info)[:8]}" if isinstance(layer_info, dict) else "")
+            + (f" with keys {keys(layer_info)}" if isinstance(layer_info, dict) else "")
         )
     bad = next((x for x in raw_layers if not isinstance(x, dict)), None)
     if isinstance(bad, str):
-        raise ValueError(
-            f"the engine report lists layers as plain names (first: {bad!r}): the engine was built "
-            "without detailed profiling verbosity; rebuild with trtexec "
+        raise EngineReportError(
+            f"the engine report lists layers as plain names (first: {quote(bad)}): the engine "
+            "was built without detailed profiling verbosity; rebuild with trtexec "
             "--profilingVerbosity=detailed (or ProfilingVerbosity.DETAILED in the builder config)"
         )
     if bad is not None:
-        raise ValueError(f"engine layer entries must be JSON objects, got {type(bad).__name__}")
+        raise EngineReportError(
+            f"engine layer entries must be JSON objects, got {type(bad).__name__}"
+        )
     nameless = next((x for x in raw_layers if "Name" not in x), None)
     if nameless is not None:
         profile_like = "name" in nameless or "count" in nameless or "averageMs" in nameless
-        raise ValueError(
+        raise EngineReportError(
             "not a trtexec --exportLayerInfo report: a layer entry has no 'Name' (keys: "
-            f"{sorted(nameless)[:6]})"
+            f"{keys(nameless, 6)})"
             + ("; this looks like the --exportProfile JSON" if profile_like else "")
         )
     if build_metadata is not None and not isinstance(build_metadata, dict):
-        raise ValueError("build metadata JSON must be an object")
+        raise EngineReportError("build metadata JSON must be an object", "metadata")
     timings, count = _timings(profile)
-    layers = tuple(_layer(x, timings) for x in raw_layers)
+    layers = tuple(_layer(x, i, timings) for i, x in enumerate(raw_layers))
     names = {x.name for x in layers}
     unmatched = {k: v[0] for k, v in timings.items() if k not in names and v[0] is not None}
     split = isinstance(io_raw, list) or any(
         isinstance(t, dict) and ("DataType" in t or "Datatype" in t) and "Format/Datatype" not in t
         for x in raw_layers for t in [*(x.get("Inputs") or []), *(x.get("Outputs") or [])]
     )  # fmt: skip
+    if io_raw is not None and not isinstance(io_raw, list):
+        raise EngineReportError(f"'I/O Tensors' must be an array, got {json_kind(io_raw)}")
     io = _io_tensors(io_raw) if isinstance(io_raw, list) else _from_bindings(bindings, layers)
     schema = "trt11" if split else "trt8-10"
     return EngineReport(layers, io, schema, build_metadata, count, unmatched, profile is not None)
 
 
 def _read_json(path: str | Path, what: str) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"no {what} file at {p}")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what} {p} is not valid JSON: {err}") from err
+        return load_json(path, what)
+    except UntrustedJSONError as err:
+        raise EngineReportError(str(err)) from None
 
 
 def _timings(profile: Any) -> tuple[dict[str, tuple[float | None, float | None]], int | None]:
@@ -377,112 +407,158 @@ def _timings(profile: Any) -> tuple[dict[str, tuple[float | None, float | None]]
     if profile is None:
         return {}, None
     if not isinstance(profile, list):
-        raise ValueError(f"profile JSON must be a list of records, got {type(profile).__name__}")
+        raise EngineReportError(
+            f"profile JSON must be a list of records, got {type(profile).__name__}", "profile"
+        )
     out: dict[str, tuple[float | None, float | None]] = {}
     count: int | None = None
-    for rec in profile:
+    for k, rec in enumerate(profile):
         if not isinstance(rec, dict):
-            raise ValueError(f"profile JSON records must be objects, got {rec!r:.80}")
+            raise EngineReportError(
+                f"profile JSON records must be objects, got {json_kind(rec)} (record {k})",
+                "profile",
+            )
         if "name" in rec:
-            out[str(rec["name"])] = (_ms(rec.get("medianMs")), _ms(rec.get("averageMs")))
-        elif isinstance(rec.get("count"), int):
-            count = rec["count"]
+            name = text(rec, "name", f"profile record {k}", "profile") or ""
+            where = f"profile record {k} ({quote(name)})"
+            out[name] = (
+                milliseconds(rec, "medianMs", where),
+                milliseconds(rec, "averageMs", where),
+            )
+        elif "count" in rec:
+            value = rec["count"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise EngineReportError(
+                    f"profile record {k}: 'count' must be an integer >= 0, got {json_kind(value)}",
+                    "profile",
+                )
+            count = value
     return out, count
 
 
-def _ms(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _tensor(raw: Any) -> EngineTensor:
+def _tensor(raw: Any, where: str) -> EngineTensor:
+    if isinstance(raw, str):
+        return EngineTensor(raw, (), "", None)
     if not isinstance(raw, dict):
-        return EngineTensor(str(raw), (), "", None)
-    combined = raw.get("Format/Datatype") or raw.get("Format/DataType")
-    fmt = str(combined or raw.get("Format") or "")
-    dtype_text = raw.get("DataType") or raw.get("Datatype")
-    dtype = normalize_dtype(str(dtype_text)) if dtype_text else normalize_dtype(fmt)
-    return EngineTensor(str(raw.get("Name", "")), _dims(raw.get("Dimensions")), fmt, dtype)
-
-
-def _dims(value: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in value) if isinstance(value, list) else ()
+        raise EngineReportError(f"{where}: a tensor must be an object, got {json_kind(raw)}")
+    name = text(raw, "Name", where) or ""
+    where = f"{where} tensor {quote(name)}"
+    combined = text(raw, "Format/Datatype", where) or text(raw, "Format/DataType", where)
+    fmt = combined or text(raw, "Format", where) or ""
+    dtype_text = text(raw, "DataType", where) or text(raw, "Datatype", where)
+    dtype = normalize_dtype(dtype_text) if dtype_text else normalize_dtype(fmt)
+    return EngineTensor(name, dims(raw.get("Dimensions"), where), fmt, dtype)
 
 
 def _layer(
-    raw: dict[str, Any], timings: dict[str, tuple[float | None, float | None]]
+    raw: dict[str, Any], index: int, timings: dict[str, tuple[float | None, float | None]]
 ) -> EngineLayer:
-    name = str(raw.get("Name", ""))
+    where = f"layer {index}"
+    name = text(raw, "Name", where)
+    if name is None:
+        raise EngineReportError(f"{where}: 'Name' must be a string, got null")
+    where = f"layer {index} ({quote(name)})"
     match = _PROFILE_SUFFIX.search(name)
     base = name[: match.start()] if match else name
-    weights = raw.get("Weights") or raw.get("ConvWeights")
-    wtype = weights.get("Type") if isinstance(weights, dict) else None
+    weights = raw.get("Weights") if raw.get("Weights") is not None else raw.get("ConvWeights")
+    if weights is not None and not isinstance(weights, dict):
+        raise EngineReportError(f"{where}: 'Weights' must be an object, got {json_kind(weights)}")
+    wtype = text(weights, "Type", f"{where} weights") if weights else None
+    metadata = text(raw, "Metadata", where)
     median, average = timings.get(name, (None, None))
+    constants = [t for t in array(raw, "Constants", where) if not isinstance(t, str)]
     return EngineLayer(
         name=name,
-        layer_type=str(raw.get("LayerType", "")),
-        parameter_type=raw.get("ParameterType"),
-        inputs=tuple(_tensor(t) for t in raw.get("Inputs") or []),
-        outputs=tuple(_tensor(t) for t in raw.get("Outputs") or []),
-        origin=raw.get("Origin"),
-        tactic=raw.get("TacticName"),
-        weights_dtype=normalize_dtype(str(wtype)) if wtype else None,
-        onnx_nodes=_fused_names(base, raw.get("Metadata")),
+        layer_type=text(raw, "LayerType", where) or "",
+        parameter_type=text(raw, "ParameterType", where),
+        inputs=tuple(_tensor(t, f"{where} input") for t in array(raw, "Inputs", where)),
+        outputs=tuple(_tensor(t, f"{where} output") for t in array(raw, "Outputs", where)),
+        origin=text(raw, "Origin", where),
+        tactic=text(raw, "TacticName", where),
+        weights_dtype=normalize_dtype(wtype) if wtype else None,
+        onnx_nodes=_fused_names(base, metadata),
         profile=int(match.group(1)) if match else 0,
         median_ms=median,
         average_ms=average,
-        constants=tuple(_tensor(t) for t in raw.get("Constants") or [] if isinstance(t, dict)),
+        constants=tuple(_tensor(t, f"{where} constant") for t in constants),
         raw=raw,
     )
 
 
-def _fused_names(name: str, metadata: Any) -> tuple[str, ...]:
+def _fused_names(name: str, metadata: str | None) -> tuple[str, ...]:
     """Network layer names in a fused ``Name`` and in ``Metadata``, deduplicated, in order."""
     found: list[str] = []
     for part in re.split(r" \+ | \|\| ", name):
         found.extend(_unwrap(part.strip()))
-    if isinstance(metadata, str):
-        for chunk in re.split("[\x1e\x1f]", metadata):
-            found.extend(m.strip() for m in _ONNX_LAYER.findall(chunk.strip()))
+    for chunk in re.split("[\x1e\x1f]", metadata or ""):
+        found.extend(_onnx_layers(chunk.strip()))
     return tuple(dict.fromkeys(n for n in found if n))
 
 
-def _unwrap(token: str) -> list[str]:
+def _onnx_layers(chunk: str) -> list[str]:
+    """The names in ``[ONNX Layer: NAME]`` entries of one ``Metadata`` chunk: ``NAME`` runs to the
+    first ``]`` that ends the chunk's line or starts another ``[`` entry (one linear scan)."""
+    out: list[str] = []
+    for line in chunk.split("\n"):
+        start = line.find(_ONNX_LAYER)
+        while start >= 0:
+            body = start + len(_ONNX_LAYER)
+            while body < len(line) and line[body].isspace():
+                body += 1
+            end = _ONNX_LAYER_END.search(line, body + 1)
+            if end is None:
+                break
+            out.append(line[body : end.start()].strip())
+            start = line.find(_ONNX_LAYER, end.end())
+    return out
+
+
+def _unwrap(token: str, depth: int = 0) -> list[str]:
     """``PWN(Clip_16)`` -> ``["Clip_16"]``; ``PWN(PWN(A, B), C)`` -> ``["A", "B", "C"]``."""
     for prefix in _WRAPPERS:
-        if token.startswith(prefix) and token.endswith(")"):
-            inner, depth, start, parts = token[len(prefix) : -1], 0, 0, []
+        if depth < _UNWRAP_DEPTH and token.startswith(prefix) and token.endswith(")"):
+            inner, level, start, parts = token[len(prefix) : -1], 0, 0, []
             for i, ch in enumerate(inner):
-                depth += (ch == "(") - (ch == ")")
-                if ch == "," and depth == 0:
+                level += (ch == "(") - (ch == ")")
+                if ch == "," and level == 0:
                     parts.append(inner[start:i])
                     start = i + 1
             parts.append(inner[start:])
-            return [n for p in parts for n in _unwrap(p.strip())]
+            return [n for p in parts for n in _unwrap(p.strip(), depth + 1)]
     return [token]
 
 
 def _io_tensors(raw: Sequence[Any]) -> tuple[EngineIOTensor, ...]:
     """TensorRT 11 ``I/O Tensors`` objects."""
     out = []
-    for t in raw:
+    for k, t in enumerate(raw):
         if not isinstance(t, dict):
-            raise ValueError(f"'I/O Tensors' entries must be objects, got {t!r:.80}")
-        infos = t.get("ProfileInfo") or [{}]
-        fmt = str(infos[0].get("Format", "")) if isinstance(infos[0], dict) else ""
-        mode = str(t.get("IOMode", "")).lower() or None
-        dtype = normalize_dtype(str(t.get("DataType") or t.get("Datatype") or fmt))
-        out.append(
-            EngineIOTensor(str(t.get("Name", "")), mode, _dims(t.get("Dimensions")), dtype, fmt)
-        )
+            raise EngineReportError(f"'I/O Tensors' entries must be objects, got {json_kind(t)}")
+        name = text(t, "Name", f"I/O tensor {k}") or ""
+        where = f"I/O tensor {k} ({quote(name)})"
+        infos = array(t, "ProfileInfo", where) or [{}]
+        fmt = (text(infos[0], "Format", where) or "") if isinstance(infos[0], dict) else ""
+        mode = (text(t, "IOMode", where) or "").lower() or None
+        dtype = normalize_dtype(text(t, "DataType", where) or text(t, "Datatype", where) or fmt)
+        out.append(EngineIOTensor(name, mode, dims(t.get("Dimensions"), where), dtype, fmt))
     return tuple(out)
 
 
 def _from_bindings(bindings: Any, layers: Sequence[EngineLayer]) -> tuple[EngineIOTensor, ...]:
     """TensorRT 8–10 ``Bindings`` (names only): mode, dims and dtype from the layers' tensors."""
+    if bindings is None:
+        bindings = []
+    if not isinstance(bindings, list) or not all(isinstance(b, str) for b in bindings):
+        bad = (
+            bindings
+            if not isinstance(bindings, list)
+            else next(b for b in bindings if not isinstance(b, str))
+        )
+        raise EngineReportError(f"'Bindings' must be an array of strings, got {json_kind(bad)}")
     seen = {t.name: (t, "input") for x in reversed(layers) for t in x.inputs}
     seen.update({t.name: (t, "output") for x in layers for t in x.outputs})
     out = []
-    for name in map(str, bindings if isinstance(bindings, list) else []):
+    for name in bindings:
         t, mode = seen.get(name, (EngineTensor(name, (), "", None), None))
         out.append(EngineIOTensor(name, mode, t.dims, t.dtype, t.format))
     return tuple(out)
