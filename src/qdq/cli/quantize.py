@@ -282,16 +282,16 @@ def _figure_delta(name: str, delta: float) -> str:
 def run_quantize(args: argparse.Namespace, prog: str = "qdq quantize") -> int:
     """Run the pipeline from parsed arguments, print, and return the exit code."""
     from qdq.pipeline.device import resolve_device
+    from qdq.pipeline.outdir import sigterm_interrupts
     from qdq.qat.distributed import process_group, rank
 
     try:
         device = resolve_device(args.device)
-        with process_group(device) as device:
+        with sigterm_interrupts(), process_group(device) as device:
             # under torchrun only rank 0 prints (every rank runs the job; rank 0 writes)
             return _run_quantize(args, prog, device, quiet=rank() != 0)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
+        return _interrupted(prog, err)
     except Exception as err:  # a device or process group that cannot be used: one line
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return 2
@@ -306,6 +306,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             print(f"  {STAGE_LABELS.get(name, name):<20}{seconds:7.2f} s  {detail}", flush=True)
 
     try:
+        check_paths(args)  # before anything is loaded
         options = data_options(args)
         if not args.json and not quiet:
             data = args.data or "its own data"
@@ -341,9 +342,8 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             output_kind=args.output_kind,
             time_budget=args.time_budget,
         )
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        return _interrupted(prog, err)
     except Exception as err:  # user code and files: one line, never a traceback
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return 2
@@ -354,6 +354,49 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
     else:
         print_summary(result.report, str(result.out_dir))
     return 0
+
+
+def _interrupted(prog: str, err: KeyboardInterrupt) -> int:
+    """Ctrl-C (exit 130) or SIGTERM (143): the staging folder is already removed."""
+    from qdq.pipeline.outdir import Terminated
+
+    if isinstance(err, Terminated):
+        print(f"{prog}: terminated (SIGTERM); nothing written", file=sys.stderr)
+        return 143
+    print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+    return 130
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """The paths of the arguments, before anything is loaded: every name valid UTF-8 (ONNX
+    Runtime and report.json need it), ``--data`` there and readable (or a built-in dataset),
+    ``--out`` writable and, without ``--overwrite``, empty.
+
+    Raises:
+        ValueError / FileNotFoundError / FileExistsError / PermissionError: naming the argument.
+    """
+    import os
+    from pathlib import Path
+
+    from qdq.pipeline.data import DATASETS
+    from qdq.pipeline.outdir import check_name, check_out_dir
+
+    for flag, value in sorted(vars(args).items()):
+        if isinstance(value, str):
+            check_name(value, f"--{flag.replace('_', '-')}")
+    data = args.data
+    if data is not None and data not in DATASETS:
+        path = Path(data)
+        if not path.exists() and ("/" in data or "\\" in data or path.suffix):
+            raise FileNotFoundError(f"--data: no data file at {data}")
+        if not path.exists():
+            raise ValueError(
+                f"--data: unknown dataset {data!r}; built-in datasets: "
+                f"{', '.join(sorted(DATASETS))}; or give an image folder, a .npy or a .npz file"
+            )
+        if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+            raise PermissionError(f"--data {data}: not readable (permission denied)")
+    check_out_dir(Path(args.out), args.overwrite)
 
 
 def print_summary(r: dict[str, Any], out_dir: str) -> None:

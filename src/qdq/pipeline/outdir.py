@@ -42,6 +42,7 @@ __all__ = [
     "Terminated",
     "check_name",
     "check_out_dir",
+    "remove_stale",
     "sigterm_interrupts",
     "staged_dir",
     "staged_name",
