@@ -3,9 +3,9 @@
 The real trained checkpoint and the real 10k labelled test set (Debian ``dataset-fashion-mnist``):
 plan, one histogram calibration pass, the metric of every calibration method recomputed from it
 (torch fake-quant), the exported Q/DQ ONNX (mse) measured in ONNX Runtime, the lint verdict,
-``demo-out/report.json`` and the page ``demo-out/report.html``. A previous demo's output (a
-directory holding ``report.json``) is replaced; any other non-empty directory is refused unless
-``--overwrite``.
+``demo-out/report.json`` and the page ``demo-out/report.html``. A previous demo's files (in a
+directory holding ``report.json``) are replaced, other files there kept; any other non-empty
+directory is refused unless ``--overwrite`` (:mod:`qdq.pipeline.outdir`).
 """
 
 from __future__ import annotations

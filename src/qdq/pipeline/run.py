@@ -9,8 +9,8 @@ on a few evaluation batches (:func:`qdq.debug.layer_errors`) → lint.
 
 Output: ``OUT/model.qdq.onnx``, ``OUT/manifest.json`` (the manifest of ``model.qdq.onnx``, which it
 names; :func:`qdq.export.find_manifest` finds it), ``OUT/report.json`` (:mod:`qdq.pipeline.report`)
-and ``OUT/report.html`` (:mod:`qdq.report`), written in a temporary directory beside ``OUT`` and
-renamed into place (:mod:`qdq.pipeline.outdir`).
+and ``OUT/report.html`` (:mod:`qdq.report`), written in a staging folder inside ``OUT`` and
+moved into place, the manifest last; other files in ``OUT`` are kept (:mod:`qdq.pipeline.outdir`).
 """
 
 from __future__ import annotations
