@@ -4,6 +4,7 @@ ops are weighted."""
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -13,7 +14,7 @@ import numpy as np
 
 from qdq.lint.formats import INT8, qdq_format
 
-__all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput"]
+__all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput", "topological_order"]
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 EPILOGUE_OPS = frozenset(
@@ -22,6 +23,8 @@ EPILOGUE_OPS = frozenset(
 COPY_OPS = frozenset(
     {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
 )
+_CONST_THROUGH = COPY_OPS | {"QuantizeLinear", "DequantizeLinear"}
+_QINPUT_THROUGH = COPY_OPS | {"Pad"}
 # ops whose inputs after the first are shapes, axes, pads or sizes, not data
 _SHAPE_OPERANDS = frozenset(
     {"Reshape", "Squeeze", "Unsqueeze", "Slice", "Resize", "Upsample", "Expand", "Tile", "Pad",
@@ -56,7 +59,12 @@ class LintGraph:
         for n in self.nodes:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
                 self.const[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-        self.producer = {o: n for n in self.nodes for o in n.output}
+        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        #: nodes on a cycle, or reading one (empty for a valid graph: the rules assume a DAG)
+        self.cyclic: list[Any] = []
+        ordered, self.cyclic = topological_order(self.nodes, self.producer)
+        if not self.cyclic:  # ONNX requires graph order to be topological; TensorRT sorts it
+            self.nodes = ordered
         self.consumers: dict[str, list[Any]] = defaultdict(list)
         for n in self.nodes:  # data reads only: a Reshape's shape operand is not a use
             for k, i in enumerate(n.input):
@@ -67,6 +75,13 @@ class LintGraph:
         #: analyses that modules above this one derive from the graph, each made once per graph
         #: and kept here by its module (``"attention"``: :func:`qdq.lint.attention.attention_cores`)
         self.derived: dict[str, Any] = {}
+        # memos of the per-tensor and per-node questions every rule asks (the graph is read-only):
+        # answering them again for each reader made a node of N inputs cost N^2
+        self._float_uses: dict[str, list[Any]] = {}
+        self._quantized_uses: dict[str, list[tuple[Any, Any, tuple[float, ...]]]] = {}
+        self._shape_only: dict[int, bool] = {}
+        self._is_const: dict[str, bool] = {}
+        self._qinput: dict[str, QInput | None] = {}
 
     def name(self, node: Any) -> str:
         """A node's name, or its first output when unnamed (its op type when it has neither)."""
@@ -74,22 +89,41 @@ class LintGraph:
 
     def is_const(self, tensor: str) -> bool:
         """Whether ``tensor`` is a constant, possibly through Q/DQ/Cast/Transpose/Reshape."""
+        known = self._is_const.get(tensor)
+        if known is not None:
+            return known
+        walked = [tensor]
         node = self.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS | {
-            "QuantizeLinear",
-            "DequantizeLinear",
-        }:
+        while node is not None and node.op_type in _CONST_THROUGH and node.input:
             tensor = node.input[0]
+            if tensor in self._is_const or len(walked) > len(self.nodes):  # (a cycle)
+                break
+            walked.append(tensor)
             node = self.producer.get(tensor)
-        return tensor in self.const
+        found = self._is_const.get(tensor, tensor in self.const)
+        self._is_const.update(dict.fromkeys(walked, found))
+        return found
 
     def qinput(self, tensor: str) -> QInput | None:
         """If ``tensor`` is a DequantizeLinear output (possibly through copy ops and zero Pad, which
         DQ propagates forward across) fed by a QuantizeLinear, describe it."""
+        if tensor in self._qinput:
+            return self._qinput[tensor]
+        walked = [tensor]  # every copy on the way describes the same input
         dq = self.producer.get(tensor)
-        while dq is not None and dq.op_type in COPY_OPS | {"Pad"}:
+        while dq is not None and dq.op_type in _QINPUT_THROUGH and dq.input:
+            if dq.input[0] in self._qinput or len(walked) > len(self.nodes):  # (a cycle)
+                found = self._qinput.get(dq.input[0])
+                break
+            walked.append(dq.input[0])
             dq = self.producer.get(dq.input[0])
-        if dq is None or dq.op_type != "DequantizeLinear":
+        else:
+            found = self._describe(dq)
+        self._qinput.update(dict.fromkeys(walked, found))
+        return found
+
+    def _describe(self, dq: Any) -> QInput | None:
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
             return None
         q = self.producer.get(dq.input[0])
         scale = self.const.get(dq.input[1])
@@ -105,29 +139,38 @@ class LintGraph:
         return qdq_format(node, self.const, self.producer)
 
     def quantized_uses(self, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
-        """(Q node, final consumer, scale) for every use of ``tensor`` through Q → DQ."""
+        """(Q node, final consumer, scale) for every use of ``tensor`` through Q → DQ (one list
+        per tensor, made once: read it, do not change it)."""
+        found = self._quantized_uses.get(tensor)
+        if found is not None:
+            return found
         out: list[tuple[Any, Any, tuple[float, ...]]] = []
-        for q in self.consumers.get(tensor, []):
+        for q in _once(self.consumers.get(tensor, [])):
             if q.op_type != "QuantizeLinear":
                 continue
-            for dq in self.consumers.get(q.output[0], []):
-                if dq.op_type != "DequantizeLinear":
+            for dq in _once(self.consumers.get(q.output[0], [])):
+                if dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
                     continue
                 scale = tuple(
                     float(v) for v in np.asarray(self.const.get(dq.input[1], [])).flatten()
                 )
                 out.extend((q, c, scale) for c in self.consumers.get(dq.output[0], []))
+        self._quantized_uses[tensor] = out
         return out
 
     def float_uses(self, tensor: str) -> list[Any]:
         """Consumers reading ``tensor`` directly in float (not Q, not Shape, not a Cast or copy op
         whose result only reaches Shape or nothing: the TorchScript tracer emits ``Cast -> Shape``
-        for a traced ``x.shape`` and leaves unused Casts)."""
-        return [
-            c
-            for c in self.consumers.get(tensor, [])
-            if c.op_type not in ("QuantizeLinear", "Shape") and not self.shape_only(c)
-        ]
+        for a traced ``x.shape`` and leaves unused Casts). One list per tensor, made once: read
+        it, do not change it."""
+        found = self._float_uses.get(tensor)
+        if found is None:
+            found = self._float_uses[tensor] = [
+                c
+                for c in self.consumers.get(tensor, [])
+                if c.op_type not in ("QuantizeLinear", "Shape") and not self.shape_only(c)
+            ]
+        return found
 
     def shape_only(self, node: Any) -> bool:
         """A Cast/copy op whose outputs are read only by Shape (through more such ops) or by no node
@@ -135,8 +178,26 @@ class LintGraph:
         graph output read directly is no float consumer either, as in the dynamo export)."""
         if node.op_type not in COPY_OPS:
             return False
-        readers = [c for o in node.output for c in self.consumers.get(o, [])]
-        return all(c.op_type == "Shape" or self.shape_only(c) for c in readers)
+        known = self._shape_only.get(id(node))
+        if known is not None:
+            return known
+        # depth first without recursion (a chain of 10^5 copies): a node is decided once the copy
+        # ops reading it are; on a cycle (a graph V14 rejects) an undecided reader counts as float
+        memo, stack, expanded = self._shape_only, [node], set()
+        while stack:
+            cur = stack[-1]
+            if id(cur) in memo:
+                stack.pop()
+                continue
+            readers = [c for o in cur.output if o for c in self.consumers.get(o, [])]
+            pending = [c for c in readers if c.op_type in COPY_OPS and id(c) not in memo]
+            if pending and id(cur) not in expanded:
+                expanded.add(id(cur))
+                stack.extend(pending)
+                continue
+            memo[id(cur)] = all(c.op_type == "Shape" or memo.get(id(c), False) for c in readers)
+            stack.pop()
+        return self._shape_only[id(node)]
 
     def global_pool(self, node: Any) -> bool:
         """GlobalAveragePool, or a ReduceMean over every spatial axis (2 .. rank-1) of its input:
@@ -311,3 +372,43 @@ class LintGraph:
                 if sig is not None and sig.op_type == "Sigmoid" and sig.input[0] == a:
                     return str(a)
         return None
+
+
+def _once(nodes: list[Any]) -> list[Any]:
+    """``nodes`` without repeats (a node reading a tensor twice is one reader), in order."""
+    return list({id(n): n for n in nodes}.values())
+
+
+def topological_order(nodes: list[Any], producer: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """``nodes`` in an order where every node comes after the producers of its inputs (graph
+    order where it allows), and the nodes that have no such place: those on a cycle (a self-loop
+    included) or reading one. Kahn's algorithm, linear in the graph's size.
+
+    Example:
+        >>> from onnx import helper
+        >>> a = helper.make_node("Relu", ["b"], ["a"], name="A")
+        >>> b = helper.make_node("Relu", ["a"], ["b"], name="B")
+        >>> order, cyclic = topological_order([a, b], {"a": a, "b": b})
+        >>> order, [n.name for n in cyclic]
+        ([], ['A', 'B'])
+    """
+    index = {id(n): k for k, n in enumerate(nodes)}
+    waiting = [0] * len(nodes)  # producers each node still waits for
+    readers: dict[int, list[int]] = defaultdict(list)
+    for k, n in enumerate(nodes):
+        deps = {index[id(p)] for i in n.input if i and (p := producer.get(i)) is not None}
+        waiting[k] = len(deps)
+        for d in deps:
+            readers[d].append(k)
+    ready = [k for k in range(len(nodes)) if not waiting[k]]
+    heapq.heapify(ready)  # the lowest graph position first: graph order when it is topological
+    order: list[Any] = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(nodes[k])
+        for r in readers.get(k, []):
+            waiting[r] -= 1
+            if not waiting[r]:
+                heapq.heappush(ready, r)
+    cyclic = [n for k, n in enumerate(nodes) if waiting[k]]
+    return order, cyclic

@@ -189,7 +189,9 @@ class _Predictor:
         pointwise op read only by that reader whose own inputs are (FocalNet's gated sum
         ``a * g_a + b * g_b``: both products and the Add are one layer)."""
         g = self.g
-        region, inside = [start], set(start.output)
+        region, members = [start], {id(start)}
+        inside = {o for o in start.output if o}
+        todo = list(inside)  # tensors whose readers were not tried since the tensor joined
 
         def ready(i: str) -> bool:
             return i in inside or g.is_const(i) or g.qinput(i) is not None
@@ -200,39 +202,64 @@ class _Predictor:
                 p is not None
                 and p.op_type in _POINTWISE
                 and id(p) not in self.absorbed
-                and p not in region
+                and id(p) not in members
                 and all(c is reader for c in g.consumers.get(i, []))
                 and i not in g.outputs
                 and all(ready(j) for j in p.input if j)
             )
             return p if ok else None
 
-        grew = True
-        while grew:
-            grew = False
-            for t in list(inside):
-                for c in g.float_uses(t):
-                    if c.op_type not in _POINTWISE or id(c) in self.absorbed or c in region:
+        def joins(c: Any) -> list[Any] | None:
+            """``c`` and the feeders it needs, or ``None`` (stopping at the first input that
+            has none: a wide reader tried by many regions costs little each time)."""
+            found = []
+            for i in c.input:
+                if i and not ready(i):
+                    f = feeder(i, c)
+                    if f is None:
+                        return None
+                    found.append(f)
+            return [*found, c]
+
+        # a worklist to the same fixed point as retrying every inside tensor until nothing joins
+        # (joining only grows with ``inside``): a tensor joining retries its readers, and the
+        # readers of a pointwise reader that could feed them
+        while todo:
+            t = todo.pop()
+            tried: dict[int, Any] = {}
+            for c in g.float_uses(t):
+                tried[id(c)] = c
+                if c.op_type in _POINTWISE and id(c) not in members:
+                    for o in c.output:
+                        only = g.consumers.get(o, [])
+                        if only and all(r is only[0] for r in only):
+                            tried[id(only[0])] = only[0]
+            for c in tried.values():
+                if c.op_type not in _POINTWISE or id(c) in self.absorbed or id(c) in members:
+                    continue
+                new = joins(c)
+                for m in new or ():
+                    if id(m) in members:
                         continue
-                    waiting = [i for i in c.input if i and not ready(i)]
-                    feeders = [feeder(i, c) for i in waiting]
-                    if all(f is not None for f in feeders):
-                        for m in (*feeders, c):
-                            region.append(m)
-                            inside.update(m.output)
-                        grew = True
+                    members.add(id(m))
+                    region.append(m)
+                    for o in m.output:
+                        if o and o not in inside:
+                            inside.add(o)
+                            todo.append(o)
         region.sort(key=lambda m: self.order[id(m)])
         return region
 
     def _pointwise_layer(self, region: list[Any]) -> PredictedLayer:
         g = self.g
         names = tuple(g.name(m) for m in region)
+        ids = {id(m) for m in region}
         inside = {o for m in region for o in m.output}
         ext_in = [i for m in region for i in m.input if i and i not in inside and not g.is_const(i)]
         ext_out = [
             o
             for o in inside
-            if o in g.outputs or any(c not in region for c in g.consumers.get(o, []))
+            if o in g.outputs or any(id(c) not in ids for c in g.consumers.get(o, []))
         ]
         fmt = self._common_format(ext_in)
         quantizable = all(m.op_type in _QUANTIZABLE_PW for m in region)
@@ -405,10 +432,14 @@ class _Predictor:
             c.op_type == "Cast" and c.output[0] in g.outputs for c in g.consumers.get(tensor, [])
         ):
             return None
-        readers = [c for c in g.consumers.get(tensor, []) if c.op_type != "Shape"]
-        readers = [c for c in readers if c.op_type == "QuantizeLinear" or c in g.float_uses(tensor)]
+        floats = {id(c) for c in g.float_uses(tensor)}
+        readers = {  # each reader once (a Concat may read the tensor 10^5 times)
+            id(c): c
+            for c in g.consumers.get(tensor, [])
+            if c.op_type == "QuantizeLinear" or id(c) in floats
+        }
         found: set[str | None] = set()
-        for c in readers:
+        for c in readers.values():
             if c.op_type == "QuantizeLinear":
                 found.add(g.qdq_format(c))
             elif c.op_type in COPY_OPS:
