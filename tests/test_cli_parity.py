@@ -102,9 +102,14 @@ def test_parity_fails_past_threshold(exported, tmp_path: Path, capsys) -> None:
     manifest = manifest_path_for(exported["onnx"])
     manifest_path_for(bad).write_text(manifest.read_text())
     args = ["parity", str(bad), "--model", exported["model"], "--data", exported["data"]]
+    assert main(args) == 2  # the manifest describes another file: refused before anything runs
+    err = capsys.readouterr().err
+    assert "bad.onnx.manifest.json records no ONNX hash" not in err
+    assert "does not describe" in err and "--ignore-hash" in err and len(err.splitlines()) == 1
+    args.append("--ignore-hash")
     assert main([*args, "--json"]) == 1
     captured = capsys.readouterr()
-    assert "bad.onnx is not the file bad.onnx.manifest.json was written with" in captured.err
+    assert "does not describe" in captured.err and "comparing them anyway" in captured.err
     doc = json.loads(captured.out)
     assert not doc["passed"]
     # conv2's own input already differs by rounding-boundary flips of conv1 (explained); the

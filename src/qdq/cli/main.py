@@ -109,7 +109,8 @@ def _add_parity(sub: Any) -> None:
         "of differing INT8 codes (free-running and isolated) and the first diverging layer. "
         "A float64 copy of the fake-quant model (exact INT8 accumulation) measures the float "
         "rounding noise floor: top-1 differences within it are not failures. "
-        "Exit code: 0 within the threshold, 1 past it, 2 when an input cannot be used.",
+        "The manifest must describe MODEL.onnx (same SHA-256) and name only files in its own "
+        "folder. Exit code: 0 within the threshold, 1 past it, 2 when an input cannot be used.",
     )
     parity.add_argument("model_onnx", metavar="MODEL.onnx", help="the exported .onnx file")
     parity.add_argument(
@@ -136,6 +137,12 @@ def _add_parity(sub: Any) -> None:
         help="skip the float64 reference run (then any top-1 difference past the threshold fails)",
     )
     parity.add_argument("--json", action="store_true", help="print one JSON object")
+    parity.add_argument(
+        "--ignore-hash",
+        action="store_true",
+        help="compare even when MODEL.onnx is not the file its manifest was written with "
+        "(SHA-256 differs, or none recorded): a note instead of an error (exit 2)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,5 +223,6 @@ def _run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             reference=not args.no_reference,
             as_json=args.json,
+            ignore_hash=args.ignore_hash,
         )
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command

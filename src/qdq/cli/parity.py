@@ -4,6 +4,11 @@ The torch side is rebuilt from the user's model spec, prepared with the default 
 the calibration stored in the manifest beside the ONNX (``X.onnx.manifest.json`` for ``X.onnx``, or a
 ``manifest.json`` that names ``X.onnx``, as ``qdq quantize`` writes), so it is the same calibrated
 model that was exported. Both run on the data spec's batches.
+
+The manifest is untrusted input (:mod:`qdq.export.manifest_io`): it is read within bounds, the
+files it names stay in its folder, and the ONNX file must be the one it was written with (same
+SHA-256, external data included) before the model spec's code runs or any data is read; a
+mismatch is an error (exit 2) unless ``ignore_hash`` (``--ignore-hash``) turns it into a note.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ def run_parity(
     batch_size: int | None = None,
     reference: bool = True,
     as_json: bool = False,
+    ignore_hash: bool = False,
 ) -> int:
-    """Compare and print; return 0 within ``threshold``, 1 past it, 2 when an input is unusable."""
+    """Compare and print; return 0 within ``threshold``, 1 past it, 2 when an input is unusable
+    (a manifest that does not describe ``onnx_path`` included, unless ``ignore_hash``)."""
     if not 0.0 <= threshold <= 1.0:
         print(f"qdq parity: error: --threshold must be in [0, 1], got {threshold}", file=sys.stderr)
         return 2
     try:
-        report, manifest = _compare(onnx_path, model, data, batch_size, reference)
+        report, manifest = _compare(onnx_path, model, data, batch_size, reference, ignore_hash)
     except Exception as err:  # user code and files: any failure is one line, no traceback
         print(f"qdq parity: error: {_one_line(err)}", file=sys.stderr)
         return 2
@@ -85,29 +92,35 @@ def failures(report: Any, threshold: float) -> list[str]:
 
 
 def _compare(
-    onnx_path: str, model_spec: str, data_spec: str, batch_size: int | None, reference: bool
+    onnx_path: str,
+    model_spec: str,
+    data_spec: str,
+    batch_size: int | None,
+    reference: bool,
+    ignore_hash: bool,
 ) -> Any:
     import qdq
     from qdq.backends.parity import parity
-    from qdq.export.manifest import config_of, find_manifest, sha256_of
+    from qdq.export.manifest import OnnxMismatchError, check_onnx, config_of, find_manifest
     from qdq.specs import load_data_spec, load_model_spec
 
     path = Path(onnx_path)
     if not path.is_file():
         raise FileNotFoundError(f"no ONNX file at {path}")
     manifest = find_manifest(path)  # X.onnx.manifest.json, or manifest.json naming X.onnx
+    config = config_of(manifest)  # reads and checks the manifest before anything runs
+    try:  # the ONNX given is the file the manifest was written with: no decoy, no edit
+        check_onnx(manifest, path)
+    except OnnxMismatchError as err:
+        if not ignore_hash:
+            raise ValueError(f"{err}; --ignore-hash compares them anyway") from None
+        print(f"qdq parity: note: {_one_line(err)}; comparing them anyway (--ignore-hash)",
+              file=sys.stderr)  # fmt: skip
     batches = load_data_spec(data_spec, batch_size=batch_size)
     float_model = load_model_spec(model_spec)
     # the recorded formats (an FP8 or mixed export): each layer planned as it was exported
-    prepared = qdq.prepare(float_model, (batches[0],), config_of(manifest))
-    qdq.load_calibration(prepared, manifest)
-    recorded = json.loads(manifest.read_text(encoding="utf-8")).get("onnx") or {}
-    if recorded.get("sha256") != sha256_of(path.read_bytes()):
-        print(
-            f"qdq parity: note: {path} is not the file {manifest.name} was written with (SHA-256 "
-            "differs: edited or re-exported since); comparing it with that calibration anyway",
-            file=sys.stderr,
-        )
+    prepared = qdq.prepare(float_model, (batches[0],), config)
+    qdq.load_calibration(prepared, manifest, verify_onnx=False)  # checked above
     report = parity(prepared, path, batches, per_layer=True, reference=reference)
     return report, manifest
 

@@ -16,6 +16,13 @@ weights in an external-data file beside the ONNX (:mod:`qdq.export.external`); t
 then covers the graph, the Q/DQ scales and the data file's name and offsets, and
 ``"onnx": {"external_data": {"file": ..., "sha256": ...}}`` records the data file's own hash
 (checked by ``load_calibration`` too).
+
+A manifest may come from anyone, so it is read as untrusted input (:mod:`qdq.export.manifest_io`):
+its size and JSON depth are checked before it is parsed; the files it names (``onnx.file``,
+``onnx.external_data.file``) are resolved relative to its folder and refused when they lead out
+of it (absolute, ``..``, a symbolic link leading out); files are hashed in chunks after a size
+check; every malformed value is a one-line ``ValueError`` naming the manifest and the key. No
+manifest field names code to run or a model to build: the model comes from the caller.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,8 @@ from torch import nn
 
 from qdq._version import __version__
 from qdq.api import plan_of, quantizers_of
-from qdq.config import Override, QuantConfig
+from qdq.config import FORMATS, Override, QuantConfig
+from qdq.export.manifest_io import MAX_ONNX_BYTES, confined, hash_file, read_manifest, short
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
 from qdq.quant.learned import manifest_entry
@@ -41,7 +48,9 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_SUFFIX",
     "SCHEMA",
+    "OnnxMismatchError",
     "build_manifest",
+    "check_onnx",
     "config_of",
     "find_manifest",
     "load_calibration",
@@ -53,6 +62,8 @@ SCHEMA = "qdq.manifest/1"
 MANIFEST_SUFFIX = ".manifest.json"
 #: The directory-level manifest ``qdq quantize`` writes beside ``model.qdq.onnx``.
 MANIFEST_NAME = "manifest.json"
+#: The largest amax a manifest may record: float32's largest finite value (amax is float32).
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 _log = logging.getLogger("qdq.export")
 
@@ -76,6 +87,8 @@ def find_manifest(onnx_path: str | Path) -> Path:
     Raises:
         FileNotFoundError: neither exists (or ``manifest.json`` describes another file); the
             message names both candidates.
+        ValueError: the manifest is a symbolic link leading out of the ONNX file's folder, or
+            ``manifest.json`` is not JSON (see :func:`~qdq.export.manifest_io.read_manifest`).
 
     Example:
         >>> find_manifest("out/model.qdq.onnx")  # doctest: +SKIP
@@ -84,19 +97,30 @@ def find_manifest(onnx_path: str | Path) -> Path:
     p = Path(onnx_path)
     own = manifest_path_for(p)
     if own.is_file():
-        return own
+        return _beside(p, own)
     shared = p.with_name(MANIFEST_NAME)
     if shared.is_file():
-        try:
-            doc = json.loads(shared.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{shared} is not valid JSON: {err}") from None
+        doc = read_manifest(_beside(p, shared))
         info = doc.get("onnx") if isinstance(doc, dict) else None
         if isinstance(info, dict) and info.get("file") == p.name:
             return shared
     raise FileNotFoundError(
         f"no manifest for {onnx_path}: neither {own} nor {shared} naming {p.name}"
     )
+
+
+def _beside(onnx_path: Path, manifest: Path) -> Path:
+    """``manifest``, refused when it is a symbolic link leading out of the ONNX file's folder."""
+    try:
+        inside = manifest.resolve().is_relative_to(onnx_path.parent.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise ValueError(
+            f"{manifest} is a symbolic link leading out of {onnx_path.parent}: a manifest is "
+            "read only from the ONNX file's own folder"
+        )
+    return manifest
 
 
 def sha256_of(data: bytes) -> str:
@@ -188,15 +212,27 @@ def build_manifest(
     return json.dumps(doc, indent=2) + "\n"
 
 
+class OnnxMismatchError(ValueError):
+    """The ONNX file is not the one its manifest was written with: its SHA-256 (or its external
+    data's) differs from the manifest's, or the manifest records no hash to check it by."""
+
+
 def load_calibration(
-    prepared: nn.Module, manifest: str | Path, onnx_path: str | Path | None = None
+    prepared: nn.Module,
+    manifest: str | Path,
+    onnx_path: str | Path | None = None,
+    *,
+    verify_onnx: bool = True,
 ) -> nn.Module:
     """Restore every quantizer's amax from a manifest (no data needed); return ``prepared``.
 
     Everything is checked before any amax changes, so on error the model is untouched:
 
+    * the manifest itself, as untrusted input (size, JSON depth, and every file it names inside
+      its folder: see the module docstring);
     * the ONNX file: ``onnx_path`` when given, else the file the manifest names, when it lies
       beside the manifest — its SHA-256 must equal the manifest's (the pair was written together);
+      ``verify_onnx=False`` skips this (for a caller that checked it with :func:`check_onnx`);
     * every quantizer of the model has exactly one entry (and the manifest no extra ones), with
       the same name, axis and channel count, and a finite, non-negative amax (a number per tensor,
       a list per channel);
@@ -208,12 +244,14 @@ def load_calibration(
         prepared: a model from :func:`qdq.prepare` with the same plan as the exported one.
         manifest: the ``*.manifest.json`` path written by :func:`qdq.export_onnx`.
         onnx_path: the ONNX file the manifest must describe (default: found beside it, if any).
+        verify_onnx: check the ONNX file's hash (default); ``False`` leaves the files alone.
 
     Raises:
         FileNotFoundError: no manifest (or no ``onnx_path``) at that path.
-        ValueError: not JSON, wrong schema, a malformed entry, a hash mismatch, a manifest that
-            does not match the model, or learned state that differs between the two; the
-            message names the file and the quantizer.
+        ValueError: not JSON, too large or too deep, wrong schema, a malformed entry, a file named
+            outside the manifest's folder, a hash mismatch (:class:`OnnxMismatchError`), a
+            manifest that does not match the model, or learned state that differs between the
+            two; the message names the file and the quantizer or key.
 
     Example:
         >>> import qdq, torch, tempfile, os
@@ -227,16 +265,9 @@ def load_calibration(
     """
     plan_of(prepared)
     p = Path(manifest)
-    if not p.is_file():
-        raise FileNotFoundError(f"no manifest at {p}")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{p} is not valid JSON: {err}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"{p}: expected schema {SCHEMA!r}, got {got!r}")
-    _check_onnx_hash(p, doc, onnx_path)
+    doc = _read_doc(p)
+    if verify_onnx:
+        _check_onnx_hash(p, doc, onnx_path)
     entries = _entries(p, doc)
     quantizers = quantizers_of(prepared)
     missing = sorted(set(quantizers) - set(entries))
@@ -247,19 +278,73 @@ def load_calibration(
     extra = sorted(set(entries) - set(quantizers))
     if extra:
         raise ValueError(
-            f"{p} has entries for quantizers the model does not have {extra[:5]}: it belongs to "
-            "another model"
+            f"{p} has entries for quantizers the model does not have "
+            f"[{', '.join(short(e, 40) for e in extra[:5])}]: it belongs to another model"
         )
     amax = {path: _entry_amax(p, path, entries[path], q) for path, q in quantizers.items()}
+    records = {path: _entry_method(p, path, entries[path]) for path in quantizers}
     _check_learned(p, entries, quantizers)
     for path, q in quantizers.items():
         q.set_amax(amax[path])
-        method = entries[path].get("method")
-        if isinstance(method, str):  # the record travels with the amax it describes
-            q.amax_method = method
-            pct = entries[path].get("percentile")
-            q.amax_percentile = float(pct) if isinstance(pct, (int, float)) else None
+        method, pct = records[path]
+        if method is not None:  # the record travels with the amax it describes
+            q.amax_method, q.amax_percentile = method, pct
     return prepared
+
+
+def check_onnx(manifest: str | Path, onnx_path: str | Path | None = None) -> None:
+    """Check that ``onnx_path`` (default: the file the manifest names, when it lies beside it)
+    is the ONNX file ``manifest`` was written with, as :func:`load_calibration` does.
+
+    Raises:
+        FileNotFoundError: no manifest, no ``onnx_path``, or a missing external-data file.
+        OnnxMismatchError: a hash differs, or the manifest records none.
+        ValueError: a malformed or hostile manifest (see :func:`load_calibration`).
+
+    Example:
+        >>> check_onnx("out/model.qdq.onnx.manifest.json", "out/model.qdq.onnx")  # doctest: +SKIP
+    """
+    p = Path(manifest)
+    _check_onnx_hash(p, _read_doc(p), onnx_path)
+
+
+def _read_doc(p: Path) -> dict[str, Any]:
+    """The manifest at ``p``, read as untrusted input; its schema and ``onnx`` entry checked."""
+    if not p.is_file():
+        raise FileNotFoundError(f"no manifest at {p}")
+    doc = read_manifest(p)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = short(doc.get("schema")) if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{p}: expected schema {SCHEMA!r}, got {got}")
+    _onnx_entry(p, doc)
+    return doc
+
+
+def _onnx_entry(p: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's ``onnx`` entry, its form and file names checked (nothing opened)."""
+    info = doc.get("onnx")
+    if info is None:
+        return None
+    if not (isinstance(info, dict) and isinstance(info.get("file"), str) and _is_sha(info)):
+        raise ValueError(
+            f"{p}: malformed 'onnx' entry {short(info)}; expected {{'file', 'sha256'}} "
+            "(a file name and 64 hex digits)"
+        )
+    confined(p.parent, info["file"], manifest=p, key="onnx.file")
+    ext = info.get("external_data")
+    if ext is not None:
+        if not (isinstance(ext, dict) and isinstance(ext.get("file"), str) and _is_sha(ext)):
+            raise ValueError(
+                f"{p}: malformed 'onnx.external_data' entry {short(ext)}; expected "
+                "{'file', 'sha256'} (a file name and 64 hex digits)"
+            )
+        confined(p.parent, ext["file"], manifest=p, key="onnx.external_data.file")
+    return info
+
+
+def _is_sha(info: dict[str, Any]) -> bool:
+    sha = info.get("sha256")
+    return isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
 
 
 def _learned(q: Quantizer) -> dict[str, Any]:
@@ -302,30 +387,24 @@ def _check_learned(
 
 def _check_onnx_hash(p: Path, doc: dict[str, Any], onnx_path: str | Path | None) -> None:
     """The ONNX file beside (or given with) the manifest has the hash the manifest records."""
-    info = doc.get("onnx")
-    if info is not None and not (
-        isinstance(info, dict)
-        and isinstance(info.get("file"), str)
-        and isinstance(info.get("sha256"), str)
-    ):
-        raise ValueError(f"{p}: malformed 'onnx' entry {info!r}; expected {{'file', 'sha256'}}")
+    info = _onnx_entry(p, doc)
     if onnx_path is not None:
         target = Path(onnx_path)
         if not target.is_file():
             raise FileNotFoundError(f"no ONNX file at {target}")
         if info is None:
-            raise ValueError(
+            raise OnnxMismatchError(
                 f"{p} records no ONNX hash (written by qdq before 0.x?), so it cannot be checked "
                 f"against {target}; re-export to get a matching pair"
             )
-    elif info is not None and (p.parent / info["file"]).is_file():
-        target = p.parent / info["file"]
     else:
-        _log.debug("%s: no ONNX file beside it; amax loaded without a hash check", p)
-        return
-    digest = sha256_of(target.read_bytes())
+        target = p.parent / info["file"] if info is not None else p  # confined by _onnx_entry
+        if info is None or not _exists(target):
+            _log.debug("%s: no ONNX file beside it; amax loaded without a hash check", p)
+            return
+    digest = hash_file(target, limit=MAX_ONNX_BYTES, manifest=p, key="onnx.file")
     if digest != info["sha256"]:
-        raise ValueError(
+        raise OnnxMismatchError(
             f"{p} does not describe {target}: the file's SHA-256 is {digest[:12]}…, the manifest "
             f"records {info['sha256'][:12]}… (the pair was not written together, or one was "
             "replaced); re-export, or pass the matching manifest"
@@ -333,27 +412,27 @@ def _check_onnx_hash(p: Path, doc: dict[str, Any], onnx_path: str | Path | None)
     _check_external_hash(p, info.get("external_data"), target)
 
 
-def _check_external_hash(p: Path, info: Any, onnx_path: Path) -> None:
-    """The external-data file the manifest records (models past 2 GB) has its recorded hash."""
-    from qdq.export.external import sha256_of_file
+def _exists(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system
+        return False
 
+
+def _check_external_hash(p: Path, info: Any, onnx_path: Path) -> None:
+    """The external-data file the manifest records (models past 2 GB) has its recorded hash;
+    the data file lies beside the ONNX file (and is refused when its name leads elsewhere)."""
     if info is None:
         return
-    if not (
-        isinstance(info, dict) and all(isinstance(info.get(k), str) for k in ("file", "sha256"))
-    ):
-        raise ValueError(
-            f"{p}: malformed 'onnx.external_data' entry {info!r}; expected {{'file', 'sha256'}}"
-        )
-    data = onnx_path.parent / info["file"]
-    if not data.is_file():
+    data = confined(onnx_path.parent, info["file"], manifest=p, key="onnx.external_data.file")
+    if not _exists(data):
         raise FileNotFoundError(
             f"{onnx_path} keeps its weights in {data}, which is missing: copy the .onnx file "
             "and its external-data file together"
         )
-    digest = sha256_of_file(data)
+    digest = hash_file(data, limit=None, manifest=p, key="onnx.external_data.file")
     if digest != info["sha256"]:
-        raise ValueError(
+        raise OnnxMismatchError(
             f"{p} does not describe {data}: the data file's SHA-256 is {digest[:12]}…, the "
             f"manifest records {info['sha256'][:12]}… (replaced since the export); re-export"
         )
@@ -369,12 +448,12 @@ def _entries(p: Path, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     entries: dict[str, dict[str, Any]] = {}
     for i, e in enumerate(raw):
         if not isinstance(e, dict):
-            raise ValueError(f"{p}: quantizers[{i}] must be an object, got {e!r}")
+            raise ValueError(f"{p}: quantizers[{i}] must be an object, got {short(e)}")
         path = e.get("path")
         if not isinstance(path, str) or not path:
-            raise ValueError(f"{p}: quantizers[{i}] has no 'path' (got {path!r})")
+            raise ValueError(f"{p}: quantizers[{i}] has no 'path' (got {short(path)})")
         if path in entries:
-            raise ValueError(f"{p}: quantizer {path!r} appears twice")
+            raise ValueError(f"{p}: quantizer {short(path)} appears twice")
         entries[path] = e
     return entries
 
@@ -384,13 +463,13 @@ def _entry_amax(p: Path, path: str, entry: dict[str, Any], q: Quantizer) -> torc
     where = f"{p}: quantizer {path!r}"
     name = entry.get("name", q.name)
     if name != q.name:
-        raise ValueError(f"{where} is named {name!r} in the manifest, {q.name!r} in the model")
+        raise ValueError(f"{where} is named {short(name)} in the manifest, {q.name!r} in the model")
     if "axis" not in entry:
         raise ValueError(f"{where} has no 'axis'")
     axis = entry["axis"]
     if axis != q.spec.axis or isinstance(axis, bool):
         raise ValueError(
-            f"{where} has axis={axis!r} in the manifest but axis={q.spec.axis!r} in the model"
+            f"{where} has axis={short(axis)} in the manifest but axis={q.spec.axis!r} in the model"
         )
     if "amax" not in entry:
         raise ValueError(f"{where} has no 'amax'")
@@ -401,29 +480,47 @@ def _entry_amax(p: Path, path: str, entry: dict[str, Any], q: Quantizer) -> torc
         values = [raw]
     else:
         raise ValueError(
-            f"{where} is per-channel (axis {q.spec.axis}) but its amax is {_short(raw)}, "
+            f"{where} is per-channel (axis {q.spec.axis}) but its amax is {short(raw)}, "
             "not a list of numbers"
         )
     if not values or not all(_is_number(v) for v in values):
         raise ValueError(f"{where}: amax must be a finite non-negative number or a list of them, "
-                         f"got {_short(raw)}")  # fmt: skip
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v) or v < 0]
+                         f"got {short(raw)}")  # fmt: skip
+    # NaN fails both comparisons; an int of any size compares exactly, without float overflow
+    bad = [i for i, v in enumerate(values) if not 0 <= v <= _FLOAT32_MAX]
     if bad:
-        raise ValueError(f"{where}: amax has negative or non-finite values at index {bad[:8]}")
+        raise ValueError(
+            f"{where}: amax has negative or non-finite values (or values past float32's range) "
+            f"at index {bad[:8]}"
+        )
     channels = entry.get("channels")
     if channels is not None and channels != len(values):
-        raise ValueError(f"{where}: 'channels' is {channels!r} but amax has {len(values)} values")
-    amax = torch.tensor(values, dtype=torch.float32)
+        raise ValueError(
+            f"{where}: 'channels' is {short(channels)} but amax has {len(values)} values"
+        )
+    amax = torch.tensor([float(v) for v in values], dtype=torch.float32)
     return q.check_amax_shape(amax, source=str(p))
+
+
+def _entry_method(p: Path, path: str, entry: dict[str, Any]) -> tuple[str | None, float | None]:
+    """The amax method and percentile an entry records (``None``: none recorded)."""
+    method, pct = entry.get("method"), entry.get("percentile")
+    if method is None:
+        return None, None
+    if not isinstance(method, str) or not method.isprintable() or len(method) > 64:
+        raise ValueError(f"{p}: quantizer {path!r}: 'method' must be a method name, "
+                         f"got {short(method)}")  # fmt: skip
+    if pct is None:
+        return method, None
+    if not _is_number(pct) or not 0 <= pct <= 100:
+        raise ValueError(
+            f"{p}: quantizer {path!r}: 'percentile' must be a number in [0, 100], got {short(pct)}"
+        )
+    return method, float(pct)
 
 
 def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _short(v: object) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def config_of(manifest: str | Path) -> QuantConfig | None:
@@ -434,32 +531,47 @@ def config_of(manifest: str | Path) -> QuantConfig | None:
     them so, so that :func:`load_calibration` finds the same quantizers, axes included, for an
     ``int8``, ``fp8`` or ``mixed`` export alike.
 
+    Only the entries' ``format``, ``kind``, ``name`` and ``axis`` are read; a layer is pinned by
+    its exact name (never a pattern), so nothing in a manifest selects code to run.
+
     Raises:
         FileNotFoundError / ValueError: no manifest, or not a qdq manifest (as
-            :func:`load_calibration`).
+            :func:`load_calibration`); a malformed ``format``, ``kind``, ``name`` or ``axis`` is a
+            ``ValueError`` naming the manifest, the entry and the key.
     """
     path = Path(manifest)
-    if not path.is_file():
-        raise FileNotFoundError(f"no manifest at {path}")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON: {err}") from None
-    entries = doc.get("quantizers") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
+    doc = _read_doc(path)
+    raw = doc.get("quantizers")
+    if not isinstance(raw, list):
         raise ValueError(f"{path} is not a qdq manifest (no quantizers list)")
-    if all(e.get("format", "int8") == "int8" for e in entries if isinstance(e, dict)):
+    entries = [_plan_fields(path, i, e) for i, e in enumerate(raw)]
+    if all(fmt == "int8" for fmt, _, _, _ in entries):
         return None
     pins = tuple(
-        Override(name=str(e["name"]).rsplit(":", 1)[0], format=str(e.get("format", "int8")))
-        for e in entries
-        if isinstance(e, dict) and e.get("kind") == "weight" and ":" in str(e.get("name", ""))
+        Override(name=name.rsplit(":", 1)[0], format=fmt)
+        for fmt, kind, name, _ in entries
+        if kind == "weight" and ":" in name
     )
     per_channel = any(  # F06: per-channel FP8 GEMM weights (a target that builds them)
-        isinstance(e, dict)
-        and e.get("kind") == "weight"
-        and e.get("format") == "fp8"
-        and e.get("axis") is not None
-        for e in entries
+        kind == "weight" and fmt == "fp8" and axis is not None for fmt, kind, _, axis in entries
     )
     return QuantConfig(format="fp8", overrides=pins, fp8_gemm_per_channel=per_channel)
+
+
+def _plan_fields(p: Path, i: int, e: object) -> tuple[str, str | None, str, int | None]:
+    """An entry's ``format``, ``kind``, ``name`` and ``axis``, checked (config_of's inputs)."""
+    if not isinstance(e, dict):
+        raise ValueError(f"{p}: quantizers[{i}] must be an object, got {short(e)}")
+    fmt, kind, name, axis = (e.get("format", "int8"), e.get("kind"), e.get("name", ""),
+                             e.get("axis"))  # fmt: skip
+    if fmt not in FORMATS:
+        raise ValueError(
+            f"{p}: quantizers[{i}].format must be one of {', '.join(FORMATS)}, got {short(fmt)}"
+        )
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"{p}: quantizers[{i}].kind must be a string, got {short(kind)}")
+    if not isinstance(name, str):
+        raise ValueError(f"{p}: quantizers[{i}].name must be a string, got {short(name)}")
+    if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
+        raise ValueError(f"{p}: quantizers[{i}].axis must be an integer or null, got {short(axis)}")
+    return fmt, kind, name, axis
