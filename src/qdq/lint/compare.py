@@ -31,12 +31,14 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.diff import engine_kind
 from qdq.lint.engine_draw import short_name
 from qdq.lint.engine_report import EngineLayer, EngineReport
+from qdq.lint.safe_text import visible
 
 __all__ = ["EngineComparison", "LayerDelta", "TypeRow", "compare_engines", "layer_category"]
 
@@ -104,9 +106,10 @@ class EngineComparison:
 
     @property
     def speedup(self) -> float | None:
-        """``total A / total B`` (> 1: B is faster), if both were profiled."""
+        """``total A / total B`` (> 1: B is faster), if both were profiled (``None`` when B took
+        no time or the ratio is past a float)."""
         a, b = self.total_ms
-        return a / b if a is not None and b else None
+        return _finite(a / b) if a is not None and b else None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict with stable keys."""
@@ -123,8 +126,8 @@ class EngineComparison:
         }
 
     def to_json(self) -> str:
-        """:meth:`to_dict` as indented JSON."""
-        return json.dumps(self.to_dict(), indent=2)
+        """:meth:`to_dict` as indented JSON (strict: never ``NaN`` or ``Infinity``)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def format(self) -> str:
         """The comparison as plain-text tables."""
@@ -133,7 +136,7 @@ class EngineComparison:
         w = 40
         lines = [f"A = {a} ({self.layers[0]} layers), B = {b} ({self.layers[1]} layers)"]
         if ta is not None and tb is not None:
-            ratio = f"; B takes {tb / ta:.2f}x the time of A" if ta else ""
+            ratio = f"; B takes {tb / ta:.2f}x the time of A" if ta and _finite(tb / ta) else ""
             lines.append(
                 f"total latency (sum of layer medians): A {ta:.3f} ms, B {tb:.3f} ms "
                 f"(B-A {tb - ta:+.3f} ms{ratio})"
@@ -163,7 +166,11 @@ class EngineComparison:
             lines.append(
                 f"  {d.delta_ms:>+8.3f} {_ms(d.ms_a):>7} {_ms(d.ms_b):>7}  {left:<{w}}  {right}"
             )
-        return "\n".join(lines)
+        return visible("\n".join(lines))  # names from the reports: no terminal escapes
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _ms(value: float | None) -> str:

@@ -14,10 +14,11 @@ Example:
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _html_escape
 
 from qdq.lint.compare import EngineComparison
 from qdq.lint.draw import PRECISION_COLORS
+from qdq.lint.safe_text import visible
 
 __all__ = ["ENGINE_COLORS", "comparison_svg"]
 
@@ -69,7 +70,7 @@ def _text(x: float, y: float, text: str, *, anchor: str = "start", size: int = 1
     weight = ' font-weight="bold"' if bold else ""
     return (
         f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" '
-        f'fill="{color}"{weight}>{escape(text)}</text>'
+        f'fill="{color}"{weight}>{_escape(text)}</text>'
     )
 
 
@@ -91,7 +92,7 @@ def _bar(parts: list[str], y: int, label: str, value: float, top: float, color: 
         parts.append(_text(_LABEL - 8, y + h - 2, _clip(label, 46), anchor="end"))
     parts.append(
         f'<rect x="{_LABEL}" y="{y}" width="{width:.1f}" height="{h}" fill="{color}">'
-        f"<title>{escape(label)} {value:.3f}</title></rect>"
+        f"<title>{_escape(label)} {value:.3f}</title></rect>"
     )
     parts.append(_text(_LABEL + width + 4, y + h - 2, f"{value:.3f}", size=10))
     return y + h + 2
@@ -154,7 +155,7 @@ def _deltas(parts: list[str], y: int, c: EngineComparison) -> int:
         color = "#c2412f" if d.delta_ms > 0 else "#2a9158"
         parts.append(
             f'<rect x="{x:.1f}" y="{y + 2}" width="{width:.1f}" height="11" fill="{color}">'
-            f"<title>{escape(label)}: {d.delta_ms:+.3f} ms</title></rect>"
+            f"<title>{_escape(label)}: {d.delta_ms:+.3f} ms</title></rect>"
         )
         tx = x + width + 4 if d.delta_ms >= 0 else x - 4
         parts.append(_text(tx, y + 11, f"{d.delta_ms:+.3f}", size=10,
@@ -162,6 +163,12 @@ def _deltas(parts: list[str], y: int, c: EngineComparison) -> int:
         y += 16
     parts.append(f'<line x1="{mid:.1f}" y1="{y0}" x2="{mid:.1f}" y2="{y}" stroke="#5b6573"/>')
     return y
+
+
+def _escape(text: str) -> str:
+    """``text`` for SVG: XML's special characters escaped, control characters made visible (XML
+    1.0 forbids most; the names come from someone else's report)."""
+    return _html_escape(visible(text, keep=""))
 
 
 def _clip(text: str, width: int) -> str:

@@ -18,6 +18,7 @@ from qdq.lint.engine_report import EngineLayer, EngineReport
 from qdq.lint.formats import is_quantized
 from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport
+from qdq.lint.safe_text import visible
 
 __all__ = ["EngineDiff", "LayerMatch", "diff_engine", "engine_kind"]
 
@@ -95,7 +96,7 @@ class EngineDiff:
             )
         lines.extend(f"  not in the engine: {n}" for n in self.only_predicted)
         lines.extend(f"  not predicted: {n}" for n in self.only_engine)
-        return "\n".join(lines)
+        return visible("\n".join(lines))  # names from the engine report: no terminal escapes
 
 
 def diff_engine(report: LintReport, engine: EngineReport) -> EngineDiff:

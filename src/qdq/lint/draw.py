@@ -35,6 +35,7 @@ from typing import Any
 from qdq.lint.graph import LintGraph
 from qdq.lint.load import load_model
 from qdq.lint.predict import PredictedLayer
+from qdq.lint.safe_text import visible
 
 __all__ = [
     "MARK_COLOR",
@@ -381,6 +382,9 @@ def _node_line(n: DrawNode) -> str:
 
 
 def _esc(text: str) -> str:
+    # control characters made visible (a raw one makes the SVG ill-formed XML); "&" as "&amp;"
+    # (dot passes "&#x1b;" through as a raw character)
+    text = visible(text, keep="\n").replace("&", "&amp;")
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

@@ -43,6 +43,7 @@ _VECTOR_WIDTHS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16, "thirty-two": 
 _ENUM_FORMAT = re.compile(r"\(?k(LINEAR|CHW\d+|HWC\d*|DHWC\d*|CDHW\d+|DLA_\w+)\)?")
 _PARAM_FILES = (".weight", ".bias")
 _WRAP = 34
+_SCOPE_DEPTH = 24  # module scope components kept from a layer name
 _NO_COMPUTE = ("NoOp", "Shuffle", "Constant", "shape_call", "signal", "wait")
 _COPY = re.compile(r"Reformatting CopyNode for (?:Input|Output) Tensor \d+ to (.+?)(?: \+ |$)")
 _INTERNAL = re.compile(r"\(Unnamed Layer\* \d+\)|^(?:copied_)?u?n?squeeze_(?:node_)?after_")
@@ -221,15 +222,15 @@ def _type_text(x: EngineLayer) -> str:
     kind = x.parameter_type or x.layer_type or "?"
     raw = x.raw
     kernel = raw.get("Kernel")
-    if isinstance(kernel, list) and kernel and all(isinstance(k, int) for k in kernel):
+    if isinstance(kernel, list) and 0 < len(kernel) <= 3 and all(type(k) is int for k in kernel):
         kind += " " + "×".join(map(str, kernel))
         stride = raw.get("Stride")
-        if isinstance(stride, list) and any(isinstance(s, int) and s > 1 for s in stride):
-            kind += f" /{max(s for s in stride if isinstance(s, int))}"
+        if isinstance(stride, list) and any(type(s) is int and s > 1 for s in stride[:3]):
+            kind += f" /{max(s for s in stride[:3] if type(s) is int)}"
     out = raw.get("OutMaps")
-    if isinstance(out, int):
+    if type(out) is int and abs(out) < 2**63:
         groups = raw.get("Groups")
-        kind += f" → {out}" + (f" g{groups}" if isinstance(groups, int) and groups > 1 else "")
+        kind += f" → {out}" + (f" g{groups}" if type(groups) is int and 1 < groups < 2**63 else "")
     return kind
 
 
@@ -255,10 +256,12 @@ def _scopes(layers: list[EngineLayer], max_nodes: int) -> list[tuple[str, ...]]:
 
 
 def _layer_scope(x: EngineLayer) -> tuple[str, ...]:
+    """At most :data:`_SCOPE_DEPTH` components (a name of 10^5 ``/`` draws as fast as any)."""
     for name in x.onnx_nodes:
         if "/" in name:
-            return module_scope(name)
+            head = "/".join(name.split("/", _SCOPE_DEPTH + 1)[: _SCOPE_DEPTH + 1])
+            return module_scope(head)[:_SCOPE_DEPTH]
     for name in x.onnx_nodes:
         if name.endswith(_PARAM_FILES):
-            return tuple(name.rsplit(".", 1)[0].split("."))
+            return tuple(name.rsplit(".", 1)[0].split(".", _SCOPE_DEPTH)[:_SCOPE_DEPTH])
     return ()

@@ -107,7 +107,7 @@ def milliseconds(rec: dict[str, Any], key: str, where: str) -> float | None:
         )
     if not (math.isfinite(value) and 0 <= value <= MAX_MS):
         raise EngineReportError(
-            f"{where}: {key!r} is {quote(str(value), 30)}; a time must be finite, >= 0 and "
+            f"{where}: {key!r} is {str(value)[:30]}; a time must be finite, >= 0 and "
             f"<= {MAX_MS:g} ms",
             "profile",
         )

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _html_escape
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from qdq.lint.draw import (
 from qdq.lint.engine_draw import draw_engine_svg
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
+from qdq.lint.safe_text import visible
 
 __all__ = ["compare_page", "diff_page", "engine_svg", "predicted_svg"]
 
@@ -80,6 +81,11 @@ def engine_svg(
     return draw_engine_svg(engine, max_nodes=max_nodes, title=title, marks=marks)
 
 
+def _escape(text: str) -> str:
+    """``text`` for HTML: special characters escaped, control characters made visible."""
+    return _html_escape(visible(text))
+
+
 def _io(src: str, dst: str) -> str:
     return f"{src.upper()} → {dst.upper()}"
 
@@ -118,14 +124,14 @@ def _legend() -> str:
 
 def _page(title: str, body: str) -> str:
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}'
-        f"</title><style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>\n"
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_escape(title)}'
+        f"</title><style>{_STYLE}</style></head><body><h1>{_escape(title)}</h1>{body}</body></html>\n"
     )
 
 
 def _column(heading: str, svg: str | None, note: str = "") -> str:
-    inner = svg if svg is not None else f"<p>{escape(note or 'no drawing')}</p>"
-    return f'<div class="col"><h2>{escape(heading)}</h2><div class="scroll">{inner}</div></div>'
+    inner = svg if svg is not None else f"<p>{_escape(note or 'no drawing')}</p>"
+    return f'<div class="col"><h2>{_escape(heading)}</h2><div class="scroll">{inner}</div></div>'
 
 
 def diff_page(
@@ -137,16 +143,16 @@ def diff_page(
 ) -> str:
     """Prediction (left) and engine (right) drawings with the disagreements marked and listed."""
     rows = "".join(
-        f'<tr><td>{escape(m.predicted)}</td><td class="p">{_io(m.predicted_input, m.predicted_output)}'
-        f'</td><td>{escape(m.engine)}</td><td class="p">{_io(m.engine_input, m.engine_output)}</td></tr>'
+        f'<tr><td>{_escape(m.predicted)}</td><td class="p">{_io(m.predicted_input, m.predicted_output)}'
+        f'</td><td>{_escape(m.engine)}</td><td class="p">{_io(m.engine_input, m.engine_output)}</td></tr>'
         for m in diff.mismatches
     )
     rows += "".join(
-        f'<tr><td>{escape(n)}</td><td class="p">not in the engine</td><td></td><td></td></tr>'
+        f'<tr><td>{_escape(n)}</td><td class="p">not in the engine</td><td></td><td></td></tr>'
         for n in diff.only_predicted
     )
     rows += "".join(
-        f'<tr><td></td><td></td><td>{escape(n)}</td><td class="p">not predicted</td></tr>'
+        f'<tr><td></td><td></td><td>{_escape(n)}</td><td class="p">not predicted</td></tr>'
         for n in diff.only_engine
     )
     agree = len(diff.matches) - len(diff.mismatches)
@@ -161,7 +167,7 @@ def diff_page(
         f"float; {len(diff.only_predicted)} predicted layers have no engine counterpart, "
         f"{len(diff.only_engine)} engine layers were not predicted.</p>"
         f"<details><summary>as printed by qdq lint --engine-report</summary>"
-        f"<pre>{escape(diff.format())}</pre></details>{_legend()}"
+        f"<pre>{_escape(diff.format())}</pre></details>{_legend()}"
         f"<h2>Disagreements</h2>{table}"
         f'<div class="cols">{_column(f"Predicted: {model_name}", predicted)}'
         f"{_column(f'Engine: {engine_name}', real)}</div>"
@@ -178,7 +184,7 @@ def compare_page(
 ) -> str:
     """The comparison's table, its charts and the two engines side by side."""
     body = (
-        f"<pre>{escape(c.format())}</pre>{charts}{_legend()}"
+        f"<pre>{_escape(c.format())}</pre>{charts}{_legend()}"
         f'<div class="cols">{_column(f"A: {c.names[0]}", svg_a, note)}'
         f"{_column(f'B: {c.names[1]}', svg_b, note)}</div>"
     )

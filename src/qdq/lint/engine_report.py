@@ -66,7 +66,8 @@ _PROFILE_SUFFIX = re.compile(r" \[profile (\d{1,9})\]$")
 _ONNX_LAYER = "[ONNX Layer:"
 _ONNX_LAYER_END = re.compile(r"\](?=\[|$)")
 _WRAPPERS = ("PWN(", "fusedPointwiseNode(")
-_UNWRAP_DEPTH = 16  # PWN(PWN(...)) deeper than this is kept as one name
+_UNWRAP_DEPTH = 8  # PWN(PWN(...)) deeper than this is kept as one name
+_PARENS_OR_COMMA = re.compile(r"[(),]")
 
 
 def normalize_dtype(text: str | None) -> str | None:
@@ -321,9 +322,13 @@ def load_engine_report(
         1
     """
     files = {"layers": graph_json, "profile": profile_json, "metadata": metadata_json}
-    profile = _read_json(profile_json, "profile JSON") if profile_json is not None else None
-    meta = _read_json(metadata_json, "build metadata JSON") if metadata_json is not None else None
-    layers = _read_json(graph_json, "layer-information JSON")
+    profile = None if profile_json is None else _read_json(profile_json, "profile JSON", "profile")
+    meta = (
+        None
+        if metadata_json is None
+        else _read_json(metadata_json, "build metadata JSON", "metadata")
+    )
+    layers = _read_json(graph_json, "layer-information JSON", "layers")
     try:
         return parse_engine_report(layers, profile, meta)
     except EngineReportError as err:
@@ -395,11 +400,11 @@ def parse_engine_report(
     return EngineReport(layers, io, schema, build_metadata, count, unmatched, profile is not None)
 
 
-def _read_json(path: str | Path, what: str) -> Any:
+def _read_json(path: str | Path, what: str, part: str) -> Any:
     try:
         return load_json(path, what)
     except UntrustedJSONError as err:
-        raise EngineReportError(str(err)) from None
+        raise EngineReportError(str(err), part) from None
 
 
 def _timings(profile: Any) -> tuple[dict[str, tuple[float | None, float | None]], int | None]:
@@ -518,11 +523,12 @@ def _unwrap(token: str, depth: int = 0) -> list[str]:
     for prefix in _WRAPPERS:
         if depth < _UNWRAP_DEPTH and token.startswith(prefix) and token.endswith(")"):
             inner, level, start, parts = token[len(prefix) : -1], 0, 0, []
-            for i, ch in enumerate(inner):
+            for m in _PARENS_OR_COMMA.finditer(inner) if "," in inner else ():
+                ch = m.group()
                 level += (ch == "(") - (ch == ")")
                 if ch == "," and level == 0:
-                    parts.append(inner[start:i])
-                    start = i + 1
+                    parts.append(inner[start : m.start()])
+                    start = m.end()
             parts.append(inner[start:])
             return [n for p in parts for n in _unwrap(p.strip(), depth + 1)]
     return [token]
