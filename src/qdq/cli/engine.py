@@ -4,6 +4,11 @@ Exit codes: 0 done (``diff``: and the prediction agrees with the engine), 1 ``di
 disagreements, 2 bad options (argparse), 3 an input cannot be read or the drawing cannot be made
 (Graphviz missing; ``report``: jinja2 or matplotlib missing). Every failure is one line on
 stderr; ``qdq -v engine ...`` logs the traceback.
+
+The reports are someone else's files: they are read within the limits of
+:mod:`qdq.lint.untrusted_json`, names are printed with control characters made visible
+(:func:`qdq.lint.safe_text.visible`), and ``report`` reads and writes only inside OUT (the paths
+in ``OUT/report.json`` are resolved, symbolic links included, and must stay inside it).
 """
 
 from __future__ import annotations
@@ -120,7 +125,16 @@ def run_engine(args: argparse.Namespace) -> int:
 
 
 def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+    from qdq.lint.safe_text import visible
+
+    return visible(" ".join(str(err).split()), keep="") or type(err).__name__
+
+
+def _say(text: str) -> None:
+    """Print ``text`` (names from the reports in it) with control characters made visible."""
+    from qdq.lint.safe_text import visible
+
+    print(visible(text))
 
 
 def _name(path: str) -> str:
@@ -149,7 +163,7 @@ def _draw(args: argparse.Namespace) -> int:
     engine = load_engine_report(args.layers, args.profile)
     svg = draw_engine_svg(engine, max_nodes=args.max_nodes, title=_name(args.layers))
     atomic_write_text(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n")
-    print(f"wrote {out} ({len(engine.layers)} engine layers)")
+    _say(f"wrote {out} ({len(engine.layers)} engine layers)")
     return 0
 
 
@@ -168,8 +182,8 @@ def _diff(args: argparse.Namespace) -> int:
     predicted = predicted_svg(args.model, report, diff, max_nodes=args.max_nodes)
     real = engine_svg(engine, diff, max_nodes=args.max_nodes)
     atomic_write_text(out, diff_page(model_name, engine_name, diff, predicted, real))
-    print(diff.format())
-    print(f"wrote {out}")
+    _say(diff.format())
+    _say(f"wrote {out}")
     return 1 if diff.mismatches or diff.only_predicted or diff.only_engine else 0
 
 
@@ -185,7 +199,7 @@ def _compare(args: argparse.Namespace) -> int:
     b = load_engine_report(args.b, profiles[1])
     names = tuple(args.names) if args.names else (_name(args.a), _name(args.b))
     c = compare_engines(a, b, names=(names[0], names[1]), top=args.top)
-    print(c.to_json() if args.json else c.format())
+    _say(c.to_json() if args.json else c.format())
     if out is not None:
         charts = comparison_svg(c)
         if out.suffix.lower() == ".svg":
@@ -197,29 +211,95 @@ def _compare(args: argparse.Namespace) -> int:
             svgs = [draw_engine_svg(e, max_nodes=args.max_nodes) for e in (a, b)]
             atomic_write_text(out, compare_page(c, charts, svgs[0], svgs[1]))
         if not args.json:
-            print(f"wrote {out}")
+            _say(f"wrote {out}")
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    import json
-
     from qdq.lint.engine_report import load_engine_report
     from qdq.report import write_html
 
     out_dir = Path(args.out_dir)
-    path = out_dir / "report.json"
-    if not path.is_file():
+    report_path = out_dir / "report.json"
+    if not out_dir.is_dir() or not report_path.is_file():
         raise FileNotFoundError(f"{out_dir}: no report.json (the output directory of qdq quantize)")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
-    onnx_path = out_dir / str((report.get("files") or {}).get("onnx", "model.qdq.onnx"))
+    report_path = _confined(out_dir, "report.json", "report.json", out_dir)
+    report = _read_report(report_path)
+    files = report.get("files")
+    if files is None:
+        files = {}
+    if not isinstance(files, dict):
+        raise ValueError(f"{report_path}: 'files' must be an object, got {_json_kind(files)}")
+    onnx_name = files.get("onnx") if files.get("onnx") is not None else "model.qdq.onnx"
+    onnx_path = _confined(out_dir, onnx_name, "files.onnx", report_path)
     if not onnx_path.is_file():
         raise FileNotFoundError(f"{out_dir}: no exported model {onnx_path.name}")
+    html_name = files.get("html") if files.get("html") is not None else "report.html"
+    html = _confined(out_dir, html_name, "files.html", report_path)
+    if html.suffix.lower() not in (".html", ".htm") or html.is_dir():
+        raise ValueError(
+            f"{report_path}: 'files.html' must name an .html file in {out_dir}, got {html_name!r}"
+        )
     engine = load_engine_report(args.layers, args.profile)
-    html = out_dir / str((report.get("files") or {}).get("html", "report.html"))
     write_html(report, html, onnx_path=onnx_path, max_nodes=args.max_nodes, engine=engine)
-    print(f"wrote {html} (with the {len(engine.layers)}-layer engine {_name(args.layers)})")
+    shown = html.relative_to(out_dir.resolve())
+    _say(
+        f"wrote {out_dir / shown} (with the {len(engine.layers)}-layer engine {_name(args.layers)})"
+    )
     return 0
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """``OUT/report.json``, within the limits of :mod:`qdq.lint.untrusted_json`, with the fields
+    that the page's fallback reads checked (the rest the page renders defensively)."""
+    from qdq.lint.untrusted_json import load_json
+
+    report = load_json(path, "report JSON")
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: report.json must be a JSON object, got {_json_kind(report)}")
+    if report.get("model") is not None and not isinstance(report["model"], dict):
+        raise ValueError(f"{path}: 'model' must be an object, got {_json_kind(report['model'])}")
+    errors = report.get("stage_errors")
+    if errors is not None and not (
+        isinstance(errors, list)
+        and all(
+            isinstance(e, dict)
+            and all(isinstance(e.get(k), str) for k in ("stage", "error", "message"))
+            for e in errors
+        )
+    ):
+        raise ValueError(
+            f"{path}: 'stage_errors' must be a list of objects with string 'stage', 'error' and "
+            "'message'"
+        )
+    return report
+
+
+def _confined(out_dir: Path, name: Any, key: str, source: Path) -> Path:
+    """``out_dir / name`` resolved (symbolic links followed), refused unless it lies inside
+    ``out_dir``: ``name`` comes from a file someone else may have written."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{source}: {key!r} must be a non-empty path, got {_json_kind(name)}")
+    shown = repr(name) if len(name) <= 80 else repr(name[:77]) + "..."
+    if "\x00" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ValueError(
+            f"{source}: {key!r} is {shown}: a path from the report must be relative to {out_dir}, "
+            "without '..'"
+        )
+    root = out_dir.resolve()
+    try:
+        path = (root / name).resolve()
+    except (OSError, RuntimeError) as err:  # a symbolic-link loop
+        raise ValueError(f"{source}: {key!r} is {shown}, which cannot be resolved: {err}") from None
+    if not path.is_relative_to(root):
+        raise ValueError(
+            f"{source}: {key!r} is {shown}, which leads to {path}, outside {out_dir} (a symbolic "
+            "link); refused"
+        )
+    return path
+
+
+def _json_kind(value: Any) -> str:
+    from qdq.lint.engine_fields import json_kind
+
+    return json_kind(value)
