@@ -142,7 +142,9 @@ def load_arrays(spec: str | Path) -> dict[str | None, np.ndarray]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: another suffix, an unreadable file (pickled objects are refused), or no arrays.
+        ValueError: another suffix, an unreadable file, pickled/object or non-numeric arrays,
+            sizes past :mod:`qdq._limits` (all checked from the headers before reading), or no
+            arrays.
 
     Example:
         >>> import tempfile, os
@@ -155,16 +157,12 @@ def load_arrays(spec: str | Path) -> dict[str | None, np.ndarray]:
     if path.suffix not in (".npy", ".npz"):
         raise ValueError(f"data spec {str(spec)!r} must be a .npy or .npz file")
     if not path.is_file():
+        if path.exists():
+            raise ValueError(f"data file {path} is not a regular file")
         raise FileNotFoundError(f"no data file at {path}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                arrays: dict[str | None, np.ndarray] = {k: loaded[k] for k in loaded.files}
-        else:
-            arrays = {None: loaded}
-    except (OSError, ValueError, EOFError) as err:
-        raise ValueError(f"cannot read data file {path}: {' '.join(str(err).split())}") from None
+    from qdq._npfile import read_arrays
+
+    arrays = read_arrays(path)  # headers and sizes checked first; no pickle
     if not arrays:
         raise ValueError(f"data file {path} holds no arrays")
     return arrays

@@ -20,6 +20,13 @@ ones) and, when the data has them, evaluation labels.
   even when ``forward`` has a parameter of that name). Floating arrays become float32; integer
   and boolean arrays (token ids, masks) keep their dtype.
 
+Files from others are checked before they are decoded (:mod:`qdq._limits`): an image's size
+from its header (at most 8192x8192 pixels), only image formats decoded (Pillow would otherwise
+pick any plugin by content), a symbolic link leading out of the image folder refused, entries that
+are not regular files (FIFOs, devices) skipped, the decoded size of a folder or array file within
+half the available memory (``QDQ_MAX_INPUT_BYTES``); ``.npy``/``.npz`` headers are read first and
+pickled/object arrays refused (:mod:`qdq._npfile`).
+
 User data (folders and arrays) is split deterministically: a seeded permutation (``seed``, default
 0); calibration takes its first ``min(calib_samples, N // 2)`` samples, evaluation the rest (at most
 ``eval_samples``).
@@ -27,13 +34,16 @@ User data (folders and arrays) is split deterministically: a seeded permutation 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from qdq._limits import MAX_IMAGE_PIXELS, InputRefusedError, check_input_bytes
 from qdq.pipeline.arrays import named_arrays
 from qdq.pipeline.forms import image_size, per_channel
 from qdq.pipeline.inputs import (
@@ -288,12 +298,36 @@ def _preprocess(zoo: ZooEntry | None, opts: DataOptions) -> ImagePreprocess:
     )
 
 
+#: the Pillow formats an image folder may hold (Image.open would otherwise pick any plugin by
+#: content, whatever the suffix: EPS, for one, runs Ghostscript)
+IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP")
+
+
 def _image_files(folder: Path) -> tuple[list[Path], list[int] | None, list[str]]:
+    """The images directly in ``folder``, or in its class sub-folders, sorted.
+
+    Entries that are not regular files (FIFOs, devices, sockets) are skipped: they are never
+    opened. A symbolic link is followed only when it resolves inside ``folder``.
+    """
+    root = folder.resolve()
+
+    def inside(p: Path) -> bool:
+        if p.is_symlink() and not p.resolve().is_relative_to(root):
+            raise ValueError(
+                f"image folder {folder}: {p} is a symbolic link to {p.resolve()}, outside the "
+                "folder; qdq reads only files inside the folder it is given (copy them in)"
+            )
+        return True
+
     def images(d: Path) -> list[Path]:
-        return sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        return sorted(
+            p
+            for p in d.iterdir()
+            if p.suffix.lower() in IMAGE_SUFFIXES and inside(p) and p.is_file()
+        )
 
     top = images(folder)
-    classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and images(d))
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and inside(d) and images(d))
     if top or not classes:
         if not top:
             raise ValueError(
@@ -317,26 +351,43 @@ def _image_folder(
         raise ValueError("reading an image folder needs Pillow: pip install pillow") from None
     files, labels, classes = _image_files(folder)
     h, w = pre.size
-    tensors = []
-    for p in files:
-        try:
-            with Image.open(p) as im:
-                img = im.convert("L" if pre.channels == 1 else "RGB")
-                if pre.resize == "stretch":
-                    img = img.resize((w, h), Image.Resampling.BILINEAR)
-                else:
-                    scale = max(h / img.height, w / img.width)
-                    size = (max(w, round(img.width * scale)), max(h, round(img.height * scale)))
-                    img = img.resize(size, Image.Resampling.BILINEAR)
-                    left, top = (img.width - w) // 2, (img.height - h) // 2
-                    img = img.crop((left, top, left + w, top + h))
-                arr = np.asarray(img, dtype=np.float32) / 255.0
-        except (OSError, ValueError) as err:
-            raise ValueError(f"cannot read image {p}: {err}") from None
-        t = torch.from_numpy(arr.reshape(h, w, pre.channels)).permute(2, 0, 1)
-        tensors.append(t)
+    what = f"{len(files)} images of {pre.channels}x{h}x{w} float32"
+    check_input_bytes(len(files) * pre.channels * h * w * 4, str(folder), what)
+    tensors = [torch.from_numpy(_read_image(Image, p, pre)).permute(2, 0, 1) for p in files]
     x = torch.stack(tensors)
     mean = torch.tensor(pre.mean, dtype=torch.float32).reshape(1, -1, 1, 1)
     std = torch.tensor(pre.std, dtype=torch.float32).reshape(1, -1, 1, 1)
     x = ((x - mean) / std).contiguous()
     return x, None if labels is None else torch.tensor(labels, dtype=torch.int64), classes
+
+
+def _read_image(image: Any, p: Path, pre: ImagePreprocess) -> np.ndarray:
+    """One image as ``(H, W, C)`` float32 in ``[0, 1]``; its size is checked from the header
+    (:data:`qdq._limits.MAX_IMAGE_PIXELS`) before it is decoded."""
+    h, w = pre.size
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", image.DecompressionBombWarning)
+            with image.open(p, formats=IMAGE_FORMATS) as im:
+                if im.width * im.height > MAX_IMAGE_PIXELS:
+                    raise InputRefusedError(
+                        f"image {p} is {im.width}x{im.height} pixels, over qdq's limit of "
+                        f"{MAX_IMAGE_PIXELS} (8192x8192, qdq._limits.MAX_IMAGE_PIXELS), checked "
+                        "before decoding; downscale it"
+                    )
+                img = im.convert("L" if pre.channels == 1 else "RGB")
+                if pre.resize == "stretch":
+                    img = img.resize((w, h), image.Resampling.BILINEAR)
+                else:
+                    scale = max(h / img.height, w / img.width)
+                    size = (max(w, round(img.width * scale)), max(h, round(img.height * scale)))
+                    img = img.resize(size, image.Resampling.BILINEAR)
+                    left, top = (img.width - w) // 2, (img.height - h) // 2
+                    img = img.crop((left, top, left + w, top + h))
+                arr = np.asarray(img, dtype=np.float32) / 255.0
+    except InputRefusedError:
+        raise
+    except Exception as err:  # any decoder error of a malformed file: one line naming it
+        text = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"cannot read image {p}: {text}") from None
+    return arr.reshape(h, w, pre.channels)

@@ -4,20 +4,25 @@
 * ``pkg.module:factory`` or ``path/to/file.py:factory`` (:func:`qdq.specs.load_model_spec`; this
   imports or executes that code);
 * ``model.pt2``: a saved ``torch.export.ExportedProgram``, run as ``torch.export.load(p).module()``.
+  Unless ``trust_model`` is set, the archive is checked first and refused when loading it would
+  run code (a pickle, AOTInductor code, a shape expression or guard that is not plain size
+  arithmetic: :mod:`qdq.pipeline.model_files`); a normal ``torch.export.save``-d program passes.
   Its ATen calls that qdq places Q/DQ around (``aten.conv2d``, ``aten.linear``, ``aten.add`` ...) are
   mapped back to the ``torch`` functions with the same signature, so the planner sees them; a batch
   dimension the export made static stays static (every batch then has that size); the graph runs
   in the mode it was exported in (export in eval mode);
-* ``model.onnx``: an FP32 ONNX model converted with ``onnx2torch`` (optional: ``pip install onnx2torch``);
+* ``model.onnx``: an FP32 ONNX model converted with ``onnx2torch`` (optional: ``pip install onnx2torch``),
+  its external data checked against each tensor's size before it is read;
 * TorchScript archives are refused with the reason: ScriptModules allow no Python hooks, which qdq's
   capture needs; export the model with ``torch.export`` and pass the ``.pt2``, or pass its factory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +63,18 @@ class ModelSource:
     input_shape: tuple[int, ...] | None = None
 
 
-def resolve_model(spec: str | nn.Module) -> ModelSource:
+def resolve_model(spec: str | nn.Module, *, trust_model: bool = False) -> ModelSource:
     """Load the model a spec names (a factory spec executes user code).
+
+    Args:
+        spec: a model spec (above) or an ``nn.Module``.
+        trust_model: load a ``.pt2`` as ``torch.export.load`` does, unchecked: it may then run
+            code the file holds. Only for a file whose sender you trust.
 
     Raises:
         ValueError: an unknown name (listing the zoo), a malformed spec, a file qdq cannot use
-            (TorchScript, a pickled checkpoint), a missing optional package (naming it).
+            (TorchScript, a pickled checkpoint, a ``.pt2`` that would run code, an ONNX whose
+            external data does not match its tensors), a missing optional package (naming it).
         FileNotFoundError: a path that does not exist.
     """
     if isinstance(spec, nn.Module):
@@ -80,9 +91,11 @@ def resolve_model(spec: str | nn.Module) -> ModelSource:
     suffix = path.suffix.lower()
     if suffix in (".pt2", ".onnx") or (suffix in _TORCHSCRIPT_SUFFIXES and ":" not in spec):
         if not path.is_file():
+            if path.exists():
+                raise ValueError(f"model {spec}: not a regular file")
             raise FileNotFoundError(f"no model file at {spec}")
         if suffix == ".pt2":
-            return _load_pt2(path)
+            return _load_pt2(path, trust_model)
         if suffix == ".onnx":
             return _load_onnx(path)
         _refuse_archive(path)
@@ -132,20 +145,34 @@ def _load_onnx(path: Path) -> ModelSource:
         raise ValueError(
             f"reading the ONNX model {path} needs onnx2torch: pip install onnx2torch"
         ) from None
+    from qdq.pipeline.model_files import load_onnx_checked
+
+    model = load_onnx_checked(path)  # external data checked, then read
     try:
-        module = onnx2torch.convert(str(path))
+        module = onnx2torch.convert(model)  # in memory: nothing written beside the file
     except Exception as err:
         raise ValueError(f"onnx2torch cannot convert {path}: {type(err).__name__}: {err}") from None
     return ModelSource(module.eval(), "onnx", str(path))
 
 
-def _load_pt2(path: Path) -> ModelSource:
-    try:
-        ep = torch.export.load(str(path))
-    except Exception as err:
-        raise ValueError(
-            f"cannot read {path} as a torch.export ExportedProgram: {type(err).__name__}: {err}"
-        ) from None
+def _load_pt2(path: Path, trust_model: bool) -> ModelSource:
+    from qdq.pipeline.model_files import check_pt2
+
+    with open(path, "rb") as fh:  # checked and loaded from the same open file
+        if not trust_model:
+            check_pt2(fh, str(path))
+            fh.seek(0)
+        with _torch_export_log() as logged:
+            try:
+                ep = torch.export.load(fh)
+            except Exception as err:
+                cause = logged.error or err  # torch logs the real cause, then raises a generic one
+                text = " ".join(str(cause).split())
+                text = text if len(text) <= 300 else text[:297] + "..."
+                raise ValueError(
+                    f"cannot read {path} as a torch.export ExportedProgram: "
+                    f"{type(cause).__name__}: {text}"
+                ) from None
     from torch.export.graph_signature import InputKind
 
     users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
@@ -171,6 +198,33 @@ def _load_pt2(path: Path) -> ModelSource:
     _aten_to_torch(module)
     dims = tuple(d if isinstance(d, int) else -1 for d in shape) if shape else None
     return ModelSource(module.eval(), "pt2", str(path), static_batch=static, input_shape=dims)
+
+
+class _LogCapture(logging.Handler):
+    """The last exception ``torch.export.load`` logged (it logs a traceback, then retries)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.error: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.error = record.exc_info[1]
+
+
+@contextlib.contextmanager
+def _torch_export_log() -> Iterator[_LogCapture]:
+    """Keep ``torch.export``'s load warnings (a traceback) off stderr; capture their cause."""
+    logger = logging.getLogger("torch.export")
+    handler = _LogCapture()
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 #: ATen op packets whose positional schema equals that of these ``torch`` functions
