@@ -31,12 +31,17 @@ def add_quantize_parser(sub: Any) -> None:
         "metric is measured on the exported ONNX in ONNX Runtime.",
         epilog="Model SPEC: a zoo name (qdq zoo list), pkg.module:factory or "
         "path/to/file.py:factory (this IMPORTS/EXECUTES that Python code), a .pt2 "
-        "(torch.export.save), or an FP32 .onnx (needs onnx2torch); TorchScript cannot be "
+        "(torch.export.save; checked first and refused if loading it would run code -- a "
+        "pickle, AOTInductor code, shape code that is not size arithmetic -- unless "
+        "--trust-model), or an FP32 .onnx (needs onnx2torch; its external data must lie inside "
+        "its folder and match each tensor's size); TorchScript cannot be "
         "quantized (export it with torch.export). Data SPEC: a built-in dataset (fashion-mnist, "
         "skimage-photos, crepe-tones, lfw-faces-24, lfw-faces-48, rendered-text), an image "
         "folder (one sub-folder per class gives labels), a .npy, or a .npz with x/images "
-        "or arrays named after forward's parameters (several or keyword inputs) (+ y/labels). "
-        "User data is split by a seeded permutation: "
+        "or arrays named after forward's parameters (several or keyword inputs) (+ y/labels); "
+        "files are checked before they are decoded: no pickled/object arrays, images up to "
+        "8192x8192 pixels, no symbolic link out of the folder, decoded size within half the "
+        "available memory (QDQ_MAX_INPUT_BYTES sets it). User data is split by a seeded permutation: "
         "calibration min(--calib-samples, N/2) samples, evaluation the others.",
     )
     add_quantize_arguments(p)
@@ -59,6 +64,12 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     """The arguments of ``quantize`` (and ``qat``, whose ``--qat-epochs`` defaults to 2)."""
     p.add_argument("--model", required=True, metavar="SPEC", help="the float model (see below)")
     p.add_argument("--data", metavar="SPEC", help="the data (default: a zoo model's own)")
+    p.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load a .pt2 as torch.export.load does, unchecked: it may RUN CODE the file holds "
+        "(pickles); only for a file whose sender you trust",
+    )
     p.add_argument("--out", default="qdq-out", metavar="DIR", help="output directory (qdq-out)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument(
@@ -341,6 +352,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             device=device,
             output_kind=args.output_kind,
             time_budget=args.time_budget,
+            trust_model=args.trust_model,
         )
     except KeyboardInterrupt as err:
         return _interrupted(prog, err)

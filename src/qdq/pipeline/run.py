@@ -151,6 +151,7 @@ def quantize(
     output_kind: str | None = None,
     time_budget: float | None = None,
     format: str = "int8",
+    trust_model: bool = False,
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -225,6 +226,9 @@ def quantize(
             :mod:`qdq.pipeline.formats`); ``QuantConfig.format``, rules F01-F09 in
             docs/placement.md. The report counts the quantizers of each format
             (``settings.format``) and, for mixed, what was measured (``settings.format_choice``).
+        trust_model: load a ``.pt2`` model spec as ``torch.export.load`` does, unchecked (it may
+            run code the file holds); by default an archive that would run code is refused
+            (:mod:`qdq.pipeline.model_files`). Only for a file whose sender you trust.
 
     Returns:
         The :class:`QuantizeResult`.
@@ -266,7 +270,7 @@ def quantize(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with stages("load_model") as st:
-            source = resolve_model(model)
+            source = resolve_model(model, trust_model=trust_model)
             source = replace(
                 source, module=float32_module(module_on(source.module, dev), source.spec)
             )
