@@ -36,9 +36,9 @@ __all__ = [
     "short",
 ]
 
-#: The largest manifest read (256 MiB). A manifest holds a few hundred bytes per quantizer and
-#: about 30 per channel of a per-channel amax and scale: ~40 kB for ResNet-18, a few MB for the
-#: largest torchvision models; 256 MiB would hold millions of channels.
+#: The largest manifest read (256 MiB). A manifest holds about 64 bytes per channel of a
+#: per-channel amax and scale (ResNet-18: 372 kB, 43 quantizers, 5,822 channels); 256 MiB would
+#: hold about 4 million channels.
 MAX_MANIFEST_BYTES = 256 * 2**20
 #: The deepest JSON nesting read. qdq writes at most 5 levels (document, ``quantizers``, an entry,
 #: ``learned``, a part); the margin leaves room for recorded recipes.
