@@ -349,6 +349,35 @@ def test_pathological_names_are_read_in_linear_time() -> None:
     assert json_depth('{"a": "[[[[", "b": [[1]]}') == 3
 
 
+def test_large_engines_are_compared_and_diffed_in_linear_time() -> None:
+    """10,000 layers on each side that all write and read one tensor: a longest common
+    subsequence would need 10^8 cells and each standalone layer would scan 10,000 readers."""
+    from qdq.lint.diff import diff_engine
+    from qdq.lint.predict import PredictedLayer
+    from qdq.lint.report import LintReport
+
+    n = 10_000
+    kinds = ("CaskConvolution", "CaskPooling", "PointWiseV2")
+
+    def engine(prefix: str) -> Any:
+        return parse_engine_report([
+            {"Name": f"{prefix}{i}", "LayerType": kinds[i % 3], "Inputs": [{"Name": "t"}],
+             "Outputs": [{"Name": "t"}]} for i in range(n)
+        ])  # fmt: skip
+
+    a, b = engine("A_"), engine("B_")
+    c = compare_engines(a, b)
+    assert c.matched_by == "order" and c.layers == (n, n)
+    assert len(engine_graph(a, max_nodes=50).nodes) == n
+    predicted = tuple(
+        PredictedLayer(f"P{i}", (f"P{i}",), ("weighted", "pooling", "pointwise")[i % 3], "int8",
+                       "int8") for i in range(n)
+    )  # fmt: skip
+    summary = {"weighted_layers": 0, "int8_weighted_layers": 0, "unfused_qdq": 0}
+    diff = diff_engine(LintReport("m.onnx", "trt10", (), summary, predicted), a)
+    assert diff.matched_by == "order" and len(diff.matches) == n
+
+
 def test_untrusted_json_limits(tmp_path: Path) -> None:
     from qdq.lint.untrusted_json import load_json
 

@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from qdq.lint.diff import engine_kind
+from qdq.lint.diff import engine_kind, lcs_pairs
 from qdq.lint.engine_draw import short_name
 from qdq.lint.engine_report import EngineLayer, EngineReport
 from qdq.lint.safe_text import visible
@@ -223,14 +223,15 @@ def compare_engines(
         raise ValueError(f"top must be an int >= 0, got {top!r}")
     la = [x for x in a.layers if x.profile == 0]
     lb = [x for x in b.layers if x.profile == 0]
-    cats = list(dict.fromkeys([*map(layer_category, la), *map(layer_category, lb)]))
+    ga, gb = _by_category(la), _by_category(lb)
+    cats = list(dict.fromkeys([*ga, *gb]))
     rows = [
         TypeRow(
             c,
-            sum(1 for x in la if layer_category(x) == c),
-            sum(1 for x in lb if layer_category(x) == c),
-            _sum_ms(a, [x for x in la if layer_category(x) == c]),
-            _sum_ms(b, [x for x in lb if layer_category(x) == c]),
+            len(ga.get(c, [])),
+            len(gb.get(c, [])),
+            _sum_ms(a, ga.get(c, [])),
+            _sum_ms(b, gb.get(c, [])),
         )
         for c in cats
     ]
@@ -262,6 +263,13 @@ def compare_engines(
         matched_by,
         tuple(deltas[:top]),
     )
+
+
+def _by_category(layers: list[EngineLayer]) -> dict[str, list[EngineLayer]]:
+    groups: dict[str, list[EngineLayer]] = {}
+    for x in layers:
+        groups.setdefault(layer_category(x), []).append(x)
+    return groups
 
 
 def _sum_ms(engine: EngineReport, layers: list[EngineLayer]) -> float | None:
@@ -320,21 +328,7 @@ def _pairs(la: list[EngineLayer], lb: list[EngineLayer]) -> tuple[list[tuple[int
         return _same_names(la, lb, by_name), "name"
     ia = [i for i, k in enumerate(ka) if k not in (None, "qdq")]
     ib = [j for j, k in enumerate(kb) if k not in (None, "qdq")]
-    n, m = len(ia), len(ib)
-    table = [[0] * (m + 1) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        for j in range(m - 1, -1, -1):
-            same = ka[ia[i]] == kb[ib[j]]
-            table[i][j] = table[i + 1][j + 1] + 1 if same else max(table[i + 1][j], table[i][j + 1])
-    out, i, j = [], 0, 0
-    while i < n and j < m:
-        if ka[ia[i]] == kb[ib[j]]:
-            out.append((ia[i], ib[j]))
-            i, j = i + 1, j + 1
-        elif table[i + 1][j] >= table[i][j + 1]:
-            i += 1
-        else:
-            j += 1
+    out = [(ia[i], ib[j]) for i, j in lcs_pairs([ka[i] for i in ia], [kb[j] for j in ib])]
     return _same_names(la, lb, out), "order"
 
 

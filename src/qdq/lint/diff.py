@@ -11,6 +11,8 @@ timing, so the float precisions are one class; TensorRT's ``FP8`` (trex's name) 
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport
 from qdq.lint.safe_text import visible
 
-__all__ = ["EngineDiff", "LayerMatch", "diff_engine", "engine_kind"]
+__all__ = ["LCS_CELLS", "EngineDiff", "LayerMatch", "diff_engine", "engine_kind", "lcs_pairs"]
 
 _IGNORED_TYPES = ("NoOp", "Shuffle", "Constant", "shape_call", "signal", "wait")
 
@@ -169,9 +171,14 @@ def _by_name(
     layers: tuple[PredictedLayer, ...], engine: EngineReport, real: list[EngineLayer]
 ) -> list[tuple[PredictedLayer, EngineLayer]]:
     kept = {id(e) for e in real}
+    first: dict[str, EngineLayer] = {}  # as EngineReport.find, one pass over the engine
+    for x in engine.layers:
+        if x.profile == 0:
+            for name in x.onnx_nodes:
+                first.setdefault(name, x)
     out, seen = [], set()
     for p in layers:
-        found = (engine.find(n) for n in p.nodes)
+        found = (first.get(n) for n in p.nodes)
         e = next((x for x in found if x is not None and id(x) in kept), None)
         if e is not None and id(e) not in seen:
             seen.add(id(e))
@@ -184,9 +191,27 @@ def _by_order(
 ) -> list[tuple[PredictedLayer, EngineLayer]]:
     """Longest common subsequence of kinds (concat and pointwise predicted as separate layers are
     often fused or eliminated by the builder; the LCS skips them)."""
-    a = [p.kind for p in layers]
-    b = [engine_kind(e) for e in real]
+    pairs = lcs_pairs([p.kind for p in layers], [engine_kind(e) for e in real])
+    return [(layers[i], real[j]) for i, j in pairs]
+
+
+#: past this many cells (2000 x 2000 layers) :func:`lcs_pairs` pairs greedily, in linear time
+LCS_CELLS = 4_000_000
+
+
+def lcs_pairs(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)`` with ``a[i] == b[j]``, increasing in both: a longest common
+    subsequence, or, when ``len(a) * len(b)`` exceeds :data:`LCS_CELLS`, the greedy one (each
+    ``a[i]`` takes the next equal ``b[j]``), so that a hostile report of 10^5 layers costs
+    linear time and memory.
+
+    Example:
+        >>> lcs_pairs(["w", "p", "w"], ["w", "w"])
+        [(0, 0), (2, 1)]
+    """
     n, m = len(a), len(b)
+    if n * m > LCS_CELLS:
+        return _greedy_pairs(a, b)
     table = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):
         for j in range(m - 1, -1, -1):
@@ -196,10 +221,25 @@ def _by_order(
     out, i, j = [], 0, 0
     while i < n and j < m:
         if a[i] == b[j]:
-            out.append((layers[i], real[j]))
+            out.append((i, j))
             i, j = i + 1, j + 1
         elif table[i + 1][j] >= table[i][j + 1]:
             i += 1
         else:
             j += 1
+    return out
+
+
+def _greedy_pairs(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int, int]]:
+    where: dict[Hashable, list[int]] = {}
+    for j, key in enumerate(b):
+        where.setdefault(key, []).append(j)
+    out: list[tuple[int, int]] = []
+    after = 0
+    for i, key in enumerate(a):
+        spots = where.get(key, [])
+        k = bisect_left(spots, after)
+        if k < len(spots):
+            out.append((i, spots[k]))
+            after = spots[k] + 1
     return out

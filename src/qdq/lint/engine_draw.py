@@ -44,6 +44,7 @@ _ENUM_FORMAT = re.compile(r"\(?k(LINEAR|CHW\d+|HWC\d*|DHWC\d*|CDHW\d+|DLA_\w+)\)
 _PARAM_FILES = (".weight", ".bias")
 _WRAP = 34
 _SCOPE_DEPTH = 24  # module scope components kept from a layer name
+_READERS = 64  # readers of a tensor looked at for the scope of a standalone Q/DQ or copy
 _NO_COMPUTE = ("NoOp", "Shuffle", "Constant", "shape_call", "signal", "wait")
 _COPY = re.compile(r"Reformatting CopyNode for (?:Input|Output) Tensor \d+ to (.+?)(?: \+ |$)")
 _INTERNAL = re.compile(r"\(Unnamed Layer\* \d+\)|^(?:copied_)?u?n?squeeze_(?:node_)?after_")
@@ -243,9 +244,10 @@ def _scopes(layers: list[EngineLayer], max_nodes: int) -> list[tuple[str, ...]]:
         for t in x.inputs:
             readers.setdefault(t.name, []).append(i)
     for i, x in enumerate(layers):  # a standalone Q/DQ or copy joins the layer it feeds
-        if not out[i]:
-            nxt = [j for t in x.outputs for j in readers.get(t.name, []) if out[j]]
-            out[i] = out[nxt[0]] if nxt else ()
+        if not out[i]:  # (the first readers of each output: linear for a tensor read 10^5 times)
+            nxt = (j for t in x.outputs for j in readers.get(t.name, [])[:_READERS] if out[j])
+            j = next(nxt, None)
+            out[i] = out[j] if j is not None else ()
     if len(layers) > max_nodes and sum(1 for s in out if not s) > max_nodes // 2:
         run = max(2, math.ceil(len(layers) / max(1, max_nodes // 2)))
         out = [
