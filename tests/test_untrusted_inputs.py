@@ -187,6 +187,11 @@ def test_trust_model_loads_as_torch_does(saved, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read"):  # broken once the payload ran
         resolve_model(str(evil), trust_model=True)
     assert marker.is_dir()
+    marker.rmdir()
+    np.save(tmp_path / "x.npy", np.zeros((4, 3, 8, 8), np.float32))
+    argv = ["quantize", "--model", str(evil), "--data", str(tmp_path / "x.npy"), "--trust-model"]
+    assert main([*argv, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert marker.is_dir()  # the CLI flag reaches the loader
 
 
 def test_aoti_code_and_old_layouts_are_refused(saved, tmp_path: Path) -> None:
@@ -306,6 +311,12 @@ def test_a_huge_image_is_refused_from_its_header(tmp_path: Path) -> None:
         resolve_data(str(folder), options=OPTS)
     assert str(err.value).startswith(f"image {folder / 'bomb.png'} is 12000x12000 pixels")
     assert "8192x8192" in str(err.value)
+    (folder / "bomb.png").unlink()
+    # many images: their decoded size is checked before any is decoded
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_MAX_INPUT_BYTES, "1000")
+        with pytest.raises(InputRefusedError, match="3 images of 3x8x8 float32 would take 2.3 kB"):
+            resolve_data(str(folder), options=OPTS)
 
 
 def test_links_out_of_the_folder_are_refused_fifos_skipped(tmp_path: Path) -> None:
