@@ -270,6 +270,20 @@ def test_ignore_hash_compares_anyway_with_a_note(pair: Path, capsys) -> None:
     assert code == 2 and "outside the manifest's folder" in _one_line_error(err)
 
 
+def test_parity_errors_never_print_control_characters_raw(pair: Path, capsys) -> None:
+    import onnx
+
+    model = onnx.load(str(pair / "m.onnx"))
+    model.graph.node[-1].input[0] = "missing\x1b]0;pwned\x07\x1b[2J"  # ORT's error quotes it
+    onnx.save(model, str(pair / "m.onnx"))
+    digest = hashlib.sha256((pair / "m.onnx").read_bytes()).hexdigest()
+    _edit(pair, lambda d: d["onnx"].update(sha256=digest))  # a consistent pair, from someone else
+    code, err = _parity(pair, capsys)
+    assert code == 2
+    assert "\x1b" not in _one_line_error(err) and "\x07" not in err
+    assert "missing\\x1b]0;pwned\\x07\\x1b[2J" in err
+
+
 # ---------------------------------------------------------------- values: one line, naming the key
 
 

@@ -126,7 +126,11 @@ def _compare(
 
 
 def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
+    """``err`` as one line; control characters (from node names in the ONNX, say: an ORT error
+    quotes them) are written as visible escapes, never sent to the terminal raw."""
+    from qdq.lint.safe_text import visible
+
+    text = visible(" ".join(str(err).split()), keep="") or type(err).__name__
     return (
         text
         if isinstance(err, (ValueError, FileNotFoundError))
