@@ -34,6 +34,7 @@ def run_lint(
     from qdq.lint.draw import DrawError
     from qdq.lint.engine_report import load_engine_report
     from qdq.lint.report import lint
+    from qdq.lint.text import printable, printable_text
 
     try:
         if draw is not None and (Path(draw).suffix.lower() != ".svg" or Path(draw).is_dir()):
@@ -44,13 +45,13 @@ def run_lint(
             _draw(model, report, diff, draw)
     except (OSError, ValueError, DrawError) as err:  # LintInputError, engine report, options
         logger.debug("qdq lint %s failed", model, exc_info=True)
-        print(f"qdq lint: error: {_one_line(err)}", file=sys.stderr)
+        print(f"qdq lint: error: {printable(_one_line(err))}", file=sys.stderr)
         return 3
     except Exception as err:  # a linter bug outside the guarded rule steps
         logger.debug("qdq lint %s failed", model, exc_info=True)
         print(
-            f"qdq lint: error: {model}: the linter failed ({type(err).__name__}: "
-            f"{_one_line(err)}); this is a bug, `qdq -v lint` prints the traceback",
+            f"qdq lint: error: {printable(model)}: the linter failed ({type(err).__name__}: "
+            f"{printable(_one_line(err))}); this is a bug, `qdq -v lint` prints the traceback",
             file=sys.stderr,
         )
         return 3
@@ -60,9 +61,9 @@ def run_lint(
             doc["engine"] = {"path": engine, **diff.to_dict()}
         print(json.dumps(doc, indent=2))
     else:
-        print(report.format(show_layers))
+        print(printable_text(report.format(show_layers)))  # names from the file: escaped
         if diff is not None:
-            print(diff.format())
+            print(printable_text(diff.format()))
     return report.exit_code
 
 

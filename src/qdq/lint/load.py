@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from qdq._io import proto_byte_size
+from qdq.lint.external import load_external_data
 
 __all__ = ["LintInputError", "load_model"]
 
@@ -81,7 +82,7 @@ def _read(path: Path) -> Any:
     try:
         if path.stat().st_size == 0:
             raise LintInputError(f"{path}: empty file, not an ONNX model")
-        return onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=False)
     except LintInputError:
         raise
     except DecodeError as err:
@@ -102,6 +103,13 @@ def _read(path: Path) -> Any:
         if "external" in text.lower():
             raise LintInputError(f"{path}: external data cannot be read ({text})") from err
         raise LintInputError(f"{path}: cannot be loaded as ONNX ({text})") from err
+    try:  # checked against the shapes and confined to the model's folder before it is read
+        load_external_data(proto, path)
+    except ValueError as err:
+        raise LintInputError(f"{path}: {err}") from err
+    except OSError as err:
+        raise LintInputError(f"{path}: external data cannot be read ({err})") from err
+    return proto
 
 
 def _too_large(proto: Any) -> bool:

@@ -35,8 +35,11 @@ from qdq.lint.formats import FORMATS, INT8, is_quantized
 from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
+from qdq.lint.structure import is_custom_op
 
-__all__ = ["PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
+__all__ = ["PLUGIN", "PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
+#: the precision of a plugin layer (a custom operator, rule V16): whatever the plugin implements
+PLUGIN = "plugin"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
 _EPILOGUE = frozenset(
@@ -68,7 +71,8 @@ class PredictedLayer:
         nodes: those ONNX node names.
         kind: ``"weighted"``, ``"attention"`` (a fused MHA core with INT8 or FP8 products),
             ``"pooling"``, ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone
-            Quantize/Dequantize, i.e. a Q/DQ-origin reformat) or ``"other"``.
+            Quantize/Dequantize, i.e. a Q/DQ-origin reformat), ``"plugin"`` (a custom operator,
+            precision ``"plugin"``: rule V16) or ``"other"``.
         input_precision, output_precision: ``"int8"``, ``"fp8"`` or the float precision of the
             target (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly
             typed).
@@ -374,6 +378,11 @@ class _Predictor:
     def _plain_layer(self, node: Any) -> PredictedLayer:
         g = self.g
         op = node.op_type
+        if is_custom_op(node):  # no ONNX operator: TensorRT runs whatever plugin is registered
+            name = g.name(node)
+            self.float_readers.add(id(node))  # a Dequantize before it runs standalone
+            why = f"{node.domain or 'ai.onnx'}::{op} is no ONNX operator: a TensorRT plugin"
+            return PredictedLayer(name, (name,), "plugin", PLUGIN, PLUGIN, why)
         pool = "Pool" in op or g.global_pool(node)  # ReduceMean over H, W is a global pool
         kind = "pooling" if pool else "concat" if op == "Concat" else "other"
         data = [i for i in node.input if i and not g.is_const(i)]

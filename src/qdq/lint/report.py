@@ -20,7 +20,9 @@ from qdq.lint.guard import Guard
 from qdq.lint.load import LintInputError, load_model
 from qdq.lint.placement import check_placement
 from qdq.lint.predict import PredictedLayer, predict_layers
+from qdq.lint.structure import check_structure
 from qdq.lint.target import Target, parse_target
+from qdq.lint.text import printable
 from qdq.lint.validity import check_validity
 from qdq.lint.versioned import build_rules
 
@@ -71,7 +73,10 @@ class LintReport:
     def float_layers(self) -> tuple[str, ...]:
         """ONNX compute nodes predicted to run in float (neither INT8 nor FP8)."""
         return tuple(
-            x for ly in self.layers if ly.kind != "qdq" and not ly.quantized for x in ly.nodes
+            x
+            for ly in self.layers
+            if ly.kind not in ("qdq", "plugin") and not ly.quantized
+            for x in ly.nodes
         )
 
     @property
@@ -104,10 +109,11 @@ class LintReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def format(self, show_layers: bool = False) -> str:
-        """Human output grouped by severity (with ``show_layers``, the predicted engine first)."""
+        """Human output grouped by severity (with ``show_layers``, the predicted engine first).
+        Names from the file are shown with control characters escaped (:func:`printable`)."""
         s = self.summary
         lines = [
-            f"{self.model}: {self.verdict} ({self.target})",
+            f"{printable(self.model)}: {self.verdict} ({self.target})",
             f"  INT8 weighted layers {s['int8_weighted_layers']}/{s['weighted_layers']} "
             f"({s['int8_flops_percent']}% of FLOPs), "
             + (
@@ -128,8 +134,8 @@ class LintReport:
         if show_layers:
             lines.append(f"predicted engine layers ({len(self.layers)})")
             lines.extend(
-                f"  {ly.input_precision:>4} -> {ly.output_precision:<4} {ly.kind:<9} {ly.name}"
-                + (f"  [{ly.reason}]" if ly.reason else "")
+                f"  {ly.input_precision:>4} -> {ly.output_precision:<4} {ly.kind:<9} "
+                f"{printable(ly.name)}" + (f"  [{printable(ly.reason)}]" if ly.reason else "")
                 for ly in self.layers
             )
         for severity in (ERROR, WARN, INFO):
@@ -137,7 +143,8 @@ class LintReport:
             if group:
                 lines.append(f"{severity} ({len(group)})")
                 lines.extend(
-                    f"  {f.rule:<5} {f.message}" + (f"\n        fix: {f.fix}" if f.fix else "")
+                    f"  {f.rule:<5} {printable(f.message)}"
+                    + (f"\n        fix: {printable(f.fix)}" if f.fix else "")
                     for f in group
                 )
         return "\n".join(lines)
@@ -192,8 +199,13 @@ def lint(
         ) from err
     guard = Guard()
     findings: list[Finding] = guard.call(
-        "validity rules", (), check_validity, proto, t, guard, default=[]
+        "structure rules V14-V17", (), check_structure, proto, g, default=[]
     )
+    if g.cyclic:  # no rule below holds on a cycle (they walk producers): V14 says why
+        return LintReport(
+            label, t.label, tuple(findings + guard.findings), dict.fromkeys(SUMMARY_KEYS, 0)
+        )
+    findings += guard.call("validity rules", (), check_validity, proto, t, guard, default=[])
     findings += check_placement(g, guard)
     fp16_onnx = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
     dtype = "fp16" if t.strongly_typed and fp16_onnx else t.float_dtype
@@ -202,7 +214,10 @@ def lint(
     )
     by_name = {g.name(n): n for n in g.nodes}
     floats = [
-        by_name[x] for ly in layers if ly.kind != "qdq" and not ly.quantized for x in ly.nodes
+        by_name[x]
+        for ly in layers
+        if ly.kind not in ("qdq", "plugin") and not ly.quantized
+        for x in ly.nodes
     ]
     if t.strongly_typed:
         findings += guard.call(
