@@ -216,6 +216,36 @@ def test_a_normal_pt2_still_loads_unchecked_by_nothing(saved, base: str) -> None
     assert source.static_batch == (2 if base == "static" else None)
 
 
+SIZE_CODE = [  # (text, a guard?, accepted): what torch writes passes, Python and huge powers not
+    ("Mul(Integer(2), Symbol('s77', integer=True, positive=True))", False, True),
+    (
+        "Add(FloorDiv(Symbol('s0', positive=True), Integer(2)), Float('1.5', precision=53))",
+        False,
+        True,
+    ),
+    ("torch.sym_max(1, (-1) + L['x'].size()[1]) <= (L['x'].size()[0] // 2)", True, True),
+    ("exec(chr(112) + chr(114))", False, False),
+    ("Symbol('s0', positive=__import__('os'))", False, False),
+    ("10^10^10", False, False),
+    ("Pow(Integer(10), Integer(10000000000))", False, False),
+    ("().__class__", False, False),
+    ("torch.load('x')", True, False),
+    ("L['x'].size()[0] == 'a\"b'", True, False),
+    ("2**2**200", True, False),
+]
+
+
+@pytest.mark.parametrize(("text", "guard", "accepted"), SIZE_CODE)
+def test_shape_expressions_and_guards_are_plain_size_arithmetic(text, guard, accepted) -> None:
+    from qdq.pipeline.model_files import _check_code
+
+    if accepted:
+        _check_code(text, "m.pt2", "code", guard=guard)
+    else:
+        with pytest.raises(InputRefusedError, match="is not plain size arithmetic"):
+            _check_code(text, "m.pt2", "code", guard=guard)
+
+
 # ------------------------------------------------------------------------------ .npy / .npz
 
 

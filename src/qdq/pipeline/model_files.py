@@ -346,6 +346,8 @@ def _check_code(text: Any, where: str, what: str, *, guard: bool) -> None:
 def _problem(tree: ast.AST, guard: bool) -> str | None:
     """Why ``tree`` is not a plain expression of sizes, or ``None``."""
     for node in ast.walk(tree):
+        if not guard and isinstance(node, ast.BitXor):  # sympify reads ^ as ** (srepr never
+            return "^"  # writes it): 10^10^10 would be 10**(10**10), which never finishes
         exponent = isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.LShift))
         if exponent and _large(node.right):  # type: ignore[attr-defined]
             return f"an exponent over {_MAX_EXPONENT}"
@@ -375,7 +377,7 @@ def _problem(tree: ast.AST, guard: bool) -> str | None:
             if node.attr in allowed:
                 continue
             return f"the attribute {root or ''}.{node.attr}"
-        return f"a {type(node).__name__}"
+        return f"the syntax {type(node).__name__}"
     return None
 
 
