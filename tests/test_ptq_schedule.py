@@ -37,7 +37,7 @@ def test_adaround_is_shortened_to_fit_and_skipped_below_the_fewest_iterations() 
     # a fold of the race runs the iterations the first fold ran, or nothing
     assert not Schedule(0.3, _costs(), fit=[16], held=[8]).admit(ada, shorten=False).run
     tiny = Schedule(0.3, _costs(), fit=[16], held=[8]).admit(ada)
-    assert not tiny.run and tiny.why.startswith("skipped (budget: needs ~3.") and tiny.iters is None
+    assert not tiny.run and tiny.why.startswith("skipped (plan: needs ~3.") and tiny.iters is None
 
 
 def test_the_refit_of_the_costliest_scored_candidate_is_held_back() -> None:
@@ -104,11 +104,12 @@ def test_a_candidate_past_the_budget_and_its_estimate_is_stopped(monkeypatch, da
         return {**runs, "bias_correction": slow}
 
     monkeypatch.setattr(search_module, "step_runs", slow_runs)
-    found = search(_net(), (data[0][:1],), data[:2], data[2:3], budget=2.0,
+    found = search(_net(), (data[0][:1],), data[:2], data[2:3], budget=5.0,
                    candidates=("none", "bias"))  # fmt: skip
     rows = {t.recipe: t for t in found.rows}
     assert rows["bias"].status.startswith("stopped (budget: ran past the budget's end")
-    assert rows["bias"].score is None and 0 < len(steps_done) < 1000
+    assert rows["bias"].score is None and 0 < len(steps_done) < 3000
+    assert found.clock_cut == ("bias (fold 1) stopped",)  # the result depended on the clock
     assert found.kept.name == "none"
 
 

@@ -509,16 +509,11 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
 
 
 def _print_budget(b: dict[str, Any] | None) -> None:
-    """The time budget: spent of planned, and what it left out."""
-    if not b or b.get("seconds") is None:
-        return
-    how = "given" if b["given"] else "default"
-    state = "within it" if b["within"] else "OVER it"
-    print(
-        f"time budget: {b['seconds']:.0f} s ({how}), capture to report {b['spent']:.1f} s, {state}"
-    )
-    for skip in b["skipped"]:
-        print(f"  left out by the budget: {skip['stage']}: {skip['what']} ({skip['why']})")
+    """The time budget: planned and spent, the clock's part, what it left out."""
+    from qdq.pipeline.budget import budget_lines
+
+    for line in budget_lines(b):
+        print(line)
 
 
 def _print_outputs(rows: list[dict[str, Any]]) -> None:

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from qdq.calib.parts import CalibrationParts
 from qdq.config import QuantConfig
@@ -44,8 +43,9 @@ from qdq.pipeline.formats import method_label
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
 from qdq.pipeline.stages import Stages
-from qdq.pipeline.timing import TIMED, head, per_sample
-from qdq.ptq.search import CANDIDATES, Fold, SearchResult, default_budget, recipe, search
+from qdq.pipeline.timing import TIMED, per_sample
+from qdq.ptq.counts import batch_of, count_macs, nominal_forward
+from qdq.ptq.search import CANDIDATES, Fold, SearchResult, recipe, search
 from qdq.qat import distributed as dist
 
 __all__ = [
@@ -66,13 +66,25 @@ MIN_SAMPLES = 8
 HELD_OUT_SEED = 0
 
 
+def float_model_of(model: nn.Module, equalized: Any) -> nn.Module:
+    """The float model that gets quantized (the equalized copy when there is one)."""
+    return model if equalized is None else equalized.model
+
+
+def num_samples_of(example: tuple[Any, ...]) -> int:
+    """Samples in one forward's positional inputs."""
+    from qdq.calib.batches import batch_samples
+
+    return batch_samples(example)
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """The recipe search of ``qdq quantize`` (its default when no recipe is given).
 
     Attributes:
-        budget: seconds for the candidates (``None``: :func:`qdq.ptq.search.default_budget` of
-            the capture + calibration time, i.e. 10× it and at least 30 s).
+        budget: at most these seconds for the search (``--search-budget``; ``None``: no clock
+            of its own). The clock stops work: a result it cut says so (``budget.clock``).
         candidates: the recipe names tried, in order (:data:`qdq.ptq.search.CANDIDATES`).
         held_out: the share of the calibration samples held out to score on (a seeded draw:
             :func:`held_out_split`).
@@ -202,14 +214,19 @@ def run_search(
     refit: float = 0.0,
     forward: float | None = None,
     config: QuantConfig | None = None,
+    work: float | None = None,
+    ceiling: float | None = None,
+    macs: int | None = None,
 ) -> SearchResult:
     """Search the recipe of ``calibrated`` (``float_model`` prepared and calibrated on
     ``calib_batches`` in ``seconds``) on the held-out samples ``held``, then, for the candidates
     still in contention, on each further ``(fit, held, calibrated)`` of ``folds``
     (``calibrated()``: the model calibrated on ``fit`` without running data, or ``None``), in
-    ``budget`` seconds (default: ``options.budget``, else :func:`qdq.ptq.search.default_budget`);
-    ``refit``: the share of the samples the kept recipe is refitted on (its cost is held back);
-    ``forward``: a fake-quant forward's seconds per sample, when timed.
+    the counted ``work`` (nominal seconds, :mod:`qdq.ptq.counts`; default: the search's own),
+    stopped by the clock only past ``budget`` seconds (default: ``options.budget``; ``None``:
+    no clock) or the hard ``ceiling``; ``refit``: the share of the samples the kept recipe is
+    refitted on (its cost is held back); ``forward``: a fake-quant forward's seconds per sample,
+    when timed; ``macs``: the float model's multiply-accumulates per sample, when counted.
     The result's ``model`` is the kept one, with its recipe recorded
     (:func:`qdq.ptq.search.recipe_of`)."""
 
@@ -232,7 +249,7 @@ def run_search(
 
     more = [Fold(batched(fit), batched(out), scorer(out), make) for fit, out, make in folds or []]
     if budget is None:
-        budget = options.budget if options.budget is not None else default_budget(seconds)
+        budget = options.budget
     return search(
         float_model,
         example,
@@ -253,6 +270,9 @@ def run_search(
         refit=refit,
         forward_seconds=forward,
         config=config,
+        work=work,
+        ceiling=ceiling,
+        macs=macs,
     )
 
 
@@ -344,13 +364,22 @@ def calibrate_and_improve(
         config=config,
     )  # fmt: skip
     calibration = stages.timings["calibrate"]
-    if budget is not None:  # the stages to come, estimated: the search gets what they leave
+    macs: int | None = None
+    if budget is not None:  # the stages to come: their work counted, their seconds predicted
         with stages("budget") as st:
-            batch = calib_batches[0] if static else tree_map(head(TIMED), calib_batches[0])
+            from qdq.ptq.search import _size
+
+            batch, limit = calib_batches[0], None if static else TIMED
+            # calibration ran real forwards on every sample: a forward costs at most that
+            bound = calibration / max(num_samples(every if parts is not None else cal), 1)
+            params, layers = _size(prepared)
+            macs = count_macs(float_model_of(model, equalized), example, num_samples_of(example))
             budget.plan(points=len(qdq.plan_of(prepared).points),
-                        fp32=per_sample(model, batch, not static),
-                        int8=per_sample(prepared, batch, not static),
-                        search=searching is not None and held is not None)  # fmt: skip
+                        fp32=per_sample(model, batch, bound=bound, limit=limit),
+                        int8=per_sample(prepared, batch, bound=bound, limit=limit),
+                        search=searching is not None and held is not None,
+                        nominal=nominal_forward(params if macs is None else macs, layers,
+                                                batch_of(calib_batches)))  # fmt: skip
             st.detail = budget.describe()
     float_model = model if equalized is None else equalized.model  # what gets quantized
     found, refit_share = None, num_samples(every) / max(num_samples(cal), 1)
@@ -360,7 +389,7 @@ def calibrate_and_improve(
         )  # one prepare + calibrate on a fold's samples
         allowed = _search_seconds(budget, searching)
         need = 2 * (budget.per_sample if budget else 0.0) * num_samples(held)  # score one
-        if allowed is not None and allowed <= need:
+        if allowed is not None and allowed <= need:  # the clock: the user's own seconds
             given = searching.budget is not None and allowed == searching.budget
             source = (
                 f"--search-budget {allowed:g} s"
@@ -373,6 +402,7 @@ def calibrate_and_improve(
             )
             if budget is not None:
                 budget.skip("recipe_search", "every candidate", not_searched)
+                budget.clocked("the recipe search did not run")
             held = None
     if searching is not None and held is not None:
         with stages("recipe_search") as st:
@@ -388,7 +418,12 @@ def calibrate_and_improve(
                                per_image=per_image, show_progress=show_progress, folds=folds,
                                budget=allowed, refit=refit_share if searching.refit else 0.0,
                                forward=budget.per_sample if budget else None,
-                               config=config)  # fmt: skip
+                               config=config, macs=macs,
+                               work=budget.search_work() if budget else None,
+                               ceiling=budget.search_ceiling() if budget else None)  # fmt: skip
+            if budget is not None:
+                for cut in found.clock_cut:
+                    budget.clocked(f"recipe search: {cut}")
             assert found.model is not None and found.float_model is not None
             prepared, float_model = (found.model, found.float_model) if collected is None else (
                 prepared, found.float_model)  # fmt: skip
@@ -398,17 +433,20 @@ def calibrate_and_improve(
                 adaround_iters=found.iters or searching.adaround_iters,
             )
             st.detail = f"{found.summary()} in {found.spent:.1f} s"
-            if budget is not None:
+            if found.budget is not None:
                 st.detail += f" (budget {found.budget:.0f} s)"
+            if found.clock_cut:
+                st.detail += f"; the clock cut {len(found.clock_cut)} run(s) from the plan"
     refit = found is not None and searching is not None and searching.refit
     if refit and budget is not None and found is not None:
-        room = budget.left() - budget.reserved()
+        room = budget.left() - budget.reserved()  # infinite without --time-budget (the ceiling)
         if found.refit_estimate > room:
             refit = False
             budget.skip("refit", found.kept.name,
                         f"its estimate ({found.refit_estimate:.1f} s) exceeds what the budget "
                         f"leaves ({max(room, 0):.1f} s): the searched model is exported, "
                         "calibrated without the held-out samples")  # fmt: skip
+            budget.clocked("the refit on every calibration sample did not run")
     if found is not None and not refit:
         assert found.model is not None
         prepared = found.model
@@ -431,6 +469,8 @@ def calibrate_and_improve(
             st.detail = f"{options.recipe} on all {num_samples(every)} calibration samples"
     else:
         improve, reports = improver(options, calib_batches, show_progress)
+    if budget is not None:
+        budget.recipe = options.recipe
     if found is not None:
         if not refit:  # the kept candidate's step reports
             reports.update({r.key: r.to_report() for r in found.reports})
@@ -457,13 +497,13 @@ def calibrate_and_improve(
 
 
 def _search_seconds(budget: Budget | None, options: SearchOptions) -> float | None:
-    """The search's seconds: what the job's budget leaves it, and at most ``--search-budget``
-    (``None``: neither; the search's own default)."""
+    """The search's seconds by the clock: what ``--time-budget`` leaves it, and at most
+    ``--search-budget`` (``None``: neither; its work is counted, not timed)."""
     given = options.budget
-    if budget is None:
-        return given
-    allowed = budget.search_seconds()
-    return allowed if given is None else min(allowed, given)
+    allowed = None if budget is None else budget.search_seconds()
+    if allowed is None or given is None:
+        return given if allowed is None else allowed
+    return min(allowed, given)
 
 
 def _from_parts(

@@ -340,7 +340,7 @@ def quantize(
             )
         )
         n_eval = num_samples(qdata.evaluation)
-        budget = Budget(given_budget, eval_samples=n_eval,
+        budget = Budget(given_budget, eval_samples=n_eval, calib_samples=num_samples(cal),
                         layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
                         methods=len(CALIBRATION_METHODS) if compare_methods else 0)  # fmt: skip
         config, chosen = plan_config(stages, source.module, example, cal, inputs, size=size,
@@ -484,6 +484,7 @@ def _export_and_measure(
         errors = None
         # what one evaluation sample cost in torch, the unit of the optional stages' estimates
         forward = stages.timings.get("fp32_eval", 0.0) / max(num_samples(qdata.evaluation), 1)
+        budget.observe(stages.timings)  # re-planned by what the stages so far really took
         count = layer_error_count(budget, forward, s)
         if count:
             with stages.optional("layer_errors") as st:
@@ -548,7 +549,7 @@ def _export_and_measure(
         )
         from qdq.report import write_html
 
-        report["budget"] = budget.to_report()
+        report["budget"] = budget.to_report(stages.timings)
         # the page first: its own parts that fail (drawing, plots, engine views) are recorded
         # in report.json too, and the page lists every stage that failed
         report = json.loads(json.dumps(report, default=str))

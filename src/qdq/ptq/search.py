@@ -29,10 +29,15 @@ keeps the best:
    rest of the samples, and the choice is made on all the held-out samples they completed: a few
    held-out samples do not decide alone.
 
+What runs — the candidates, their order, AdaRound's iterations, the folds of the race — is
+planned from counts (the model's multiply-accumulates, layers, parameters and samples:
+:mod:`qdq.ptq.counts`, :mod:`qdq.ptq.schedule`), never from the clock: the same data and
+arguments give the same recipe and the same model on an idle and on a loaded machine. The clock
+stops work only when the caller asks (``budget``, ``ceiling``); the result then lists what it cut
+(:attr:`SearchResult.clock_cut`).
+
 The held-out batches must not be the evaluation samples the results are published on: the
-figure that decides is never the figure that is reported. Candidates run in the order given
-(:data:`CANDIDATES` by default), and once ``budget`` seconds have passed the rest are listed as
-skipped (the candidate running when the budget runs out finishes).
+figure that decides is never the figure that is reported.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from qdq._progress import progress
 from qdq.api import quantizers_of as qdq_quantizers
 from qdq.calib.batches import batch_samples
 from qdq.ptq.costs import Costs, matmul_flops
+from qdq.ptq.counts import batch_of, count_macs, nominal_costs
 from qdq.ptq.race import Margin, Runs, choose, contenders, describe, race, run_one
 from qdq.ptq.recipes import Recipe, Trial, recipe
 from qdq.ptq.schedule import Admission, Schedule
@@ -64,6 +70,7 @@ __all__ = [
     "SearchResult",
     "Trial",
     "default_budget",
+    "default_work",
     "recipe",
     "recipe_of",
     "record_recipe",
@@ -93,10 +100,16 @@ CANDIDATES: tuple[str, ...] = (
 
 
 def default_budget(calibration_seconds: float) -> float:
-    """:func:`search`'s default time budget when it is called alone (``qdq quantize`` gives it
-    what its own time budget leaves, :mod:`qdq.pipeline.budget`): 10 × one prepare + calibrate,
-    at least 30 s, for the whole search."""
+    """A time budget of 10 × one prepare + calibrate, at least 30 s (kept for callers that want
+    one; :func:`search` has no clock by default, its plan is :func:`default_work`)."""
     return max(30.0, 10.0 * calibration_seconds)
+
+
+def default_work(costs: Costs) -> float:
+    """:func:`search`'s work allowance when it is called alone (``qdq quantize`` gives it a
+    share of its job's counted work, :mod:`qdq.pipeline.budget`): 10 × one counted calibration,
+    at least 30 nominal seconds (:mod:`qdq.ptq.counts`), for the whole search."""
+    return max(30.0, 10.0 * costs.calibration)
 
 
 def record_recipe(prepared: nn.Module, name: str, chosen_by: str) -> None:
@@ -125,8 +138,12 @@ class SearchResult(StepReport):
         kept: the recipe kept.
         reason: why it was kept.
         score_name: what the score is (``"output cosine"`` or the caller's name).
-        budget: the time budget in seconds (the whole search: every fold);
+        budget: the caller's seconds (the whole search: every fold; ``None``: no clock);
             ``calibration_seconds``: one prepare + calibrate.
+        work: the work allowed the search (nominal seconds, counted: :mod:`qdq.ptq.counts`);
+            ``work_done``: the estimates of what ran.
+        clock_cut: what the clock (``budget`` or ``ceiling``) cut from the plan; empty: the
+            result does not depend on the machine's speed or load.
         held_out: held-out batches the choice was made on (over ``folds`` folds).
         folds: the folds the choice was made on (1: the first split only).
         spent: the seconds the search took.
@@ -146,7 +163,7 @@ class SearchResult(StepReport):
     kept: Recipe
     reason: str
     score_name: str
-    budget: float
+    budget: float | None
     calibration_seconds: float
     held_out: int
     model: nn.Module | None = field(default=None, repr=False, compare=False)
@@ -159,6 +176,10 @@ class SearchResult(StepReport):
     order: tuple[str, ...] = ()
     iters: int | None = None
     refit_estimate: float = 0.0
+    work: float = 0.0
+    work_done: float = 0.0
+    clock_cut: tuple[str, ...] = ()
+    refit_work: float = 0.0
 
     key: ClassVar[str] = "recipe_search"
     columns: ClassVar[tuple[tuple[str, Callable[[Any], str]], ...]] = (
@@ -188,6 +209,9 @@ class SearchResult(StepReport):
             "reason": self.reason,
             "score": self.score_name,
             "budget_seconds": self.budget,
+            "work": round(self.work, 3),
+            "work_done": round(self.work_done, 3),
+            "clock_cut": list(self.clock_cut),
             "seconds": round(self.spent, 3),
             "order": list(self.order),
             "adaround_iters": self.iters,
@@ -248,6 +272,9 @@ def search(
     show_progress: bool = False,
     refit: float = 0.0,
     forward_seconds: float | None = None,
+    work: float | None = None,
+    ceiling: float | None = None,
+    macs: int | None = None,
 ) -> SearchResult:
     """Try PTQ recipes and keep the best on held-out data (module docstring).
 
@@ -264,12 +291,20 @@ def search(
             quantizer's own, as an FP8 or mixed plan calibrates).
         config: the :class:`qdq.QuantConfig` for :func:`qdq.prepare`.
         candidates: recipe names (:func:`recipe`), tried in this order.
-        budget: seconds for the whole search, the race over ``folds`` included (default:
-            :func:`default_budget` of one prepare + calibrate), counted from the call. The first
-            candidate always runs; the others run cheapest first, each only when its estimate
-            fits in what is left (:mod:`qdq.ptq.schedule`), AdaRound with fewer iterations when
-            that fits; a candidate that runs past the budget's end by more than its estimate is
-            stopped.
+        budget: the caller's seconds for the whole search, the race over ``folds`` included,
+            counted from the call (``None``: no clock). Within the plan (``work``), a candidate
+            starts only when its measured estimate fits in the seconds left, AdaRound with fewer
+            iterations when that fits, and one that runs past the end by more than its
+            estimate is stopped; what the clock cut is listed (``clock_cut``).
+        work: the work planned for the whole search, in nominal seconds counted from the model
+            (:mod:`qdq.ptq.counts`; default :func:`default_work`). The first candidate always
+            runs; the others run cheapest first, each only when its counted estimate fits in
+            the work left (:mod:`qdq.ptq.schedule`), AdaRound with fewer iterations when that
+            fits. The same on every machine and under any load.
+        ceiling: a hard stop in seconds (no estimate: a candidate running past it stops at its
+            next step; none starts after it); listed in ``clock_cut`` when it cut anything.
+        macs: the float model's multiply-accumulates per sample, when the caller counted them
+            (default: counted on ``example_inputs``, :func:`qdq.ptq.counts.count_macs`).
         tie: for a score of one number: a recipe with fewer steps within ``tie`` of the best is
             kept instead.
         significance: for per-sample scores: a recipe with fewer steps is kept instead of the
@@ -294,8 +329,8 @@ def search(
             ``calib_data`` (every calibration sample): its estimated cost is kept out of
             ``budget`` (0: no refit).
         forward_seconds: one fake-quant forward's seconds per sample, when the caller timed it
-            (the first estimate of :class:`qdq.ptq.costs.Costs`; default: what one sample of
-            the calibration cost).
+            (the first measured estimate the clock admits by; default: what one sample of the
+            calibration cost). Never used by the plan.
 
     Raises:
         ValueError: no candidates, an unknown recipe, empty calibration or held-out data (of a
@@ -322,10 +357,12 @@ def search(
         raise ValueError(
             "with a score given, every fold needs its own score (on its held-out data)"
         )
-    if (budget is not None and budget < 0) or min(tie, significance, effect, refit) < 0:
+    limits = [x for x in (budget, work, ceiling) if x is not None]
+    if any(x < 0 for x in limits) or min(tie, significance, effect, refit) < 0:
         raise ValueError(
-            f"budget, tie, significance, effect and refit must be >= 0, got budget={budget!r}, "
-            f"tie={tie!r}, significance={significance!r}, effect={effect!r}, refit={refit!r}"
+            f"budget, work, ceiling, tie, significance, effect and refit must be >= 0, got "
+            f"budget={budget!r}, work={work!r}, ceiling={ceiling!r}, tie={tie!r}, "
+            f"significance={significance!r}, effect={effect!r}, refit={refit!r}"
         )
     margin = Margin(significance, tie, effect, 1.0 if score is None else None)
     if score is None:
@@ -339,6 +376,8 @@ def search(
     if calibrated is not None:
         bases[0, False] = (model, calibrated, None)
     seconds: list[float] = [] if calibration_seconds is None else [float(calibration_seconds)]
+    if macs is None:  # counted, not timed: the plan's unit (qdq.ptq.counts)
+        macs = count_macs(model, example_inputs, batch_samples(tuple(example_inputs)))
     clock = time.perf_counter()  # the budget counts from here
 
     def base(fold: int, equalized: bool) -> tuple[nn.Module, nn.Module, StepReport | None]:
@@ -359,8 +398,8 @@ def search(
                 qdq.calibrate(prepared, data, method=method, percentile=percentile,
                               show_progress=False)  # fmt: skip
             bases[fold, equalized] = (float_model, prepared, report)
-            if equalized and schedule is not None:
-                schedule.costs.record("equalize", time.perf_counter() - start, fit[fold])
+            if equalized and timed_costs is not None:
+                timed_costs.record("equalize", time.perf_counter() - start, fit[fold])
             if (fold, equalized) == (0, False):
                 seconds.append(time.perf_counter() - start)
         if schedule is not None:
@@ -368,13 +407,18 @@ def search(
         return bases[fold, equalized]
 
     schedule: Schedule | None = None
+    timed_costs: Costs | None = None  # measured: only what the caller's clock admits by
     base(0, False)
     params, layers = _size(bases[0, False][1])
-    forward = forward_seconds if forward_seconds is not None else seconds[0] / max(fit[0], 1)
-    costs = Costs(forward=forward, calibration=seconds[0], params=params,
-                  layers=layers, flops=matmul_flops())  # fmt: skip
-    schedule = Schedule(budget if budget is not None else default_budget(seconds[0]), costs,
-                        fit, held, refit, adaround_iters, adaround_samples, start=clock)  # fmt: skip
+    costs = nominal_costs(params=params, layers=layers, macs=macs,
+                          batch=batch_of(splits[0].calib), samples=fit[0])  # fmt: skip
+    if budget is not None:
+        forward = forward_seconds if forward_seconds is not None else seconds[0] / max(fit[0], 1)
+        timed_costs = Costs(forward=forward, calibration=seconds[0], params=params,
+                            layers=layers, flops=matmul_flops())  # fmt: skip
+    schedule = Schedule(work if work is not None else default_work(costs), costs, fit, held,
+                        refit, adaround_iters, adaround_samples, start=clock, clock=budget,
+                        hard=ceiling, timed=timed_costs)  # fmt: skip
     schedule.built.add((0, False))
 
     def build(r: Recipe, fold: int = 0, iters: int | None = None
@@ -390,14 +434,16 @@ def search(
             if key != "equalize":
                 start = time.perf_counter()
                 done.append(steps[key](prepared))
-                costs.record(key, time.perf_counter() - start, fit[fold], iters=n)
+                if timed_costs is not None:
+                    timed_costs.record(key, time.perf_counter() - start, fit[fold], iters=n)
         return prepared, tuple(done) if eq is None else (eq, *done)
 
     def timed(fold: int) -> Callable[[nn.Module], float | torch.Tensor]:
         def score(prepared: nn.Module) -> float | torch.Tensor:
             start = time.perf_counter()
             got = scorers[fold](prepared)
-            costs.timed_forward((time.perf_counter() - start) / max(held[fold], 1))
+            if timed_costs is not None:
+                timed_costs.timed_forward((time.perf_counter() - start) / max(held[fold], 1))
             return got
 
         return score
@@ -410,12 +456,14 @@ def search(
         """Run ``r`` on ``fold`` under the deadline; ``False`` when the deadline stopped it."""
         if fold == 0:
             order.append(r.name)
-        with deadline(schedule.deadline + admitted.estimate):
+        with deadline(schedule.stop_at(admitted.seconds)):
             got = run_one(runs_of[r.name], partial(build, r, fold, admitted.iters), timed(fold))
+        schedule.charge(admitted.estimate)
         if runs_of[r.name].stopped:
+            schedule.cut.append(f"{r.name} (fold {fold + 1}) stopped")
             if fold == 0:
                 runs_of[r.name].status = (f"stopped (budget: ran past the budget's end and its "
-                                          f"estimate of {admitted.estimate:.1f} s)")  # fmt: skip
+                                          f"estimate of {admitted.seconds:.1f} s)")  # fmt: skip
             return False
         if got is not None and fold == 0:
             kept_models[r.name] = got[1], got[2]
@@ -423,8 +471,9 @@ def search(
 
     run(recipes[0], 0, schedule.admit(recipes[0], 0, first=True))
     rest = schedule.order(recipes)[1:]  # cheapest first, a forward now measured
-    for r in progress(rest, total=len(rest), enabled=show_progress,
-                      desc=f"recipe search (ends by {_clock(schedule.deadline)})"):  # fmt: skip
+    ends = schedule.ends
+    desc = "recipe search" + ("" if ends is None else f" (ends by {_clock(ends)})")
+    for r in progress(rest, total=len(rest), enabled=show_progress, desc=desc):
         scored = [c for c in recipes if runs_of[c.name].scored()]
         racing = schedule.race_estimate(contenders(scored, runs_of, margin), len(splits))
         admitted = schedule.admit(r, 0, held_back=scored, reserve=racing)
@@ -450,7 +499,7 @@ def search(
         kept=kept,
         reason=reason,
         score_name=score_name,
-        budget=float(schedule.budget),
+        budget=None if budget is None else float(budget),
         calibration_seconds=seconds[0],
         held_out=sum(len(f.held) for f in splits[:used]),
         model=kept_model,
@@ -462,7 +511,13 @@ def search(
         spent=schedule.spent(),
         order=tuple(order),
         iters=schedule.iters_of.get(kept.name),
-        refit_estimate=schedule.refit_estimate(kept, schedule.iters_of.get(kept.name)),
+        refit_estimate=schedule.refit_estimate(
+            kept, schedule.iters_of.get(kept.name), timed_costs or costs
+        ),
+        work=schedule.budget,
+        work_done=schedule.done,
+        clock_cut=tuple(schedule.cut),
+        refit_work=schedule.refit_estimate(kept, schedule.iters_of.get(kept.name)),
     )
 
 

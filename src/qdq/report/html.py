@@ -252,6 +252,7 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
         "outputs": _outputs(r),
         "timings": _timings(r),
         "budget": r.get("budget"),
+        "budget_clock": _budget_clock(r.get("budget")),
         "errors": errors,
         "error_rows": [] if errors is None else [_error_row(e) for e in errors["rows"]],
         "profile_svg": _guarded("plots", failed, _profile, errors),
@@ -482,3 +483,19 @@ def _predicted(r: Mapping[str, Any]) -> dict[str, int]:
         key = "qdq" if ly["kind"] == "qdq" else ly["input_precision"]
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _budget_clock(b: dict[str, Any] | None) -> dict[str, Any]:
+    """The budget's plan against what was spent, and whether the result depended on the clock
+    (the page's headline of the budget)."""
+    if not b or b.get("seconds") is None:
+        return {}
+    clock = b.get("clock") or {}
+    seconds = float(b["seconds"])
+    return {
+        "ratio": float(b["spent"]) / seconds if seconds > 0 else None,
+        "ceiling": b.get("ceiling"),
+        "depended": bool(clock.get("depended")),
+        "cut": list(clock.get("cut") or []),
+        "reproduce": clock.get("reproduce"),
+    }
