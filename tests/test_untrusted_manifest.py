@@ -284,6 +284,19 @@ def test_parity_errors_never_print_control_characters_raw(pair: Path, capsys) ->
     assert "missing\\x1b]0;pwned\\x07\\x1b[2J" in err
 
 
+def test_parity_of_a_graph_with_a_quantize_node_without_outputs(pair: Path, capsys) -> None:
+    import onnx
+
+    model = onnx.load(str(pair / "m.onnx"))
+    node = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
+    del node.output[:]  # was an IndexError in parity's graph edit
+    onnx.save(model, str(pair / "m.onnx"))
+    digest = hashlib.sha256((pair / "m.onnx").read_bytes()).hexdigest()
+    _edit(pair, lambda d: d["onnx"].update(sha256=digest))
+    code, err = _parity(pair, capsys)
+    assert code == 2 and "IndexError" not in _one_line_error(err), err
+
+
 # ---------------------------------------------------------------- values: one line, naming the key
 
 

@@ -283,14 +283,18 @@ def with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -
     extended = onnx.ModelProto()
     extended.CopyFrom(model)
     existing = {o.name for o in extended.graph.output}
-    quantize = {n.output[0]: n for n in extended.graph.node if n.op_type == "QuantizeLinear"}
+    quantize = {
+        n.output[0]: n
+        for n in extended.graph.node
+        if n.op_type == "QuantizeLinear" and n.output and n.input  # malformed: ORT says why
+    }
     for node in extended.graph.node:
-        if node.op_type != "DequantizeLinear" or "/" not in node.name:
+        if node.op_type != "DequantizeLinear" or "/" not in node.name or not node.output:
             continue
         path, _, tail = node.name.rpartition("/")
         if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):
             continue  # weights, and the per-consumer copies ("....1") of a DequantizeLinear
-        q = quantize.get(node.input[0])
+        q = quantize.get(node.input[0]) if node.input else None
         if q is None:
             continue
         taps.setdefault(path, []).append((q.input[0], node.output[0]))
