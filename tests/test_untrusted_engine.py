@@ -27,7 +27,7 @@ from qdq.lint.engine_report import (
     load_engine_report,
     parse_engine_report,
 )
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 from qdq.lint.untrusted_json import UntrustedJSONError, json_depth, parse_json
 from trt_engines import engine_file
 

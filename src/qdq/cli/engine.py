@@ -7,7 +7,7 @@ stderr; ``qdq -v engine ...`` logs the traceback.
 
 The reports are someone else's files: they are read within the limits of
 :mod:`qdq.lint.untrusted_json`, names are printed with control characters made visible
-(:func:`qdq.lint.safe_text.visible`), and ``report`` reads and writes only inside OUT (the paths
+(:func:`qdq.lint.text.visible`), and ``report`` reads and writes only inside OUT (the paths
 in ``OUT/report.json`` are resolved, symbolic links included, and must stay inside it).
 """
 
@@ -125,14 +125,14 @@ def run_engine(args: argparse.Namespace) -> int:
 
 
 def _one_line(err: BaseException) -> str:
-    from qdq.lint.safe_text import visible
+    from qdq.lint.text import visible
 
     return visible(" ".join(str(err).split()), keep="") or type(err).__name__
 
 
 def _say(text: str) -> None:
     """Print ``text`` (names from the reports in it) with control characters made visible."""
-    from qdq.lint.safe_text import visible
+    from qdq.lint.text import visible
 
     print(visible(text))
 

@@ -128,7 +128,7 @@ def _compare(
 def _one_line(err: BaseException) -> str:
     """``err`` as one line; control characters (from node names in the ONNX, say: an ORT error
     quotes them) are written as visible escapes, never sent to the terminal raw."""
-    from qdq.lint.safe_text import visible
+    from qdq.lint.text import visible
 
     text = visible(" ".join(str(err).split()), keep="") or type(err).__name__
     return (

@@ -38,7 +38,7 @@ from typing import Any
 from qdq.lint.diff import engine_kind, lcs_pairs
 from qdq.lint.engine_draw import short_name
 from qdq.lint.engine_report import EngineLayer, EngineReport
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 
 __all__ = ["EngineComparison", "LayerDelta", "TypeRow", "compare_engines", "layer_category"]
 

@@ -18,7 +18,7 @@ from html import escape as _html_escape
 
 from qdq.lint.compare import EngineComparison
 from qdq.lint.draw import PRECISION_COLORS
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 
 __all__ = ["ENGINE_COLORS", "comparison_svg"]
 

@@ -20,7 +20,7 @@ from qdq.lint.engine_report import EngineLayer, EngineReport
 from qdq.lint.formats import is_quantized
 from qdq.lint.predict import PredictedLayer
 from qdq.lint.report import LintReport
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 
 __all__ = ["LCS_CELLS", "EngineDiff", "LayerMatch", "diff_engine", "engine_kind", "lcs_pairs"]
 

@@ -35,7 +35,7 @@ from typing import Any
 from qdq.lint.graph import LintGraph
 from qdq.lint.load import load_model
 from qdq.lint.predict import PredictedLayer
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 
 __all__ = [
     "MARK_COLOR",

@@ -32,7 +32,7 @@ from qdq.lint.draw import (
 from qdq.lint.engine_draw import draw_engine_svg
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
-from qdq.lint.safe_text import visible
+from qdq.lint.text import visible
 
 __all__ = ["compare_page", "diff_page", "engine_svg", "predicted_svg"]
 
