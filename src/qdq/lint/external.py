@@ -6,9 +6,9 @@ sparse file made the linter allocate 17 GB, and a ``location`` may name any file
 read (``/etc/passwd``, ``../../secret``, a symlink out of the folder, a FIFO that blocks).
 :func:`load_external_data` checks every record first -- the location is a relative path inside the
 model's folder (symlinks resolved) naming a regular file; offset and length are whole numbers;
-``length``, when given, is the size the tensor's shape and type need; ``offset + size`` lies inside
-the file -- and then reads exactly that many bytes per tensor, so memory is bounded by what the
-tensors declare and the files really hold.
+``length`` (when absent: the rest of the file) is the size the tensor's shape and type need;
+``offset + size`` lies inside the file -- and then reads exactly that many bytes per tensor, so
+memory is bounded by what the tensors declare and the files really hold.
 """
 
 from __future__ import annotations
@@ -147,6 +147,12 @@ def _record(t: Any, folder: Path) -> tuple[Path, int, int]:
         raise ValueError(
             f"tensor {name!r}: external data in {location!r} ends at byte {offset + size}, past "
             f"the end of the file ({st.st_size} bytes): truncated or corrupt"
+        )
+    if length is None and st.st_size - offset != size:  # no length: the rest of the file
+        raise ValueError(
+            f"tensor {name!r}: external data in {location!r} holds {st.st_size - offset} bytes "
+            f"from offset {offset} to the end of the file (no length given), its shape "
+            f"{list(t.dims)} needs {size}: corrupt or tampered"
         )
     return file, offset, size
 

@@ -28,6 +28,7 @@ reads a whole external file when no length is given).
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import re
@@ -421,16 +422,18 @@ def _large(node: ast.AST) -> bool:
 
 
 def load_onnx_checked(path: Path) -> Any:
-    """``onnx.load(path)`` with every external tensor's size checked before its data is read.
+    """``onnx.load(path)`` with every external tensor checked before its data is read
+    (:func:`qdq.lint.external.load_external_data`: confined to the model's folder, each record
+    the size its shape and type need), and their total within :func:`qdq._limits.check_input_bytes`.
 
     Raises:
-        InputRefusedError: an external tensor whose data (its ``length``, else the rest of its file)
-            differs from its declared shape and type, naming the tensor and the file.
-        ValueError: an unreadable model or external data (onnx's own refusals of a location
-            outside the model's folder, an absolute path or a symbolic link), naming the file.
+        InputRefusedError: an external tensor outside the model's folder, of another size than
+            its declared shape and type, or data past the input limit, naming the tensor and file.
+        ValueError: an unreadable model, naming the file.
     """
     import onnx
-    from onnx import external_data_helper as ext
+
+    from qdq.lint.external import external_tensors, load_external_data, tensor_nbytes
 
     where = str(path)
     try:
@@ -439,61 +442,13 @@ def load_onnx_checked(path: Path) -> Any:
         raise ValueError(
             f"cannot read the ONNX model {where}: {' '.join(str(err).split())}"
         ) from None
-    folder = path.parent
     total = 0
-    for tensor in ext._get_all_tensors(model):
-        if not ext.uses_external_data(tensor):
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        location = info.get("location", "")
-        expected = _tensor_bytes(onnx, tensor)
-        target = folder / location
-        if (
-            not location
-            or Path(location).is_absolute()
-            or target.is_symlink()
-            or not target.resolve().is_relative_to(folder.resolve())
-        ):
-            raise InputRefusedError(
-                f"{where}: tensor {tensor.name!r} keeps its data at {location!r}, not a file "
-                f"inside the model's folder {folder} (absolute, '..' or a symbolic link)"
-            )
-        try:
-            size = target.stat().st_size if target.is_file() else None
-            offset = int(info.get("offset") or 0)
-            length = int(info["length"]) if info.get("length") else None
-        except (OSError, ValueError):
-            size, offset, length = None, 0, None
-        held = length if length is not None else (None if size is None else size - offset)
-        if expected is None or held is None or held != expected:
-            declared = "an unknown size" if expected is None else f"{expected} bytes"
-            found = "nothing readable" if held is None else f"{held} bytes"
-            raise InputRefusedError(
-                f"{where}: tensor {tensor.name!r} declares {declared} but its external data "
-                f"{location!r} holds {found}; refused before reading it"
-            )
-        total += expected
+    for tensor in external_tensors(model):
+        with contextlib.suppress(ValueError):  # a size that cannot be known: refused below
+            total += tensor_nbytes(tensor)
     check_input_bytes(total, where, "its external data")
     try:
-        ext.load_external_data_for_model(model, str(folder))
-    except Exception as err:
-        msg = " ".join(str(err).split())
-        raise ValueError(f"cannot read the external data of {where}: {msg}") from None
+        load_external_data(model, path)
+    except ValueError as err:
+        raise InputRefusedError(f"{where}: {err}") from None
     return model
-
-
-def _tensor_bytes(onnx: Any, tensor: Any) -> int | None:
-    """Bytes of a tensor's raw data from its dims and type (``None``: not a fixed-size type)."""
-    import math
-
-    try:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    except (KeyError, ValueError, TypeError):
-        return None
-    if dtype.kind in "OSUV" or any(d < 0 for d in tensor.dims):
-        return None
-    bits = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
-    count = math.prod(tensor.dims)
-    if tensor.data_type in bits:
-        return (count + 1) // 2
-    return count * dtype.itemsize
