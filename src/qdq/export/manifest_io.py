@@ -1,13 +1,12 @@
-"""Reading a manifest someone else wrote: bounded, and confined to its folder.
-
-A manifest arrives with a model from anyone, so it is untrusted input. :func:`read_manifest`
-checks a manifest before it parses it: a regular file of at most :data:`MAX_MANIFEST_BYTES`,
-UTF-8, JSON nested at most :data:`MAX_DEPTH` levels deep (counted on the text, before
-``json.loads`` builds anything). :func:`confined` resolves a file a manifest names relative to
-the folder it belongs in and refuses a name that could lead anywhere else: an absolute path, a
-``..`` part, a symbolic link whose target lies outside the folder. :func:`hash_file` hashes a
-file in chunks after checking that it is a regular file within a size bound, so memory stays
-bounded whatever the file. Nothing here runs code or writes a file.
+"""Reading a manifest someone else wrote: bounded, and confined to its folder. A manifest arrives
+with a model from anyone, so it is untrusted input. :func:`read_manifest` checks a manifest before
+it parses it: a regular file of at most :data:`MAX_MANIFEST_BYTES`, UTF-8, JSON nested at most
+:data:`MAX_DEPTH` levels deep (counted on the text, before anything is built:
+:func:`qdq.lint.untrusted_json.parse_json`). :func:`confined` resolves a file a manifest names
+relative to the folder it belongs in and refuses a name that could lead anywhere else: an absolute
+path, a ``..`` part, a symbolic link whose target lies outside the folder. :func:`hash_file`
+hashes a file in chunks after checking that it is a regular file within a size bound, so memory
+stays bounded whatever the file. Nothing here runs code or writes a file.
 
 Every refusal is a :class:`ValueError` whose one-line message names the manifest, the key and the
 offending value (``repr``, shortened: control characters never reach a terminal raw).
@@ -16,14 +15,12 @@ offending value (``repr``, shortened: control characters never reach a terminal 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-import numpy as np
+from qdq.lint.untrusted_json import UntrustedJSONError, parse_json
 
 __all__ = [
     "MAX_DEPTH",
@@ -31,7 +28,6 @@ __all__ = [
     "MAX_ONNX_BYTES",
     "confined",
     "hash_file",
-    "json_depth",
     "read_manifest",
     "short",
 ]
@@ -48,35 +44,12 @@ MAX_DEPTH = 64
 MAX_ONNX_BYTES = 2**31 - 1
 
 _CHUNK = 1 << 20
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEP = np.zeros(256, dtype=np.int64)
-_STEP[[ord("["), ord("{")]] = 1
-_STEP[[ord("]"), ord("}")]] = -1
 
 
 def short(value: object, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters (a hostile value may be megabytes long)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in JSON ``text``, counted without parsing it
-    (linear time, bounded memory; brackets inside strings do not count).
-
-    Example:
-        >>> json_depth('{"a": [1, [2, "]]"]], "b": {}}')
-        3
-    """
-    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text)).encode("ascii")
-    depth = level = 0
-    for start in range(0, len(skeleton), _CHUNK):
-        chunk = np.frombuffer(skeleton, dtype=np.uint8, count=min(_CHUNK, len(skeleton) - start),
-                              offset=start)  # fmt: skip
-        levels = np.cumsum(_STEP[chunk]) + level
-        depth, level = max(depth, int(levels.max())), int(levels[-1])
-    return depth
 
 
 def read_manifest(path: str | Path) -> Any:
@@ -100,16 +73,10 @@ def read_manifest(path: str | Path) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{p} is not valid JSON: {err}") from None
-    depth = json_depth(text)
-    if depth > MAX_DEPTH:
-        raise ValueError(
-            f"{p} nests JSON {depth} levels deep, more than the {MAX_DEPTH} a manifest may: "
-            "not a qdq manifest"
-        )
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, an int past 4300 digits
-        raise ValueError(f"{p} is not valid JSON: {' '.join(str(err).split())[:200]}") from None
+        return parse_json(text, f"manifest {p}", max_depth=MAX_DEPTH, nonfinite=True)
+    except UntrustedJSONError as err:
+        raise ValueError(" ".join(str(err).split())[:300]) from None
 
 
 def confined(folder: Path, name: object, *, manifest: Path, key: str) -> Path:

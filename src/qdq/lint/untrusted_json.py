@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "MAX_BYTES",
@@ -52,7 +53,12 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
 
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_CHUNK = 1 << 20
+#: the nesting step of each byte of a skeleton of brackets
+_STEP = np.zeros(256, dtype=np.int64)
+_STEP[[ord("["), ord("{")]] = 1
+_STEP[[ord("]"), ord("}")]] = -1
 
 
 class UntrustedJSONError(ValueError):
@@ -103,8 +109,15 @@ def load_json(
     return parse_json(data, name, max_depth=max_depth)
 
 
-def parse_json(text: str | bytes, what: str = "JSON", *, max_depth: int = MAX_DEPTH) -> Any:
-    """Decode JSON ``text`` (``bytes``: UTF-8) within the limits of the module.
+def parse_json(
+    text: str | bytes,
+    what: str = "JSON",
+    *,
+    max_depth: int = MAX_DEPTH,
+    nonfinite: bool = False,
+) -> Any:
+    """Decode JSON ``text`` (``bytes``: UTF-8) within the limits of the module; ``nonfinite``
+    accepts Python's ``NaN``/``Infinity`` (which qdq's own manifests write for an infinite gain).
 
     Raises:
         UntrustedJSONError: ``text`` breaks a limit or is not JSON; ``what`` names it.
@@ -123,6 +136,8 @@ def parse_json(text: str | bytes, what: str = "JSON", *, max_depth: int = MAX_DE
     if depth > max_depth:
         raise UntrustedJSONError(what, f"nests deeper than {max_depth} levels ({depth} found)")
     try:
+        if nonfinite:
+            return json.loads(text, parse_int=_int)
         return json.loads(text, parse_constant=_no_constant, parse_float=_float, parse_int=_int)
     except _BadNumberError as err:
         raise UntrustedJSONError(what, f"is not valid JSON: {err}") from None
@@ -134,15 +149,20 @@ def parse_json(text: str | bytes, what: str = "JSON", *, max_depth: int = MAX_DE
 
 def json_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings do not
-    count), in one linear pass; exact for valid JSON (and for the prefix that a parser reads
-    before it finds an error).
+    count), in one linear pass in bounded memory; exact for valid JSON (and for the prefix that a
+    parser reads before it finds an error).
 
     Example:
         >>> json_depth('{"a": [1, "[[["], "b": {}}'), json_depth("3")
         (2, 0)
     """
-    brackets = _BRACKET.findall(_STRING.sub("", text))
-    return max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0)
+    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text)).encode("ascii")
+    depth = level = 0
+    for start in range(0, len(skeleton), _CHUNK):
+        chunk = np.frombuffer(skeleton, np.uint8, min(_CHUNK, len(skeleton) - start), start)
+        levels = np.cumsum(_STEP[chunk]) + level
+        depth, level = max(depth, int(levels.max())), int(levels[-1])
+    return depth
 
 
 class _BadNumberError(ValueError):
