@@ -1,12 +1,13 @@
-"""Reading a manifest someone else wrote: bounded, and confined to its folder. A manifest arrives
-with a model from anyone, so it is untrusted input. :func:`read_manifest` checks a manifest before
-it parses it: a regular file of at most :data:`MAX_MANIFEST_BYTES`, UTF-8, JSON nested at most
-:data:`MAX_DEPTH` levels deep (counted on the text, before anything is built:
-:func:`qdq.lint.untrusted_json.parse_json`). :func:`confined` resolves a file a manifest names
-relative to the folder it belongs in and refuses a name that could lead anywhere else: an absolute
-path, a ``..`` part, a symbolic link whose target lies outside the folder. :func:`hash_file`
-hashes a file in chunks after checking that it is a regular file within a size bound, so memory
-stays bounded whatever the file. Nothing here runs code or writes a file.
+"""Reading a manifest someone else wrote: bounded, and confined to its folder.
+
+A manifest arrives with a model from anyone, so it is untrusted input. :func:`read_manifest`
+checks a manifest before it parses it: a regular file of at most :data:`MAX_MANIFEST_BYTES`,
+UTF-8, JSON nested at most :data:`MAX_DEPTH` levels deep (counted on the text, before anything is
+built: :func:`qdq.lint.untrusted_json.parse_json`). :func:`confined` resolves a file a manifest
+names relative to the folder it belongs in and refuses a name that could lead anywhere else: an
+absolute path, a ``..`` part, a symbolic link whose target lies outside the folder.
+:func:`hash_file` hashes a file in chunks after checking that it is a regular file within a size
+bound, so memory stays bounded whatever the file. Nothing here runs code or writes a file.
 
 Every refusal is a :class:`ValueError` whose one-line message names the manifest, the key and the
 offending value (``repr``, shortened: control characters never reach a terminal raw).
