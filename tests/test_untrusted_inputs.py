@@ -178,6 +178,11 @@ def test_the_cli_refuses_an_evil_pt2_in_one_line_exit_2(saved, tmp_path: Path, c
     )
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not marker.exists() and not out.exists()
+    for verb in ("debug", "sensitivity"):  # the same loader, the same refusal and opt-in flag
+        assert main([verb, "--model", str(evil), "--data", str(tmp_path / "x.npy")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"qdq {verb}: error: {evil}: entry data/weights/"), err
+        assert err.count("\n") == 1 and "--trust-model" in err and not marker.exists()
 
 
 def test_trust_model_loads_as_torch_does(saved, tmp_path: Path) -> None:

@@ -49,6 +49,12 @@ def add_accuracy_parsers(sub: Any) -> None:
     )
     for p in (debug, sens):
         p.add_argument("--model", required=True, metavar="SPEC", help="as for qdq quantize")
+        p.add_argument(
+            "--trust-model",
+            action="store_true",
+            help="load a .pt2 as torch.export.load does, unchecked: it may RUN CODE the file "
+            "holds (pickles); only for a file whose sender you trust",
+        )
         p.add_argument("--data", metavar="SPEC", help="the data (default: a zoo model's own)")
         p.add_argument(
             "--calib",
@@ -96,7 +102,7 @@ def _load(args: argparse.Namespace) -> _Loaded:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
-    source = resolve_model(args.model)
+    source = resolve_model(args.model, trust_model=args.trust_model)
     qdata = resolve_data(args.data, source.zoo, data_options(args), model=source.module)
     static = source.static_batch is not None
     size = source.static_batch or args.batch_size
