@@ -49,8 +49,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--time-budget",
         type=float,
         metavar="SECONDS",
-        help="seconds for the whole job (default: qdq quantize's, 2x the estimated cost of "
-        "the stages every job runs); on a busy machine the method comparison may not fit in it",
+        help="seconds for the whole job, as qdq quantize's (default: the predicted job, which "
+        "stops nothing before 10x it; the work is counted from the model, the same under any load)",
     )
     demo.add_argument(
         "--search-budget",

@@ -121,10 +121,11 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "--time-budget",
         type=float,
         metavar="SECONDS",
-        help="seconds for the whole job, from capture to the written report (default: 2x the "
-        "estimated cost of the stages every job runs, set after calibration; printed). The "
-        "recipe search, the refit, --compare-methods and the per-layer errors fit in it; "
-        "report.json's budget says what was left out",
+        help="seconds for the whole job, from capture to the written report: the clock then "
+        "stops the recipe search, the refit, --compare-methods and the per-layer errors where "
+        "they no longer fit (report.json's budget says what, and the --recipe that reproduces a "
+        "result the clock cut). Default: the predicted job, printed, which stops nothing before 10x "
+        "it: the search's plan is counted from the model, the same under any load",
     )
     p.add_argument(
         "--search-budget",
