@@ -27,19 +27,17 @@ TensorRT has no FP8 kernel for (:func:`qdq.lint.fp8.no_kernel`) runs float.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from qdq.lint.attention import Attention, attention_cores
-from qdq.lint.formats import FORMATS, INT8, is_quantized
+from qdq.lint.formats import FORMATS, INT8
 from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
+from qdq.lint.layer import PLUGIN, PredictedLayer
 from qdq.lint.structure import is_custom_op
 
 __all__ = ["PLUGIN", "PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
-#: the precision of a plugin layer (a custom operator, rule V16): whatever the plugin implements
-PLUGIN = "plugin"
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
 _EPILOGUE = frozenset(
@@ -60,45 +58,6 @@ _POINTWISE = frozenset(
      "Selu", "Softplus"}
 )  # fmt: skip
 _QUANTIZABLE_PW = _POINTWISE - {"Exp", "Sqrt", "Pow", "Div"}
-
-
-@dataclass(frozen=True)
-class PredictedLayer:
-    """One predicted engine layer.
-
-    Attributes:
-        name: the ONNX node names joined with ``" + "``, as TensorRT names fused layers.
-        nodes: those ONNX node names.
-        kind: ``"weighted"``, ``"attention"`` (a fused MHA core with INT8 or FP8 products),
-            ``"pooling"``, ``"concat"``, ``"pointwise"``, ``"qdq"`` (a standalone
-            Quantize/Dequantize, i.e. a Q/DQ-origin reformat), ``"plugin"`` (a custom operator,
-            precision ``"plugin"``: rule V16) or ``"other"``.
-        input_precision, output_precision: ``"int8"``, ``"fp8"`` or the float precision of the
-            target (``"fp16"`` for weakly typed INT8+FP16 builds, the ONNX dtype when strongly
-            typed).
-        reason: why a layer is float or standalone (empty for quantized layers).
-    """
-
-    name: str
-    nodes: tuple[str, ...]
-    kind: str
-    input_precision: str
-    output_precision: str
-    reason: str = ""
-
-    @property
-    def int8(self) -> bool:
-        """Whether the layer computes in INT8 (its input is INT8)."""
-        return self.input_precision == INT8
-
-    @property
-    def quantized(self) -> bool:
-        """Whether the layer computes in a quantized format (INT8 or FP8)."""
-        return is_quantized(self.input_precision)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict."""
-        return asdict(self)
 
 
 def predict_layers(
