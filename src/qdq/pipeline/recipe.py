@@ -374,9 +374,10 @@ def calibrate_and_improve(
             bound = calibration / max(num_samples(every if parts is not None else cal), 1)
             params, layers = _size(prepared)
             macs = count_macs(float_model_of(model, equalized), example, num_samples_of(example))
+            # the fake-quant forward does the float one's work and more: it bounds it too
+            int8 = per_sample(prepared, batch, bound=bound, limit=limit)
             budget.plan(points=len(qdq.plan_of(prepared).points),
-                        fp32=per_sample(model, batch, bound=bound, limit=limit),
-                        int8=per_sample(prepared, batch, bound=bound, limit=limit),
+                        fp32=per_sample(model, batch, bound=int8, limit=limit), int8=int8,
                         search=searching is not None and held is not None,
                         nominal=nominal_forward(params if macs is None else macs, layers,
                                                 batch_of(calib_batches)))  # fmt: skip
