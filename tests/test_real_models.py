@@ -314,10 +314,11 @@ EXPORTS: dict[tuple[str, str], set[str]] = {
     ("vit_tiny_patch16_224", "torchscript"): set(),  # is_causal=False traced as a tensor
     ("convnext_tiny", "dynamo"): set(),  # dynamic batch from a batch-1 example; LayerScale
     ("repvgg_a0", "torchscript"): set(),  # train form: three-branch sum, identity BatchNorm
-    # FPN levels read by the RPN head conv and the RoI pooler: one INT8 version (P04, RoIAlign)
-    ("fasterrcnn_resnet50_fpn", "torchscript"): {"H01"},
+    # FPN levels read by the RPN head conv and the RoI pooler: one INT8 version (P04, RoIAlign);
+    # the traced post-processing keeps If nodes whose subgraphs the linter does not read (V17)
+    ("fasterrcnn_resnet50_fpn", "torchscript"): {"H01", "V17"},
     # eager roi_heads reads box sizes with .item(); the traced path does not: exported, verified
-    ("keypointrcnn_resnet50_fpn", "torchscript"): {"H01"},
+    ("keypointrcnn_resnet50_fpn", "torchscript"): {"H01", "V17"},
     ("retinanet_resnet50_fpn", "torchscript"): {"H01"},  # relu(p6) beside the head conv (P04)
     # encoders: the mask's padding_mask.all() is read in eager only (TorchScript exports); every
     # GEMM and attention product INT8 but the classifier (P14: N = 3)
