@@ -82,6 +82,8 @@ class LintGraph:
         self._shape_only: dict[int, bool] = {}
         self._is_const: dict[str, bool] = {}
         self._qinput: dict[str, QInput | None] = {}
+        self._qdq_format: dict[int, str] = {}
+        self._weighted_format: dict[int, str | None] = {}
 
     def name(self, node: Any) -> str:
         """A node's name, or its first output when unnamed (its op type when it has neither)."""
@@ -135,8 +137,11 @@ class LintGraph:
 
     def qdq_format(self, node: Any) -> str:
         """The format (``"int8"``/``"fp8"``) a QuantizeLinear writes or a DequantizeLinear reads
-        (:func:`qdq.lint.formats.qdq_format`)."""
-        return qdq_format(node, self.const, self.producer)
+        (:func:`qdq.lint.formats.qdq_format`; once per node)."""
+        key = id(node)
+        if key not in self._qdq_format:
+            self._qdq_format[key] = qdq_format(node, self.const, self.producer)
+        return self._qdq_format[key]
 
     def quantized_uses(self, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
         """(Q node, final consumer, scale) for every use of ``tensor`` through Q → DQ (one list
@@ -280,7 +285,13 @@ class LintGraph:
     def weighted_format(self, node: Any) -> str | None:
         """The format a weighted op computes in: its activation and its weight both arrive through
         DequantizeLinear in that format. ``None`` when either is float or the two formats differ
-        (an FP8 activation with INT8 weights has no kernel: rule F05)."""
+        (an FP8 activation with INT8 weights has no kernel: rule F05). Computed once per node."""
+        key = id(node)
+        if key not in self._weighted_format:
+            self._weighted_format[key] = self._weighted_format_of(node)
+        return self._weighted_format[key]
+
+    def _weighted_format_of(self, node: Any) -> str | None:
         if not self.weighted(node):
             return None
         act = self.qinput(node.input[0])
