@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+# first: OpenMP's wait policy must be set before torch loads it (qdq._threads)
+from qdq import _threads as _threads
 from qdq import debug, lint, nn, qat
 
 # imported for what it does on import: it registers the fused kernels' self-check, without which
