@@ -157,6 +157,7 @@ def test_opset_above_the_parser_range() -> None:
     [
         ("tensorrt10", {}, "target must look like"),
         ("trt7", {}, "target must look like"),
+        ("trt10-a1000", {}, "unknown GPU 'a1000'.*qdq engine time --list-gpus"),
         ("trt10.5", {"strongly_typed": True}, "need TensorRT 10.12"),
         ("trt11", {"strongly_typed": False}, "always strongly typed"),
         ("trt10", {"flags": ["int4"]}, "unknown build flags"),

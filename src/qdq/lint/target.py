@@ -5,7 +5,9 @@ specification §2.1); ``"trt11"`` means strongly typed TensorRT 11. A minor vers
 (``"trt8.6"``, ``"trt10.5"``, ``"trt10.12"``) makes the version-dependent rules exact: the
 ConvTranspose weight axis (V12), pre-quantized weights (V10) and the parser's opset range (V07).
 A GPU after a dash (``"trt10-hopper"``, ``"trt10.12-ada"``, ``"trt10-sm89"``) names the compute
-capability, which decides whether FP8 layers build at all (F01: 8.9 and newer).
+capability, which decides whether FP8 layers build at all (F01: 8.9 and newer). A GPU model of the
+engine-time model's table (``"trt10-a100"``, ``"trt10.12-h100-sxm"``, ``"trt10-a100-80gb-pcie"``;
+:mod:`qdq.lint.speed.gpus`) names its compute capability too, and the GPU the engine is timed on.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from qdq.lint.speed.gpus import GPU, find_gpu
+
 __all__ = ["FLAGS", "GPUS", "Target", "parse_target"]
 
 FLAGS = frozenset({"int8", "fp16", "fp8", "best"})
-_PATTERN = re.compile(r"^trt(\d+)(?:\.(\d+))?(?:-([a-z0-9_.]+))?$")
+_PATTERN = re.compile(r"^trt(\d+)(?:\.(\d+))?(?:-([a-z0-9_.-]+))?$")
 #: GPU generations by compute capability (NVIDIA's CUDA GPU compute capability list): Ada (8.9),
 #: Hopper (9.0) and Blackwell (10.0, 12.0) have FP8 tensor cores, the generations before do not
 GPUS = {
@@ -44,7 +48,9 @@ class Target:
         strongly_typed: float layers run at the ONNX dtype (always on 11.x, opt-in on 10.12+).
         flags: weak-typing precision flags (``int8``, ``fp16``, ``fp8``, ``best``); empty when
             strongly typed.
-        gpu: the GPU generation (``"hopper"``) or ``"sm<major><minor>"``; ``None`` when not named.
+        gpu: the GPU generation (``"hopper"``), ``"sm<major><minor>"`` or the canonical name of a
+            GPU model of :data:`qdq.lint.speed.gpus.GPUS` (``"a100-sxm4-40gb"``); ``None`` when
+            not named.
         compute_capability: its ``(major, minor)``; ``None`` when no GPU is named.
     """
 
@@ -61,6 +67,22 @@ class Target:
         if self.strongly_typed:
             return "fp32"
         return "fp16" if self.flags & {"fp16", "best"} else "fp32"
+
+    @property
+    def gpu_model(self) -> GPU | None:
+        """The GPU model the target names (``trt10-a100``); ``None`` for a generation, a compute
+        capability or no GPU (:func:`qdq.lint.speed.gpus.gpu_for_target` picks one for those).
+
+        Example:
+            >>> parse_target("trt10-a100").gpu_model.label, parse_target("trt10-ampere").gpu_model
+            ('NVIDIA A100 SXM4 40 GB', None)
+        """
+        if self.gpu is None or self.gpu in GPUS or _SM.match(self.gpu):
+            return None
+        try:
+            return find_gpu(self.gpu)
+        except ValueError:
+            return None
 
     @property
     def max_opset(self) -> int | None:
@@ -102,8 +124,9 @@ class Target:
 def parse_target(
     text: str | Target, *, strongly_typed: bool | None = None, flags: Iterable[str] | None = None
 ) -> Target:
-    """Parse ``"trt<major>[.<minor>][-<gpu>]"`` (TensorRT 8 to 11; a GPU of :data:`GPUS` or
-    ``sm<cc>`` such as ``sm89``, ``sm_90``, ``sm120``).
+    """Parse ``"trt<major>[.<minor>][-<gpu>]"`` (TensorRT 8 to 11; a generation of :data:`GPUS`,
+    ``sm<cc>`` such as ``sm89``, ``sm_90``, ``sm120``, or a GPU model such as ``a100``,
+    ``h100-sxm``, ``rtx3090``: ``qdq engine time --list-gpus`` lists them).
 
     Args:
         text: the target string (or an already parsed ``Target``, returned as is).
@@ -127,7 +150,7 @@ def parse_target(
     if m is None or not 8 <= int(m.group(1)) <= 11:
         raise ValueError(
             f"target must look like 'trt10', 'trt10.5', 'trt8.6', 'trt11' or with a GPU "
-            f"'trt10-hopper', 'trt10.12-sm89' (TensorRT 8 to 11), got {text!r}"
+            f"'trt10-hopper', 'trt10.12-sm89', 'trt10-a100' (TensorRT 8 to 11), got {text!r}"
         )
     version = (int(m.group(1)), int(m.group(2) or 0))
     gpu, capability = _gpu(m.group(3), text)
@@ -153,7 +176,7 @@ def parse_target(
 
 
 def _gpu(name: str | None, text: object) -> tuple[str | None, tuple[int, int] | None]:
-    """``(generation, compute capability)`` of the GPU named in a target string."""
+    """``(generation, sm form or model name, compute capability)`` of the GPU named in a target."""
     if name is None:
         return None, None
     if name in GPUS:
@@ -165,7 +188,12 @@ def _gpu(name: str | None, text: object) -> tuple[str | None, tuple[int, int] | 
             return name, (int(digits), int(m.group(2)))
         if len(digits) >= 2:  # sm89, sm90, sm100, sm120
             return name, (int(digits[:-1]), int(digits[-1]))
-    raise ValueError(
-        f"{text}: unknown GPU {name!r}; name a generation ({', '.join(GPUS)}) or a compute "
-        "capability (sm75, sm86, sm89, sm90, sm100, sm120)"
-    )
+    try:
+        model = find_gpu(name)
+    except ValueError:
+        raise ValueError(
+            f"{text}: unknown GPU {name!r}; name a generation ({', '.join(GPUS)}), a compute "
+            "capability (sm75, sm86, sm89, sm90, sm100, sm120) or a GPU model (a100, h100-sxm, "
+            "rtx3090, l4, ...: qdq engine time --list-gpus lists the models)"
+        ) from None
+    return model.name, model.compute_capability
