@@ -82,6 +82,15 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "(rules F01-F09)",
     )
     p.add_argument(
+        "--objective",
+        default="accuracy",
+        choices=("accuracy", "speed"),
+        help="accuracy (default): the placement rules alone; speed: also keep in FP16 the layers "
+        "whose INT8 is predicted slower than FP16 on the target's GPU (their Q/DQ and reformats "
+        "counted; rule T01), before --max-drop's search; needs a --target naming a GPU "
+        "(trt10-a100, trt10-hopper)",
+    )
+    p.add_argument(
         "--calib",
         default=None,
         choices=("mse", "entropy", "percentile", "max"),
@@ -200,7 +209,8 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "--target",
         default="trt10",
         help="TensorRT version (and GPU) the linter predicts: trt8.6, trt10 (default), trt11, "
-        "trt10-hopper, trt10.12-ada ...; --format fp8/mixed needs an FP8 GPU (Ada+) and trt10+",
+        "trt10-hopper, trt10.12-ada, trt10-a100 ...; --format fp8/mixed needs an FP8 GPU (Ada+) "
+        "and trt10+; a GPU in the target also predicts the engine time against FP16",
     )
     p.add_argument(
         "--engine-report",
@@ -348,6 +358,7 @@ def _run_quantize(args: argparse.Namespace, prog: str, device: Any, quiet: bool)
             output_kind=args.output_kind,
             time_budget=args.time_budget,
             trust_model=args.trust_model,
+            objective=args.objective,
         )
     except KeyboardInterrupt as err:
         return _interrupted(prog, err)

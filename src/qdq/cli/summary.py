@@ -88,6 +88,7 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             f"{fp8}; lint {r['lint_verdict']} ({r['lint_target']}, "
             f"{len(r['lint_findings'])} findings)"
         )
+    _print_latency(r)
     for s in r["skipped_layers"][:10]:
         print(f"  float: {s['name']} ({s['type']}) {s['rule']}: {s['reason']}")
     if len(r["skipped_layers"]) > 10:
@@ -109,6 +110,23 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     print(f"time: {r['total_s']:.1f} s ({times})")
     _print_budget(r.get("budget"))
     print(f"wrote {out_dir}/: {', '.join(r['files'].values())}")
+
+
+def _print_latency(r: dict[str, Any]) -> None:
+    """The predicted engine time against FP16 and what ``--objective speed`` kept in FP16."""
+    lat = r.get("latency")
+    if lat:
+        print(
+            f"predicted on {lat['gpu_label']}: {_ms(lat['total_ms'])} ms vs FP16 "
+            f"{_ms(lat['fp16_total_ms'])} ms ({lat['speedup_vs_fp16']:.2f}x)"
+        )
+    objective = r.get("objective") or {}
+    if objective.get("name") == "speed":
+        print(f"  --objective speed: {objective.get('summary', '')}")
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
 
 
 def _print_budget(b: dict[str, Any] | None) -> None:

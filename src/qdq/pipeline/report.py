@@ -27,7 +27,10 @@ and what :func:`qdq.qat.prepare` did; ``null`` without it), ``warnings``, ``stag
 stage after the INT8 measurement that failed — per-layer error, method comparison, lint, the page's
 drawing, plots and engine views —: ``stage``, ``error`` (the exception type), ``message``; the job
 still wrote everything, and what that stage would have written is ``null``: ``lint``,
-``lint_verdict`` ``"not run"``, ``layer_errors``, ...), ``files`` (names inside OUT).
+``lint_verdict`` ``"not run"``, ``layer_errors``, ...), ``files`` (names inside OUT),
+``latency`` (the predicted engine time against FP16 on the target's GPU,
+:mod:`qdq.pipeline.speed`; ``null`` with ``latency_reason`` when the target names no GPU or the
+stage failed) and ``objective`` (``name``; for ``speed`` the modules kept in FP16, rule ``T01``).
 
 ``data.inputs``: the name, per-sample shape and dtype of every model input (``data.input_shape`` and
 ``data.input_dtype``: the first one's).
@@ -96,6 +99,8 @@ STAGE_LABELS = {
     "ptq": "PTQ improvements",
     "qat": "QAT fine-tuning",
     "lint": "lint",
+    "latency": "engine time",
+    "speed": "speed objective",
 }
 #: ``lint_verdict`` when the lint stage failed (see ``stage_errors``)
 LINT_NOT_RUN = "not run"

@@ -27,7 +27,7 @@ from torch import nn
 
 from qdq.config import CALIBRATION_METHODS
 from qdq.lint.engine_report import EngineReport
-from qdq.pipeline import per_image
+from qdq.pipeline import per_image, speed
 from qdq.pipeline.budget import Budget, check_budget
 from qdq.pipeline.data import DataOptions, QuantData, resolve_data
 from qdq.pipeline.degenerate import degenerate_outputs
@@ -90,7 +90,7 @@ VERIFY_IMAGES = 1
 #: recorded in ``report.json`` ``stage_errors`` and the page, and everything is still written. The
 #: page's own parts (model drawing, engine views, plots) are guarded the same way
 #: (:func:`qdq.report.write_html`).
-OPTIONAL_STAGES = ("layer_errors", "compare_methods", "lint")
+OPTIONAL_STAGES = ("layer_errors", "compare_methods", "lint", "latency", "speed")
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ def quantize(
     time_budget: float | None = None,
     format: str = "int8",
     trust_model: bool = False,
+    objective: str = "accuracy",
 ) -> QuantizeResult:
     """Quantize ``model`` on ``data``; write ``out/{model.qdq.onnx, manifest.json, report.json,
     report.html}``.
@@ -229,6 +230,8 @@ def quantize(
         trust_model: load a ``.pt2`` model spec as ``torch.export.load`` does, unchecked (it may
             run code the file holds); by default an archive that would run code is refused
             (:mod:`qdq.pipeline.model_files`). Only for a file whose sender you trust.
+        objective: ``"accuracy"`` (default) or ``"speed"``: also keep in FP16 the layers not worth
+            quantizing on the target's GPU (rule T01, before ``max_drop``; :mod:`.speed`).
 
     Returns:
         The :class:`QuantizeResult`.
@@ -253,6 +256,7 @@ def quantize(
     calib = check_method(calib, format)
     # a bad target fails now, not after the export, and so does FP8 for a GPU without it
     lint_flags = check_format_target(format, target)
+    speed.check_objective(objective, target)  # nor --objective speed without a GPU to predict on
     dev = resolve_device(device)  # nor a device that is not there
     from qdq.report import check_dependencies
 
@@ -351,7 +355,10 @@ def quantize(
                                      percentile=percentile, ptq=ptq, per_image=keys,
                                      show_progress=show_progress, budget=budget,
                                      no_search=no_search, config=config)  # fmt: skip
-        prepared, float_model, calib_batches = done.prepared, done.float_model, done.batches
+        prepared, config, fast = speed.keep_fp16(objective, stages, done, example, config, calib,
+                                                 percentile, exporter, opset, target, size,
+                                                 static)  # fmt: skip
+        float_model, calib_batches = done.float_model, done.batches
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
@@ -372,6 +379,8 @@ def quantize(
                 trained, qat_report = run_qat(prepared, calib_batches, example, qat, show_progress)
                 qat_run, prepared = (qat_report, prepared), trained
                 st.detail = qat_report["summary"]
+        if fast is not None:  # the fallback's re-plan recorded the exclusions as USER
+            fast.mark(prepared)
         record_recipe(prepared, done.options.recipe, "search" if done.searched else "given")
         if not dist.is_main_process():  # torchrun: rank 0 exports, measures and writes
             return _written_by_rank0(out_dir, prepared)
@@ -402,6 +411,7 @@ def quantize(
                     keys,
                     None if chosen is None else chosen.to_dict(),
                     lint_flags,
+                    speed.objective_entry(objective, fast),
                 ),
                 caught,
                 fallback,
@@ -434,6 +444,7 @@ class _Settings:
     per_image: tuple[str, ...] | None = None  # the detection keys in per-image mode (batch 1)
     format_choice: dict[str, Any] | None = None  # what --format mixed measured (FormatChoice)
     lint_flags: tuple[str, ...] | None = None  # the build flags linted (FP8: --fp8 added)
+    objective: dict[str, Any] | None = None  # report.json: objective (pipeline/speed.py)
 
 
 def _export_and_measure(
@@ -502,6 +513,7 @@ def _export_and_measure(
         with stages.optional("lint") as st:
             report_lint = lint(exported.path, target=s.target, flags=s.lint_flags)
             st.detail = f"{report_lint.verdict} ({len(report_lint.findings)} findings)"
+        latency = speed.latency_stage(stages, exported.path, s.target, example, size, report_lint)
         timings = stages.timings
         report = build_report(
             metric=top["name"],
@@ -550,6 +562,7 @@ def _export_and_measure(
         from qdq.report import write_html
 
         report["budget"] = budget.to_report(stages.timings)
+        speed.add_speed(report, latency, s.objective or {"name": "accuracy"})
         # the page first: its own parts that fail (drawing, plots, engine views) are recorded
         # in report.json too, and the page lists every stage that failed
         report = json.loads(json.dumps(report, default=str))

@@ -266,7 +266,14 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
         "predicted": _predicted(r),
         "ptq_steps": _ptq_steps(r),
         "eq_rows": ((r.get("ptq") or {}).get("equalize") or {}).get("rows", []),
+        "latency": _guarded("plots", failed, _latency, r),
     }
+
+
+def _latency(r: Mapping[str, Any]) -> dict[str, Any] | None:
+    from qdq.report.speed import latency_view
+
+    return latency_view(r)
 
 
 #: report.json's PTQ step keys in pipeline order (each step's report has a one-line summary)
