@@ -185,7 +185,7 @@ def slow_warning(lat: Any) -> str | None:
         + " (report.json latency.not_paying; --objective speed keeps them in FP16)"
         if names
         else "no single layer is predicted slower than in FP16: the model gains too little from "
-        "INT8 at this shape (small or memory-bound layers)"
+        "quantization at this shape (small or memory-bound layers)"
     )
     return (
         f"the Q/DQ engine is predicted only {lat.speedup_vs_fp16:.2f}x faster than FP16 on "
@@ -295,7 +295,7 @@ class SpeedChoice:
         if self.reverted:
             return f"{head}; {self.reverted}"
         if not self.kept:
-            return f"{head}; every quantized layer pays: nothing kept in FP16"
+            return f"{head}; no quantized layer is predicted slower than FP16: nothing kept in FP16"
         a = self.after or b
         return (
             f"{head}; {len(self.kept)} module(s) kept in FP16 ({SPEED_RULE}): "
@@ -428,12 +428,17 @@ def keep_fp16(
     result: tuple[nn.Module, QuantConfig, SpeedChoice | None] = (done.prepared, config, None)
     with stages.optional("speed") as st:
         import qdq
+        from qdq.lint import lint
+        from qdq.pipeline.options import check_format_target
+
+        flags = check_format_target(config.format, target)  # the job's build flags (FP8)
 
         def predicted(model: nn.Module, tmp: str, name: str) -> tuple[Path, Any]:
             path = Path(tmp) / name
             qdq.export_onnx(model, example, path, opset=opset, exporter=exporter,
                             dynamic_batch=not static, verify=False)  # fmt: skip
-            return path, predict(path, target, example, size)
+            layers = lint(path, target=target, flags=flags)
+            return path, predict(path, target, example, size, layers)
 
         with tempfile.TemporaryDirectory(prefix="qdq-speed-") as tmp:
             path, first = predicted(done.prepared, tmp, "first.onnx")
