@@ -222,6 +222,14 @@ def test_report_totals_json_and_text() -> None:
     assert all(ly.op != "qdq" for ly in report.fp16_layers)
 
 
+def test_the_gpu_comes_from_the_target() -> None:
+    named = predict_latency(_resnet_stage(True), target="trt10-a100")
+    assert named.gpu == "a100-sxm4-40gb" and named.gpu_note == ""
+    generation = predict_latency(_resnet_stage(True), target="trt10-ampere")
+    assert generation.gpu_note and generation.gpu_note in generation.format()
+    assert generation.to_dict()["gpu_note"] == generation.gpu_note
+
+
 def test_no_gpu_named_is_refused() -> None:
     with pytest.raises(ValueError, match="names no GPU.*--gpu"):
         predict_latency(_resnet_stage(True), target="trt10")
@@ -240,6 +248,7 @@ def test_engine_layers_know_their_sources() -> None:
 
 
 # ------------------------------------------------------------------ qdq's own ResNet-18
+@pytest.mark.slow  # two exports of ResNet-18 (~5 s each after torch's import)
 def test_resnet18_default_export_beats_conv_only(tmp_path: Path) -> None:
     tv = pytest.importorskip("torchvision.models")
     import torch
@@ -271,3 +280,29 @@ def test_resnet18_default_export_beats_conv_only(tmp_path: Path) -> None:
     assert default.speedup_vs_fp16 > 1.0 and default.total_ms < naive.total_ms
     assert [ly.op for ly in naive.layers].count("qdq") == 10  # as the real engine's 10
     assert [ly.op for ly in default.layers].count("qdq") == 1
+
+
+def test_fused_int8_attention_counts_both_products() -> None:
+    g = G()
+
+    def qdq(x: str) -> str:
+        return g.qdq(x, 0.05)
+
+    kt = g.op("Transpose", ["k"], perm=[0, 1, 3, 2])
+    probs = g.op("Softmax", [g.op("MatMul", [qdq("q"), qdq(kt)])], axis=-1)
+    out = g.op("MatMul", [qdq(probs), qdq("v")])
+    dims = [2, 4, 16, 32]  # batch, heads, tokens, head size
+    model = _model(
+        g.nodes,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in "qkv"],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        g.inits,
+    )
+    layers = cost_layers(model, lint(model).layers)
+    core = _one(layers, "attention")
+    assert core.precision == "int8"
+    assert core.macs == 2 * 4 * 16 * 16 * 32 + 2 * 4 * 16 * 32 * 16  # scores + context
+    assert core.gemm == (16, 16, 32) and core.groups == 2 * 4
+    assert core.read_bytes == 3 * 2 * 4 * 16 * 32  # q, k, v in INT8
+    assert core.write_bytes == 2 * 4 * 16 * 32 * 2  # the context in FP16 (a graph output)
+    assert [c.op for c in layers].count("qdq") == 3  # the network inputs' Quantize nodes

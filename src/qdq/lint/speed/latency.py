@@ -21,9 +21,8 @@ from qdq.lint.graph import LintGraph
 from qdq.lint.layer import PredictedLayer
 from qdq.lint.load import load_model
 from qdq.lint.predict import predict_layers
-from qdq.lint.speed import gpus as _gpus
 from qdq.lint.speed.cost import CostParams, layer_time, load_params
-from qdq.lint.speed.gpus import GPU, find_gpu
+from qdq.lint.speed.gpus import GPU, find_gpu, gpu_for_target
 from qdq.lint.speed.onnx_layers import EngineLayer, engine_layers, strip_qdq
 from qdq.lint.target import Target, parse_target
 from qdq.lint.text import printable
@@ -240,17 +239,7 @@ def _gpu_of(t: Target, gpu: str | GPU | None) -> tuple[GPU, str]:
     """The GPU to time on and the note saying why (the target's representative GPU)."""
     if gpu is not None:
         return find_gpu(gpu), ""
-    for_target = getattr(_gpus, "gpu_for_target", None)
-    if for_target is None or t.gpu is None:
-        raise ValueError(
-            f"target {t.label!r} names no GPU to time on: pass --gpu NAME or a target with a GPU "
-            "(trt10-a100, trt10-ampere; qdq engine time --list-gpus)"
-        )
-    found = for_target(t)
-    if found is None:
-        raise ValueError(f"target {t.label!r}: no GPU of the table stands for it; pass --gpu NAME")
-    device, note = found
-    return device, str(note or "")
+    return gpu_for_target(t)
 
 
 def _timed(found: list[EngineLayer], ms: list[float]) -> tuple[LayerLatency, ...]:
