@@ -17,7 +17,7 @@ from qdq.lint.engine_report import (
     normalize_dtype,
     parse_engine_report,
 )
-from trt_engines import KINDS, PREFIXES, TRT_ENGINES, engine_file
+from trt_engines import FILES, KINDS, PREFIXES, TIMED, TRT_ENGINES, engine_file
 
 # the fixtures' README: sum of per-layer median times, ResNet-18, A100, batch 32
 README_MS = {"resnet18-a100-fp32": 2.12, "resnet18-a100-fp16": 1.02, "resnet18-a100-qat": 1.10}
@@ -41,7 +41,9 @@ def test_the_fixtures_are_in_the_repository() -> None:
     # that reads them can skip on a fresh clone; a missing one raises instead of skipping
     assert TRT_ENGINES.is_relative_to(Path(__file__).resolve().parent)
     expected = {f"{p}.{k}.json" for p in PREFIXES for k in KINDS} | {"README.md"}
-    assert {x.name for x in TRT_ENGINES.iterdir()} == expected
+    assert expected <= {*FILES, "README.md"}
+    assert {x.name for x in TRT_ENGINES.iterdir()} == {*FILES, "README.md"}
+    assert all((TRT_ENGINES / f"{p}.graph.json").is_file() for p in TIMED)
     assert all(engine_file(p, k).stat().st_size > 0 for p in PREFIXES for k in KINDS)
     with pytest.raises(FileNotFoundError, match="missing from the repository"):
         engine_file("resnet18-a100-int4")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from qdq.lint import parse_target
-from qdq.lint.speed.cost import CostLayer, PrecisionUnsupported, layer_time
+from qdq.lint.speed.cost import CostLayer, UnsupportedPrecisionError, layer_time
 from qdq.lint.speed.gpus import (
     GPUS,
     PRECISIONS,
@@ -108,12 +108,12 @@ def test_an_fp8_layer_on_a_gpu_without_fp8_is_refused_naming_the_gpu() -> None:
                       weight_bytes=4e4, gemm=(4096, 64, 576))  # fmt: skip
     for name in ("a100", "rtx3090", "t4", "jetson-agx-orin"):
         with pytest.raises(
-            PrecisionUnsupported, match=rf"conv1.*{re.escape(find_gpu(name).label)}.*FP8"
+            UnsupportedPrecisionError, match=rf"conv1.*{re.escape(find_gpu(name).label)}.*FP8"
         ):
             layer_time(layer, find_gpu(name))
     assert layer_time(layer, find_gpu("h100")).ms > 0
     fp4 = CostLayer("fc", "gemm", "fp4", macs=1e9, gemm=(1024, 1024, 1024))
-    with pytest.raises(PrecisionUnsupported, match="H100.*FP4"):
+    with pytest.raises(UnsupportedPrecisionError, match="H100.*FP4"):
         layer_time(fp4, find_gpu("h100"))
     assert layer_time(fp4, find_gpu("b200")).ms > 0
 

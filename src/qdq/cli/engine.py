@@ -1,4 +1,5 @@
-"""``qdq engine draw | diff | compare``: views of real TensorRT engine reports.
+"""``qdq engine draw | diff | compare | report | time``: views of real TensorRT engine reports
+(``time``: :mod:`qdq.cli.engine_time`).
 
 Exit codes: 0 done (``diff``: and the prediction agrees with the engine), 1 ``diff`` found
 disagreements, 2 bad options (argparse), 3 an input cannot be read or the drawing cannot be made
@@ -91,6 +92,9 @@ def add_engine_parser(sub: Any) -> None:
     report.add_argument(
         "--max-nodes", type=int, default=80, help="collapse by module scope past N layers (80)"
     )
+    from qdq.cli.engine_time import add_time_parser
+
+    add_time_parser(verbs)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -106,8 +110,11 @@ def run_engine(args: argparse.Namespace) -> int:
         "diff": _diff,
         "compare": _compare,
         "report": _report,
+        "time": _time,
     }
     prog = f"qdq engine {args.engine_command}"
+    if args.engine_command == "time":
+        return _time(args)
     if args.max_nodes < 2:
         print(f"{prog}: error: --max-nodes must be >= 2, got {args.max_nodes}", file=sys.stderr)
         return 2
@@ -122,6 +129,12 @@ def run_engine(args: argparse.Namespace) -> int:
         logger.debug("%s failed", prog, exc_info=True)
         print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
         return 3
+
+
+def _time(args: argparse.Namespace) -> int:
+    from qdq.cli.engine_time import run_time
+
+    return run_time(args)
 
 
 def _one_line(err: BaseException) -> str:

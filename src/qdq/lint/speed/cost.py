@@ -34,7 +34,7 @@ __all__ = [
     "CostLayer",
     "CostParams",
     "LayerTime",
-    "PrecisionUnsupported",
+    "UnsupportedPrecisionError",
     "layer_time",
     "load_params",
     "math_precision",
@@ -47,11 +47,11 @@ OPS = (*COMPUTE_OPS, "pointwise", "pool", "reduce", "softmax", "norm", "reformat
 #: bytes per value of each precision
 ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0,
                  "fp4": 0.5, "int4": 0.5, "int32": 4.0, "int64": 8.0, "bool": 1.0, "uint8": 1.0}  # fmt: skip
+_SPLIT_K_MIN = 256  # the shortest reduction chunk of a split-K GEMM
 _SIMT_SPEEDUP = {"fp32": 1.0, "tf32": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0, "fp8": 2.0}
-_TILE = 128  # output tile edge for wave use
 
 
-class PrecisionUnsupported(ValueError):
+class UnsupportedPrecisionError(ValueError):
     """A layer asks for a precision the GPU has no kernels for (FP8 before Ada)."""
 
 
@@ -115,21 +115,32 @@ class CostParams:
         tensor_efficiency: achieved share of a tensor-core peak on a large, aligned GEMM.
         simt_efficiency: achieved share of the CUDA-core peak (depthwise, FP32 without TF32).
         memory_efficiency: achieved share of DRAM bandwidth by streaming layers.
+        reformat_efficiency: the same for layout-changing copies (reformats, standalone Q/DQ).
+        l2_speedup: how much faster bytes resident in L2 move than DRAM bytes.
+        tile: the edge of the output tiles a GEMM's work is split into (wave quantization).
         blend: the ``p`` of ``(compute^p + memory^p)^(1/p)`` (1: no overlap, large: roofline max).
-        floor_ms: per-layer floor (launch, plus the profiler's per-layer synchronisation).
+        floor_ms: per-layer floor (launch, plus the profiler's per-layer synchronisation) of
+            TensorRT 10 and newer.
+        floor_ms_trt8: the same for TensorRT 8.x engines, whose profiled layers carry more.
     """
 
     tensor_efficiency: float = 0.8
     simt_efficiency: float = 0.6
     memory_efficiency: float = 0.7
+    reformat_efficiency: float = 0.5
+    l2_speedup: float = 2.0
+    tile: float = 64.0
     blend: float = 1.5
-    floor_ms: float = 0.004
+    floor_ms: float = 0.005
+    floor_ms_trt8: float = 0.006
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"cost parameter {f.name} must be a positive number, got {value!r}")
+                raise ValueError(
+                    f"cost parameter {f.name} must be a positive number, got {value!r}"
+                )
 
     def to_dict(self) -> dict[str, float]:
         """A JSON-serialisable dict."""
@@ -150,23 +161,25 @@ def math_precision(precision: str, gpu: GPU) -> str:
     """The precision a layer's math runs at on ``gpu``: FP32 runs TF32 where the GPU has it.
 
     Raises:
-        PrecisionUnsupported: ``gpu`` has no kernels of ``precision``.
+        UnsupportedPrecisionError: ``gpu`` has no kernels of ``precision``.
     """
     if precision == "fp32":
         return "tf32" if gpu.peak("tf32") else "fp32"
     if gpu.peak(precision) is None:
-        raise PrecisionUnsupported(
+        raise UnsupportedPrecisionError(
             f"{gpu.label} (compute capability {gpu.compute_capability[0]}."
             f"{gpu.compute_capability[1]}) has no {precision.upper()} kernels"
         )
     return precision
 
 
-def layer_time(layer: CostLayer, gpu: GPU, params: CostParams | None = None) -> LayerTime:
-    """Predict ``layer``'s time on ``gpu``.
+def layer_time(
+    layer: CostLayer, gpu: GPU, params: CostParams | None = None, *, trt_major: int = 10
+) -> LayerTime:
+    """Predict ``layer``'s time on ``gpu`` in a TensorRT ``trt_major`` engine.
 
     Raises:
-        PrecisionUnsupported: a compute layer of a precision ``gpu`` lacks (the message names it).
+        UnsupportedPrecisionError: a compute layer of a precision ``gpu`` lacks (the message names it).
 
     Example:
         >>> from qdq.lint.speed.gpus import find_gpu
@@ -180,34 +193,59 @@ def layer_time(layer: CostLayer, gpu: GPU, params: CostParams | None = None) -> 
     p = params or load_params()
     if layer.op == "noop":
         return LayerTime(0.0, 0.0, 0.0, layer.precision)
-    memory = layer.bytes / (gpu.memory_gbs * 1e9 * p.memory_efficiency) * 1e3
+    efficiency = p.reformat_efficiency if layer.op in ("reformat", "qdq") else p.memory_efficiency
+    # the share of the bytes that half the L2 can hold is served from L2, l2_speedup times faster
+    hit = min(1.0, 0.5 * gpu.l2_mb * 1e6 / layer.bytes) if layer.bytes > 0 else 0.0
+    bandwidth = gpu.memory_gbs * 1e9 * efficiency
+    memory = layer.bytes * ((1.0 - hit) + hit / p.l2_speedup) / bandwidth * 1e3
     compute = 0.0
     math_at = layer.precision
     if layer.op in COMPUTE_OPS and layer.macs > 0:
         try:
             math_at = math_precision(layer.precision, gpu)
-        except PrecisionUnsupported as err:
-            raise PrecisionUnsupported(f"layer {layer.name!r}: {err}") from None
+        except UnsupportedPrecisionError as err:
+            raise UnsupportedPrecisionError(f"layer {layer.name!r}: {err}") from None
         compute = _compute_ms(layer, gpu, math_at, p)
-    blend = p.blend
-    ms = (compute**blend + memory**blend) ** (1.0 / blend) + p.floor_ms
+    floor = p.floor_ms_trt8 if trt_major < 10 else p.floor_ms
+    ms = _smooth_max(compute, memory, p.blend) + floor
     return LayerTime(ms, compute, memory, math_at)
 
 
 def _compute_ms(layer: CostLayer, gpu: GPU, math_at: str, p: CostParams) -> float:
-    if layer.depthwise or math_at == "fp32":
+    """Wave-quantized tensor-core time, or the CUDA-core time where tensor cores do not apply."""
+    align = max(1, int(16 / ELEMENT_BYTES.get(math_at, 2.0)))
+    channels = layer.group_channels
+    misaligned = channels > 0 and channels % align != 0
+    if not gpu.tensor_cores(math_at):  # INT8 on a V100: dp4a at its listed rate
+        return 2.0 * layer.macs / (gpu.tflops[math_at] * 1e12 * p.simt_efficiency) * 1e3
+    if layer.depthwise or (misaligned and math_at not in ("fp16", "bf16")):
+        # CUDA cores: FP32, depthwise, and TF32/8-bit convolutions whose channels do not fill the
+        # tensor cores' 16-byte vectors (8-bit ones pad to 4 channels for dp4a)
+        pad = _up(channels, 4) / channels if misaligned and ELEMENT_BYTES[math_at] == 1 else 1.0
         rate = gpu.tflops["fp32"] * _SIMT_SPEEDUP.get(math_at, 1.0) * p.simt_efficiency
-        return 2.0 * layer.macs / (rate * 1e12) * 1e3
+        return 2.0 * layer.macs * pad / (rate * 1e12) * 1e3
     peak = gpu.peak(math_at) or gpu.tflops["fp32"]
-    pad = 1.0
-    use = 1.0
-    if layer.gemm is not None:
-        m, n, k = layer.gemm
-        align = max(1, int(16 / ELEMENT_BYTES.get(math_at, 2.0)))
-        pad = (_up(n, align) / max(n, 1)) * (_up(k, align) / max(k, 1))
-        tiles = math.ceil(m / _TILE) * math.ceil(n / _TILE) * max(1, layer.groups)
-        use = tiles / (math.ceil(tiles / gpu.sms) * gpu.sms)
-    return 2.0 * layer.macs * pad / (peak * 1e12 * p.tensor_efficiency * use) * 1e3
+    if layer.gemm is None:
+        return 2.0 * layer.macs / (peak * 1e12 * p.tensor_efficiency) * 1e3
+    m, n, k = layer.gemm
+    if misaligned:  # FP16 convolutions pad their input channels to the vector
+        k = k // channels * _up(channels, align)
+    # output tiles (at most tile x tile, no larger than the GEMM) spread over the SMs in waves;
+    # each SM computes a tile over its share of the padded reduction at its share of the peak.
+    # With fewer tiles than SMs the reduction is split (split-K) in chunks of at least
+    # _SPLIT_K_MIN values
+    k_pad = _up(k, align)
+    tile_m = min(p.tile, _up(m, 16))
+    tile_n = min(p.tile, _up(n, align))
+    tiles = math.ceil(m / tile_m) * math.ceil(_up(n, align) / tile_n) * max(1, layer.groups)
+    split = max(1, min(gpu.sms // tiles, k_pad // _SPLIT_K_MIN))
+    waves = math.ceil(tiles * split / gpu.sms)
+    work = waves * gpu.sms * tile_m * tile_n * k_pad / split
+    return 2.0 * work / (peak * 1e12 * p.tensor_efficiency) * 1e3
+
+
+def _smooth_max(a: float, b: float, power: float) -> float:
+    return (a**power + b**power) ** (1.0 / power)
 
 
 def _up(x: int, multiple: int) -> int:

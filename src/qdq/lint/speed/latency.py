@@ -194,7 +194,7 @@ def predict_latency(
         LintInputError: (a ``ValueError``) ``model`` cannot be read.
         ValueError: no GPU named and none follows from the target, an unknown GPU, a dynamic
             input without a size in ``shapes``, or a layer in a precision the GPU lacks
-            (:class:`~qdq.lint.speed.cost.PrecisionUnsupported`, FP8 before Ada).
+            (:class:`~qdq.lint.speed.cost.UnsupportedPrecisionError`, FP8 before Ada).
         TypeError: ``model`` is neither a path nor an ``onnx.ModelProto``.
 
     Example:
