@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -255,6 +255,7 @@ class _Builder:
                 node = self.by_name.get(x)
                 if node is not None:
                     self.owner.setdefault(id(node), k)
+        self._cuda_core_outputs()
         self.out: list[EngineLayer] = []
         self.index: dict[int, int] = {}  # predicted layer -> index in self.out
         self.reformats: dict[tuple[str, str], int] = {}  # (tensor, to precision) -> index
@@ -284,6 +285,39 @@ class _Builder:
             )
         self._output_reformats()
         return self.out
+
+    def _cuda_core_outputs(self) -> None:
+        """A dense 8-bit convolution whose input channels do not fill the tensor cores' vectors
+        (the 3-channel stem) runs a CUDA-core ``int8x4`` kernel, which writes FP32 when its output is
+        float; the float pooling and element-wise layers that read only that tensor then run in
+        FP32 too, and the builder reformats after them (the A100 Q/DQ ResNet-18 engine: stem
+        INT8 -> FP32, MaxPool FP32, a reformat to FP16 before the next Quantize)."""
+        fp32: set[int] = set()  # indices of layers now writing FP32
+        for k, ly in enumerate(self.layers):
+            members = [self.by_name[x] for x in ly.nodes if x in self.by_name]
+            if (
+                ly.kind == "weighted" and ly.quantized and members
+                and members[0].op_type == "Conv" and not is_quantized(ly.output_precision)
+                and ly.output_precision != "fp32"
+            ):  # fmt: skip
+                work = self._weighted(members[0])
+                channels = work[3] if work is not None and work[2] == 1 else 0  # dense only
+                align = int(16 / ELEMENT_BYTES.get(ly.input_precision, 1.0))
+                if channels > 0 and channels % align:
+                    self.layers[k] = replace(ly, output_precision="fp32")
+                    fp32.add(k)
+            elif ly.kind in ("pooling", "pointwise") and not ly.quantized and members:
+                sources = {
+                    self._origin(t)[1]
+                    for m in members
+                    for t in m.input
+                    if t
+                    and not self.g.is_const(t)
+                    and t not in {o for x in members for o in x.output}
+                }
+                if sources and sources <= fp32:
+                    self.layers[k] = replace(ly, input_precision="fp32", output_precision="fp32")
+                    fp32.add(k)
 
     # ---------------------------------------------------------------- reads and writes
     def _reads(
