@@ -3,18 +3,24 @@
 A layer is plain data (:class:`CostLayer`): what it computes (``op``), at which precision, how
 many multiply-accumulates and how many bytes it reads and writes. Its time on a GPU is
 
-    compute = 2 · MACs · padding / (peak(precision) · efficiency · wave use)
+    compute = 2 · waves · SMs · tile_m · tile_n · k_padded / (peak(precision) · efficiency)
     memory  = bytes / (bandwidth · memory efficiency)
-    time    = (compute^p + memory^p)^(1/p) + launch floor
+    time    = (compute^p + memory^p)^(1/p) + floor
 
-``padding`` rounds the GEMM's reduction and output-channel sizes up to the 16-byte vectors tensor
-cores read (8 FP16, 16 INT8/FP8, 4 TF32 values); ``wave use`` is the share of the GPU's SMs the
-output tiles keep busy in their last wave. Depthwise/grouped convolutions with few channels per
-group run on CUDA cores at the FP32 rate (times 2 for FP16, 4 for INT8). Element-wise, pooling,
-reformats, standalone Q/DQ, copies and Myelin regions without a GEMM are memory only. The free
-parameters (:class:`CostParams`) are fitted on the real engine profiles by
-``scripts/fit_engine_time.py`` and stored with the fit's residuals in ``params.json``; they are
-the same for every model and GPU.
+The GEMM (``m`` rows, ``n`` output channels, ``k`` reduction per group) is cut into output tiles
+of at most ``tile`` x ``tile`` (never larger than the GEMM), spread over the SMs in waves; with
+fewer tiles than SMs the reduction is split (split-K, chunks of at least 256). ``n`` and ``k`` are
+padded to the 16-byte vectors tensor cores read (8 FP16, 16 INT8/FP8, 4 TF32 values); an FP16
+convolution pads its input channels. CUDA cores run what tensor cores cannot: FP32 on GPUs without
+TF32, depthwise convolutions (fewer than 8 channels per group), TF32 and 8-bit convolutions whose
+channels do not fill the vectors (the 3-channel stem: ``int8x4`` kernels), INT8 on a V100. FP32
+layers run TF32 where the GPU has it. Element-wise, pooling, reformats (at their own, lower,
+efficiency), standalone Q/DQ, copies and Myelin regions without a GEMM are memory only. The floor
+is the per-layer time of the profiled engines (launch plus the profiler's synchronisation), one for
+TensorRT 10 and newer, one for 8.x. The free parameters (:class:`CostParams`) are fitted on the real
+engine profiles by ``scripts/fit_engine_time.py`` and stored with the fit's residuals and its
+leave-one-out errors in ``params.json``; they are the same for every model and GPU
+(docs/engine_time.md).
 """
 
 from __future__ import annotations
@@ -116,7 +122,6 @@ class CostParams:
         simt_efficiency: achieved share of the CUDA-core peak (depthwise, FP32 without TF32).
         memory_efficiency: achieved share of DRAM bandwidth by streaming layers.
         reformat_efficiency: the same for layout-changing copies (reformats, standalone Q/DQ).
-        l2_speedup: how much faster bytes resident in L2 move than DRAM bytes.
         tile: the edge of the output tiles a GEMM's work is split into (wave quantization).
         blend: the ``p`` of ``(compute^p + memory^p)^(1/p)`` (1: no overlap, large: roofline max).
         floor_ms: per-layer floor (launch, plus the profiler's per-layer synchronisation) of
@@ -128,7 +133,6 @@ class CostParams:
     simt_efficiency: float = 0.6
     memory_efficiency: float = 0.7
     reformat_efficiency: float = 0.5
-    l2_speedup: float = 2.0
     tile: float = 64.0
     blend: float = 1.5
     floor_ms: float = 0.005
@@ -194,10 +198,7 @@ def layer_time(
     if layer.op == "noop":
         return LayerTime(0.0, 0.0, 0.0, layer.precision)
     efficiency = p.reformat_efficiency if layer.op in ("reformat", "qdq") else p.memory_efficiency
-    # the share of the bytes that half the L2 can hold is served from L2, l2_speedup times faster
-    hit = min(1.0, 0.5 * gpu.l2_mb * 1e6 / layer.bytes) if layer.bytes > 0 else 0.0
-    bandwidth = gpu.memory_gbs * 1e9 * efficiency
-    memory = layer.bytes * ((1.0 - hit) + hit / p.l2_speedup) / bandwidth * 1e3
+    memory = layer.bytes / (gpu.memory_gbs * 1e9 * efficiency) * 1e3
     compute = 0.0
     math_at = layer.precision
     if layer.op in COMPUTE_OPS and layer.macs > 0:

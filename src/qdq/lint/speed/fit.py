@@ -140,7 +140,6 @@ def fit_params(samples: Sequence[EngineSample], start: CostParams | None = None)
             if n.endswith("efficiency"):
                 values[n] = min(1.0, values[n])
         values["blend"] = max(1.0, values["blend"])
-        values["l2_speedup"] = max(1.0, values["l2_speedup"])
         return CostParams(**values)
 
     x = x0
