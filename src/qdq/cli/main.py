@@ -66,14 +66,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "lint",
         help="predict what TensorRT does with a Q/DQ ONNX (no GPU needed)",
         description="Lint a Q/DQ ONNX for TensorRT. Exit code: 0 clean, 1 warnings, 2 errors, "
-        "3 when an input cannot be read.",
+        "3 when an input cannot be read (or --latency cannot predict the engine time).",
     )
     lint.add_argument("model", help="the .onnx file")
     lint.add_argument(
         "--target",
         default="trt10",
         help="TensorRT version: trt10 (default, weakly typed --int8 --fp16), trt11 (strongly "
-        "typed), or with a minor version (trt8.6, trt10.5) for version-dependent rules",
+        "typed), or with a minor version (trt8.6, trt10.5) for version-dependent rules; a GPU "
+        "after it (trt10-a100, trt10-hopper) for --latency",
     )
     lint.add_argument(
         "--strongly-typed", action="store_true", help="a --stronglyTyped build (TensorRT 10.12+)"
@@ -92,6 +93,23 @@ def _build_parser() -> argparse.ArgumentParser:
         "--draw",
         metavar="OUT.svg",
         help="draw the predicted engine (Graphviz); with --engine-report, disagreements marked",
+    )
+    lint.add_argument(
+        "--latency",
+        action="store_true",
+        help="also predict the engine time on the target's GPU (--target trt10-a100) against "
+        "the same model built FP16, and the layers where quantization does not pay",
+    )
+    lint.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME:DIMS",
+        help="with --latency, an input's size (input:32x3x224x224); needed for a dynamic "
+        "dimension, repeatable",
+    )
+    lint.add_argument(
+        "--gpu",
+        help="with --latency, the GPU instead of the target's (qdq engine time --list-gpus)",
     )
     _add_parity(sub)
     add_engine_parser(sub)
@@ -209,6 +227,9 @@ def _run(args: argparse.Namespace) -> int:
             flags=args.flags.split(",") if args.flags is not None else None,
             show_layers=args.layers,
             draw=args.draw,
+            latency=args.latency,
+            shapes=args.shape,
+            gpu=args.gpu,
         )
     if args.command == "engine":
         return run_engine(args)
