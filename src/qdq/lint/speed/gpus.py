@@ -23,10 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from qdq.lint.target import Target
+
+class TargetLike(Protocol):
+    """What :func:`gpu_for_target` reads of a :class:`qdq.lint.target.Target` (which imports
+    this module: the dependency runs one way)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def gpu(self) -> str | None: ...
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None: ...
+
 
 __all__ = [
     "GPU",
@@ -235,7 +247,7 @@ def find_gpu(name: str | GPU) -> GPU:
     return gpu
 
 
-def gpu_for_target(target: Target) -> tuple[GPU, str]:
+def gpu_for_target(target: TargetLike) -> tuple[GPU, str]:
     """The GPU a linter target names, and a note: ``""`` when the target names a model
     (``trt10-a100``), else which GPU stands for the generation or compute capability it names.
 
