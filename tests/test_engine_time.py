@@ -13,7 +13,7 @@ import pytest
 from qdq.cli.main import main
 from qdq.lint.engine_report import load_engine_report, parse_engine_report
 from qdq.lint.speed.cost import OPS, CostLayer, UnsupportedPrecisionError, layer_time, load_params
-from qdq.lint.speed.engine import engine_cost_layers
+from qdq.lint.speed.engine import engine_cost_layers, engine_trt_major
 from qdq.lint.speed.engine_time import time_engine
 from qdq.lint.speed.fit import SHARED_ENGINES, evaluate, load_samples
 from qdq.lint.speed.gpus import GPUS, find_gpu
@@ -185,3 +185,20 @@ def test_time_engine_without_profile_has_no_measure() -> None:
     t = time_engine(report, "l4")
     assert t.measured_ms is None and t.total_error is None and "measured" not in t.to_dict()
     assert t.layers[0].op == "pool" and t.total_ms > 0
+
+
+def test_trt11_schema_gives_the_same_cost_layers() -> None:
+    # TensorRT 11 splits "Format/Datatype" into "Format" and "DataType": the same work and bytes
+    raw = json.loads((TRT_ENGINES / "resnet18-a100-qat.graph.json").read_text())
+    words = {"int8": "Int8", "fp16": "Half", "fp32": "Float"}
+    for layer in raw["Layers"]:
+        for t in (*layer["Inputs"], *layer["Outputs"]):
+            fmt = t.pop("Format/Datatype")
+            t["Format"] = fmt
+            low = fmt.lower()
+            t["DataType"] = next(w for k, w in words.items() if k in low or w.lower() in low)
+    new = parse_engine_report({"Layers": raw["Layers"], "I/O Tensors": []})
+    old = load_engine_report(TRT_ENGINES / "resnet18-a100-qat.graph.json")
+    assert engine_trt_major(new) == 11 and engine_trt_major(old) == 8
+    strip = lambda layers: [replace(x, name="") for x in layers]  # noqa: E731
+    assert strip(engine_cost_layers(new)) == strip(engine_cost_layers(old))
