@@ -143,12 +143,12 @@ class LatencyReport:
             lines.append(f"  {self.gpu_note}")
         if self.unsized:
             lines.append(
-                f"  {len(self.unsized)} layers without shapes counted at the launch floor only "
+                f"  {_count(len(self.unsized), 'layer')} without shapes counted at the launch floor only "
                 f"(first: {printable(self.unsized[0])}); give input sizes with --shape"
             )
         if self.not_paying:
             lines.append(
-                f"quantization does not pay in {len(self.not_paying)} layers "
+                f"quantization does not pay in {_count(len(self.not_paying), 'layer')} "
                 "(predicted slower than FP16 with the Q/DQ and reformats they cause)"
             )
             lines.extend(
@@ -337,3 +337,8 @@ def _owners(
         if owners:
             return sorted(owners)
     return []
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 layer"``, ``"3 layers"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
