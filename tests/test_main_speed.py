@@ -240,3 +240,182 @@ def test_a_failing_prediction_is_recorded_and_the_job_still_writes_everything(
     assert [e["stage"] for e in report["stage_errors"]] == ["speed", "latency"]
     assert report["latency"] is None and "stage_errors" in report["latency_reason"]
     assert report["objective"]["failed"] and report["export"]["num_quantize"] > 0
+
+
+# --------------------------------------------------------------------------- T02, the budget
+MIXED_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16),
+        )
+    """
+)
+
+
+def _calibrated_gemms(x: torch.Tensor) -> torch.nn.Module:
+    """Two Linear(512, 512) on 8 x 128 tokens, planned FP8 (F01) and calibrated: large enough
+    for the RTX 4090's INT8 to be predicted faster than its FP8 beyond the 2 % tie."""
+    import qdq
+    from qdq import QuantConfig
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+    prepared = qdq.prepare(net.eval(), (x[:1],), QuantConfig(format="mixed"))
+    qdq.calibrate(prepared, [x], show_progress=False)
+    return prepared
+
+
+def test_per_layer_int8_and_fp8_times_follow_the_gpus_peaks() -> None:
+    """The real time model: INT8 and FP8 move the same bytes, so a dense aligned layer takes the
+    same time where the two peaks are equal (H100, L40S) and INT8 is faster where FP8 runs at half
+    the INT8 rate (RTX 4090, FP32 accumulation); a convolution whose 24 channels do not fill the
+    16-byte vectors runs on CUDA cores, INT8 (dp4a) faster everywhere; no FP8, no times."""
+    from qdq.accuracy.format_time import LayerShape, cost_layer, faster, format_times
+    from qdq.lint.speed.gpus import find_gpu
+
+    shapes = {
+        "conv": LayerShape("conv", (32, 64, 56, 56), (64, 64, 3, 3), (32, 64, 56, 56)),
+        "gemm": LayerShape("gemm", (32, 197, 768), (3072, 768)),
+        "odd": LayerShape("conv", (32, 24, 56, 56), (24, 24, 3, 3), (32, 24, 56, 56)),
+    }
+    conv = cost_layer("conv", shapes["conv"], "int8")
+    assert conv.macs == 32 * 56 * 56 * 64 * 64 * 9 and conv.gemm == (32 * 56 * 56, 64, 576)
+    assert cost_layer("gemm", shapes["gemm"], "fp8").gemm == (32 * 197, 3072, 768)
+    for name in ("h100", "l40s"):
+        times = format_times(shapes, find_gpu(name))
+        assert times["conv"][0] == pytest.approx(times["conv"][1])
+        assert faster(*times["conv"]) is None and faster(*times["gemm"]) is None
+        assert faster(*times["odd"]) == "int8"
+    times = format_times(shapes, find_gpu("rtx4090"))
+    assert all(faster(*times[k]) == "int8" for k in shapes), times
+    assert format_times(shapes, find_gpu("a100")) == {}
+
+
+def test_mixed_with_a_gpu_breaks_ties_by_predicted_time_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every tensor a tie (the margin patched to 100 dB): no GPU keeps each planned format
+    (rule F07, untimed); on the RTX 4090 the two FP8 GEMMs move to INT8 (T02, real times); the
+    H100 times both formats the same and keeps the planned ones; a timing where FP8 is faster
+    keeps them FP8 by T02. A measurable accuracy difference (the real 3 dB margin) decides
+    alone."""
+    from qdq.accuracy import formats
+    from qdq.lint.speed.gpus import find_gpu
+
+    x = torch.randn(8, 128, 512, generator=torch.Generator().manual_seed(0))
+    prepared = _calibrated_gemms(x)
+    honest = formats.choose_formats(prepared, x, gpu=find_gpu("h100"))
+    # Gaussian tensors: FP8's 3-bit mantissa loses by > 3 dB, so INT8 by the measure (F07)
+    assert {(r.layer, r.chosen, r.rule) for r in honest.rows} == {
+        ("0", "int8", "F07"), ("2", "int8", "F07")}  # fmt: skip
+    monkeypatch.setattr(formats, "MARGIN_DB", 100.0)
+    plain = formats.choose_formats(prepared, x)
+    assert {(r.layer, r.planned, r.chosen, r.rule) for r in plain.rows} == {
+        ("0", "fp8", "fp8", "F07"), ("2", "fp8", "fp8", "F07")}  # fmt: skip
+    assert plain.overrides == () and plain.timed_on == "" and "T02" not in plain.summary()
+    assert all(r.int8_ms is None for r in plain.rows)
+
+    ada = formats.choose_formats(prepared, x, gpu=find_gpu("rtx4090"))
+    assert {(r.layer, r.chosen, r.rule) for r in ada.rows} == {
+        ("0", "int8", "T02"), ("2", "int8", "T02")}  # fmt: skip
+    row = ada.rows[0]
+    assert row.int8_ms is not None and row.fp8_ms is not None and row.int8_ms < row.fp8_ms
+    assert "INT8 predicted faster on NVIDIA GeForce RTX 4090" in row.reason
+    assert sorted((o.name, o.format) for o in ada.overrides) == [("0", "int8"), ("2", "int8")]
+    assert ada.timed_on == "NVIDIA GeForce RTX 4090" and "2 by predicted time" in ada.summary()
+    # the plan without the moves (kept when they would cost reformats) moves nothing
+    assert ada.unchanged is not None and not ada.unchanged.changes
+
+    hopper = formats.choose_formats(prepared, x, gpu=find_gpu("h100"))
+    assert [(r.chosen, r.rule) for r in hopper.rows] == [(r.chosen, r.rule) for r in plain.rows]
+    assert all("predicted as fast in either format" in r.reason for r in hopper.rows)
+
+    monkeypatch.setattr(formats, "format_times", lambda shapes, gpu: {
+        k: (2.0, 1.0) for k in shapes})  # fmt: skip
+    fp8_faster = formats.choose_formats(prepared, x, gpu=find_gpu("h100"))
+    assert {(r.chosen, r.rule) for r in fp8_faster.rows} == {("fp8", "T02")}
+    assert fp8_faster.overrides == () and "FP8 predicted faster" in fp8_faster.rows[0].reason
+
+
+def test_mixed_with_objective_speed_records_t02_in_the_plan_and_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job on the RTX 4090 with every tensor a tie and INT8 timed faster: the FP8 GEMM moves
+    to INT8 by rule T02 (report.json settings.format_choice, the plan's format_rule, the
+    manifest); the budget planned the speed stage first. Without --objective speed the same job
+    keeps the planned formats and times nothing."""
+    from qdq.accuracy import formats
+    from qdq.pipeline import quantize
+
+    calls: list[str] = []
+
+    def times(shapes: Any, gpu: Any) -> dict[str, tuple[float, float]]:
+        calls.append(gpu.name)
+        return {k: (1.0, 1.5) for k in shapes}
+
+    monkeypatch.setattr(formats, "MARGIN_DB", 100.0)
+    monkeypatch.setattr(formats, "format_times", times)
+    (tmp_path / "mixed.py").write_text(MIXED_PY)
+    np.save(tmp_path / "x.npy", torch.randn(16, 3, 8, 8,
+            generator=torch.Generator().manual_seed(0)).numpy())  # fmt: skip
+    reports = {}
+    for objective in ("speed", "accuracy"):
+        res = quantize(f"{tmp_path / 'mixed.py'}:build", str(tmp_path / "x.npy"),
+                       out=tmp_path / objective, exporter="torchscript", show_progress=False,
+                       ptq="none", target="trt10-rtx4090", format="mixed",
+                       objective=objective)  # fmt: skip
+        reports[objective] = res.report
+    assert calls == ["rtx4090"]  # timed once: only the speed job
+    assert (
+        reports["speed"]["stage_errors"] == [] and reports["speed"]["objective"]["name"] == "speed"
+    )
+    choice = reports["speed"]["settings"]["format_choice"]
+    rows = {r["layer"]: r for r in choice["rows"]}
+    assert (rows["8"]["planned"], rows["8"]["chosen"], rows["8"]["rule"]) == ("fp8", "int8", "T02")
+    assert rows["2"]["rule"] == "T02" and choice["timed_on"] == "NVIDIA GeForce RTX 4090"
+    points = {p["name"]: p for p in reports["speed"]["plan"]["points"]}
+    assert points["8:input"]["format_rule"] == "T02" and "T02: INT8 and FP8" in points[
+        "8:input"]["reason"]  # fmt: skip
+    manifest = json.loads((tmp_path / "speed" / "manifest.json").read_text())
+    assert {q["path"]: q["format"] for q in manifest["quantizers"]}["8.input_quantizer"] == "int8"
+    planned = reports["speed"]["budget"]["planned"]
+    assert next(iter(planned)) == "speed" and planned["speed"] > 2 * planned["export"]
+    assert "speed" in reports["speed"]["budget"]["spent_by_stage"]
+
+    plain = reports["accuracy"]["settings"]["format_choice"]
+    assert plain["timed_on"] == "" and all(r["rule"] == "F07" for r in plain["rows"])
+    assert {r["layer"]: r["chosen"] for r in plain["rows"]} == {"2": "int8", "8": "fp8"}
+    assert "speed" not in reports["accuracy"]["budget"]["planned"]
+
+
+def test_the_budget_plans_the_speed_stage_without_changing_the_search() -> None:
+    """--objective speed plans two exports, their lint and a calibration on every calibration
+    sample before the export; the search's counted work stays the same (the recipe does not
+    depend on the objective), its seconds under a given budget shrink by the stage."""
+    from qdq.pipeline import budget as b
+
+    plans = {}
+    for on in (False, True):
+        plans[on] = b.Budget(100.0, eval_samples=64, calib_samples=128, speed_stage=on)
+        plans[on].plan(points=40, fp32=0.01, int8=0.02, nominal=0.02)
+    export = b.EXPORT_FIXED + b.EXPORT_PER_POINT * 40
+    lint = b.REPORT_FIXED + b.REPORT_PER_EXPORT * export
+    speed = plans[True].planned["speed"]
+    assert speed == pytest.approx(2 * (export + lint) + 3.0 * 0.02 * 128)
+    assert next(iter(plans[True].planned)) == "speed" and "speed" not in plans[False].planned
+    assert plans[True].search_work() == pytest.approx(plans[False].search_work())
+    with_, without = plans[True].search_seconds(), plans[False].search_seconds()
+    assert with_ is not None and without is not None
+    assert without - with_ == pytest.approx(speed, abs=0.05)
+    default = {on: b.Budget(calib_samples=128, speed_stage=on) for on in (False, True)}
+    for d in default.values():
+        d.plan(points=40, fp32=0.01, int8=0.02, nominal=0.02)
+    assert default[True].total is not None and default[False].total is not None
+    assert default[True].total - default[False].total == pytest.approx(speed, abs=0.05)

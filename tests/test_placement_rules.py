@@ -1257,6 +1257,41 @@ def test_fixed_amax_is_validated_and_never_learned() -> None:
     assert "calib=fixed" in repr(q)
 
 
+# ------------------------------------------------------------- engine time (issue 58)
+def test_speed_rules_t01_and_t02_mark_the_final_plan() -> None:
+    """T01: a module --objective speed kept in FP16 is excluded as the user would (USER), then
+    marked with the prediction; T02: a layer whose format the predicted time decided (a move is
+    a USER format override) carries that rule (qdq.pipeline.speed, qdq.accuracy.formats)."""
+    from qdq.accuracy.formats import FormatChoice, FormatRow
+    from qdq.pipeline.speed import Kept, SpeedChoice
+
+    def seen(prepared: nn.Module) -> QuantPlan:
+        p = qdq.plan_of(prepared)
+        SEEN_RULES.update(pt.rule for pt in p.points)
+        SEEN_RULES.update(pt.format_rule for pt in p.points if pt.format_rule)
+        return p
+
+    net = nn.Sequential(cbr(16, 32), cbr(32, 32)).eval()
+    x = torch.randn(1, 16, 8, 8)
+    prepared = qdq.prepare(net, (x,), QuantConfig.tensorrt().exclude(name="1.0"))
+    why = "kept FP16 by --objective speed: predicted 0.0500 ms quantized vs 0.0200 ms FP16"
+    kept = Kept("1.0", "1.0/Conv + 1.2/Relu", 0.05, 0.02, "T01", why)
+    SpeedChoice((kept,), (), {"total_ms": 1.0}).mark(prepared)
+    p = seen(prepared)
+    assert decisions(p, "1.0") == {"input": ("skip", "T01"), "weight": ("skip", "T01")}
+    assert p.point("1.0:weight").reason == why and decisions(p, "0.0")["weight"][1] == "P01"
+
+    gemms = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval()
+    cfg = QuantConfig(format="mixed", overrides=(Override(name="2", format="int8"),))
+    prepared = qdq.prepare(gemms, (torch.randn(2, 64),), cfg)
+    row = FormatRow("2", "2.input_quantizer", 30.0, 29.0, "fp8", "int8",
+                    "INT8 and FP8 equally accurate; INT8 predicted faster", "T02")  # fmt: skip
+    FormatChoice((row,), cfg.overrides, timed_on="NVIDIA GeForce RTX 4090").mark(prepared)
+    f = {pt.name: (pt.spec.format, pt.format_rule) for pt in seen(prepared).points if pt.quantized}
+    assert f["2:input"] == ("int8", "T02") and f["2:weight"] == ("int8", "T02")
+    assert f["0:input"] == ("fp8", "F01")  # not timed: the plan's own rule
+
+
 # last: the rules every test above saw
 def test_every_rule_has_text_and_is_exercised_by_these_tests() -> None:
     for r in RULES:

@@ -16,6 +16,13 @@ layer under :data:`MIN_DB` in both formats is kept in FP16 (excluded). The outco
 ``Override(format=...)`` / ``Override(exclude=True)`` for :class:`~qdq.config.QuantConfig`, and a
 table of what was measured.
 
+With a GPU (``qdq quantize --format mixed --objective speed``: the target's), a tensor where
+neither format is better by :data:`MARGIN_DB` (the two equally accurate) takes the format its
+readers are predicted faster in (:mod:`qdq.accuracy.format_time`, rule T02): a GEMM planned FP8
+moves to INT8 on a GPU whose FP8 runs at half its INT8 rate (GeForce Ada). Where the two are
+predicted as fast (Hopper, Blackwell, datacenter Ada: equal INT8 and FP8 peaks) the tensor keeps
+its planned format, which adds no format boundary.
+
 The measure is the layer's own noise, not the network's metric: cheap (one forward of one batch,
 no re-calibration) and the same quantity ``qdq debug`` reports per layer. INT8's noise on a
 tensor with outliers (a few values far above the rest: the activation outliers of transformers,
@@ -31,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.accuracy.format_time import TIME_TIE, faster, format_times, shape_of
 from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import Override
 from qdq.graph.plan import QuantPoint
@@ -56,6 +64,9 @@ class FormatRow:
         planned: its format before the measure (F07: convolutions INT8, GEMMs FP8).
         chosen: ``"int8"``, ``"fp8"`` or ``"fp16"``.
         reason: one line.
+        rule: what decided: ``"F07"`` (the measure), ``"T02"`` (equally accurate: the format
+            predicted faster, when a GPU was given).
+        int8_ms / fp8_ms: its predicted time in each format (``None``: not timed).
     """
 
     layer: str
@@ -65,6 +76,9 @@ class FormatRow:
     planned: str
     chosen: str
     reason: str
+    rule: str = "F07"
+    int8_ms: float | None = None
+    fp8_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,8 @@ class FormatChoice:
     #: the same measurement with every layer left in its planned format (no move, no FP16):
     #: the plan a job keeps when the changes would cost reformats; ``None`` when none was made
     unchanged: FormatChoice | None = field(default=None, repr=False, compare=False)
+    #: the GPU the measured layers were timed on (rule T02; '' when none was given)
+    timed_on: str = ""
 
     @property
     def changes(self) -> tuple[FormatRow, ...]:
@@ -91,9 +107,11 @@ class FormatChoice:
 
     def summary(self) -> str:
         """One line: how many layers went where."""
-        to_fp8 = sum(r.planned == "int8" and r.chosen == "fp8" for r in self.rows)
-        to_int8 = sum(r.planned == "fp8" and r.chosen == "int8" for r in self.rows)
+        by_noise = [r for r in self.rows if r.rule != "T02"]
+        to_fp8 = sum(r.planned == "int8" and r.chosen == "fp8" for r in by_noise)
+        to_int8 = sum(r.planned == "fp8" and r.chosen == "int8" for r in by_noise)
         fp16 = sum(r.chosen == "fp16" for r in self.rows)
+        timed = [r for r in self.rows if r.rule == "T02"]
         return (
             f"{len(self.rows)} layers measured: {to_fp8} moved INT8 -> FP8, {to_int8} FP8 -> INT8 "
             f"(the other format better by >= {MARGIN_DB:g} dB on every reader of their input), "
@@ -101,6 +119,12 @@ class FormatChoice:
             + (
                 f"; {len(self.followed)} attention products INT8 with them (no FP8 GEMM left)"
                 if self.followed
+                else ""
+            )
+            + (
+                f"; {len(timed)} by predicted time on {self.timed_on} (T02: equally accurate, "
+                f"{sum(r.chosen != r.planned for r in timed)} moved to the faster format)"
+                if self.timed_on
                 else ""
             )
             + (f"; {self.dropped}" if self.dropped else "")
@@ -114,13 +138,35 @@ class FormatChoice:
             "followed": list(self.followed),
             "reformats": dict(self.reformats),
             "dropped": self.dropped,
+            "timed_on": self.timed_on,
         }
 
+    def mark(self, prepared: nn.Module) -> None:
+        """Give the plan points of the layers whose format the predicted time decided (rows of
+        rule T02) that format rule and the row's reason (the planner recorded a move as the
+        ``USER`` override it is, a kept format as F07/F01). The job calls it on its final plan,
+        after the fallback search re-planned."""
+        timed = {r.layer: r.reason for r in self.rows if r.rule == "T02"}
+        if not timed:
+            return
+        import qdq
 
-def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
+        plan = qdq.plan_of(prepared)
+        points = tuple(
+            replace(p, format_rule="T02", reason=f"{p.reason}; T02: {timed[p.owner]}")
+            if p.owner in timed and p.quantized and p.format_rule in ("USER", "F07", "F01")
+            else p
+            for p in plan.points
+        )
+        object.__setattr__(prepared, "qdq_plan", replace(plan, points=points))
+
+
+def choose_formats(prepared: nn.Module, batch: Any, *, gpu: Any = None) -> FormatChoice:
     """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
     calibration ``batch``; return the layers that move and the overrides that move them (and,
     when any layer changes, :attr:`FormatChoice.unchanged` from the same measurement).
+    ``gpu`` (a :class:`~qdq.lint.speed.gpus.GPU`): a tensor equally accurate in both formats
+    takes the one its readers are predicted faster in (rule T02, the module docstring).
 
     Raises:
         ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
@@ -152,7 +198,11 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
             reads[p.owner] = group.quantizer
             readers.setdefault(group.quantizer, []).append(p.owner)
     wanted = {reads[c] for c in candidates if c in reads} | {weights[c] for c in candidates}
-    seen = _inputs(prepared, {path: quantizers[path] for path in wanted}, batch)
+    modules = (
+        {} if gpu is None else {c: m for c in candidates if (m := _module(prepared, c)) is not None}
+    )
+    outputs: dict[str, tuple[int, ...]] = {}
+    seen = _inputs(prepared, {path: quantizers[path] for path in wanted}, batch, modules, outputs)
     noise: dict[str, tuple[float, float]] = {}
     for layer in candidates:
         if layer not in reads or reads[layer] not in seen or weights[layer] not in seen:
@@ -161,10 +211,29 @@ def choose_formats(prepared: nn.Module, batch: Any) -> FormatChoice:
         a8, af = _noise(quantizers[act], seen[act])
         w8, wf = _weight_noise(seen[w], *axes[w])
         noise[layer] = (a8 + w8, af + wf)
-    choice = _decide(plan, planned, readers, noise, change=True)
+    times: dict[str, tuple[float, float]] = {}
+    label = ""
+    if gpu is not None:
+        shapes = {
+            layer: shape
+            for layer in noise
+            if (shape := shape_of(modules.get(layer), tuple(seen[reads[layer]].shape),
+                                  tuple(seen[weights[layer]].shape), outputs.get(layer)))
+        }  # fmt: skip
+        times, label = format_times(shapes, gpu), str(gpu.label)
+    choice = _decide(plan, planned, readers, noise, change=True, times=times, gpu=label)
     if not choice.changes:
         return choice
-    return replace(choice, unchanged=_decide(plan, planned, readers, noise, change=False))
+    unchanged = _decide(plan, planned, readers, noise, change=False, times=times, gpu=label)
+    return replace(choice, unchanged=unchanged)
+
+
+def _module(prepared: nn.Module, owner: str) -> nn.Module | None:
+    """The module a plan owner names (``None``: a functional op's owner)."""
+    try:
+        return prepared.get_submodule(owner)
+    except AttributeError:
+        return None
 
 
 def _decide(
@@ -174,9 +243,13 @@ def _decide(
     noise: dict[str, tuple[float, float]],
     *,
     change: bool,
+    times: dict[str, tuple[float, float]] | None = None,
+    gpu: str = "",
 ) -> FormatChoice:
-    """The formats of the measured layers from their ``noise`` (INT8, FP8 relative noise);
+    """The formats of the measured layers from their ``noise`` (INT8, FP8 relative noise) and,
+    where both formats are equally accurate, their predicted ``times`` (INT8, FP8 ms) on ``gpu``;
     ``change=False``: every layer left in its planned format (no move, no FP16)."""
+    times = times or {}
     rows, overrides = [], []
     for tensor, layers in sorted(readers.items()):
         measured = [x for x in layers if x in noise]
@@ -187,21 +260,27 @@ def _decide(
         now = {planned[x] for x in measured}
         other = "int8" if now == {"fp8"} else "fp8"
         sign = 1.0 if other == "fp8" else -1.0  # the other format's gain, in dB
-        better = sign * sum(gains) / len(gains) >= MARGIN_DB
-        move = change and not blocked and len(now) == 1 and better
+        mean = sign * sum(gains) / len(gains)
+        better = mean >= MARGIN_DB
+        free = not blocked and len(now) == 1  # the tensor can change format
+        timed = _by_time(measured, times, other) if free and abs(mean) < MARGIN_DB else None
+        move = change and free and (better or timed == other)
         for x, gain in zip(measured, gains, strict=True):
             i8, f8 = _db(noise[x][0]), _db(noise[x][1])
             here, gain = planned[x], sign * gain
+            ms = times.get(x)
+            rule = "F07"
             if max(i8, f8) < MIN_DB and change:
                 chosen, why = "fp16", f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8: below {MIN_DB:g}"
                 overrides.append(Override(name=x, exclude=True))
             elif move:
                 chosen = other
-                why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
+                if better:
+                    why = f"{other.upper()} {gain:+.1f} dB over {here.upper()} (its input's readers move too)"
+                else:
+                    why, rule = _timed_why(i8, f8, other, ms, gpu, len(measured)), "T02"
                 overrides.append(Override(name=x, format=other))
-            elif not change and (
-                max(i8, f8) < MIN_DB or (better and not blocked and len(now) == 1)
-            ):
+            elif not change and (max(i8, f8) < MIN_DB or (free and (better or timed == other))):
                 chosen = here
                 why = (
                     f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8, but a change of format would cost "
@@ -211,16 +290,51 @@ def _decide(
                 chosen = here
                 stuck = blocked[0] if blocked else next(y for y in measured if planned[y] != here)
                 why = f"its input is also read by {stuck}, which cannot change format with it"
+            elif timed == here:
+                chosen = here
+                why, rule = _timed_why(i8, f8, here, ms, gpu, len(measured)), "T02"
             else:
                 chosen = here
                 why = (
                     f"{other.upper()} {gain:+.1f} dB: not {MARGIN_DB:g} dB better on its input's "
                     "readers"
                 )
-            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
+                if timed == "same" and ms is not None:
+                    why += (
+                        f"; predicted as fast in either format on {gpu} ({ms[0]:.4f} ms INT8, "
+                        f"{ms[1]:.4f} ms FP8: within {TIME_TIE:.0%}), so its planned format, "
+                        "which adds no format boundary"
+                    )
+            i8_ms, f8_ms = (None, None) if ms is None else (round(ms[0], 5), round(ms[1], 5))
+            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why,
+                                  rule, i8_ms, f8_ms))  # fmt: skip
     followed = _attention_follows(plan, planned, rows)
     overrides += [Override(name=owner, format="int8") for owner in followed]
-    return FormatChoice(tuple(rows), tuple(overrides), followed)
+    return FormatChoice(tuple(rows), tuple(overrides), followed, timed_on=gpu if times else "")
+
+
+def _by_time(measured: list[str], times: dict[str, tuple[float, float]], other: str) -> str | None:
+    """The format ``measured`` (an input tensor's readers) are predicted faster in together:
+    ``"int8"``, ``"fp8"``, ``"same"`` within :data:`~qdq.accuracy.format_time.TIME_TIE`, or
+    ``None`` when one of them was not timed (no GPU given, its shapes not seen)."""
+    if not times or any(x not in times for x in measured):
+        return None
+    fast = faster(sum(times[x][0] for x in measured), sum(times[x][1] for x in measured))
+    return fast or "same"
+
+
+def _timed_why(
+    i8: float, f8: float, fast: str, ms: tuple[float, float] | None, gpu: str, readers: int
+) -> str:
+    """A T02 row's reason: equally accurate, ``fast`` predicted faster on ``gpu``."""
+    assert ms is not None
+    mine, theirs = (ms[0], ms[1]) if fast == "int8" else (ms[1], ms[0])
+    slow = "FP8" if fast == "int8" else "INT8"
+    return (
+        f"INT8 and FP8 equally accurate ({i8:.1f} vs {f8:.1f} dB: neither {MARGIN_DB:g} dB "
+        f"better); {fast.upper()} predicted faster on {gpu}: {mine:.4f} vs {theirs:.4f} ms "
+        f"{slow}" + (f" (its input's {readers} readers together)" if readers > 1 else "")
+    )
 
 
 def _attention_follows(
@@ -244,10 +358,23 @@ def _attention_follows(
 
 
 def _inputs(
-    prepared: nn.Module, quantizers: dict[str, Quantizer], batch: Any
+    prepared: nn.Module,
+    quantizers: dict[str, Quantizer],
+    batch: Any,
+    modules: dict[str, nn.Module] | None = None,
+    outputs: dict[str, tuple[int, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """What each quantizer of ``quantizers`` reads on ``batch`` (its first call)."""
+    """What each quantizer of ``quantizers`` reads on ``batch`` (its first call); the shape each
+    of ``modules`` writes (its first call) into ``outputs``."""
     seen: dict[str, torch.Tensor] = {}
+    shapes = {} if outputs is None else outputs
+
+    def post(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            if name not in shapes and isinstance(out, torch.Tensor):
+                shapes[name] = tuple(out.shape)
+
+        return hook
 
     def hook(path: str) -> Any:
         def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -257,6 +384,7 @@ def _inputs(
         return pre
 
     handles = [q.register_forward_pre_hook(hook(p)) for p, q in quantizers.items()]
+    handles += [m.register_forward_hook(post(n)) for n, m in (modules or {}).items()]
     was_training = prepared.training
     try:
         prepared.eval()

@@ -10,6 +10,11 @@ in it). Its stages fall in two kinds:
 * the **flexible** stages fit in what the core leaves: the recipe search (and the refit of the
   kept recipe), ``--compare-methods`` and the per-layer errors.
 
+``--objective speed`` adds its stage ``speed`` to the core's plan (:attr:`Budget.speed_stage`):
+two exports of the plan and their lint, and a calibration of the re-plan on every calibration
+sample; like the optional stages it is not in the work the search's share is counted from, so
+the recipe does not depend on the objective.
+
 After calibration, :meth:`Budget.plan` makes two plans of the stages still to come:
 
 * the **work**, counted (:mod:`qdq.ptq.counts`: the model's multiply-accumulates, layers and
@@ -60,7 +65,7 @@ MIN_SEARCH = 5.0
 #: without --time-budget, the clock stops work only past this multiple of the predicted total
 CEILING = 10.0
 #: the planned stages not every job runs (the search's share is counted without them)
-OPTIONAL = ("layer_errors", "compare_methods")
+OPTIONAL = ("layer_errors", "compare_methods", "speed")
 #: the stages' names in the job's timings (``report.json: timings_s``) where they differ
 TIMED_AS = {"lint_report": "lint"}
 #: the export: a fixed cost (tracing, ONNX Runtime's session) plus seconds per point of the plan
@@ -120,6 +125,8 @@ class Budget:
         spent_by: the real seconds of the planned stages that ended (:meth:`observe`).
         cut: what the clock cut from the search or the refit (the result depended on it).
         recipe: the recipe kept (for the ``--recipe`` that reproduces a clocked result).
+        speed_stage: whether the job runs ``--objective speed``'s stage ``speed`` (planned
+            first: it runs after the search, before the export).
     """
 
     given: float | None = None
@@ -139,6 +146,7 @@ class Budget:
     spent_by: dict[str, float] = field(default_factory=dict)
     cut: list[str] = field(default_factory=list)
     recipe: str | None = None
+    speed_stage: bool = False
 
     def __post_init__(self) -> None:
         if self.given is not None:
@@ -187,13 +195,18 @@ class Budget:
 
     def _stages(self, points: int, fp32: float, int8: float) -> dict[str, float]:
         export = EXPORT_FIXED + EXPORT_PER_POINT * points
+        report = REPORT_FIXED + REPORT_PER_EXPORT * export
+        # --objective speed: the first export and the re-plan's, each linted, and the re-plan
+        # calibrated on every calibration sample
+        speed = 2 * (export + report) + CALIBRATION_FORWARDS * int8 * self.calib_samples
         return {
+            **({"speed": speed} if self.speed_stage else {}),
             "export": export,
             "fp32_eval": FP32_FORWARDS * fp32 * self.eval_samples,
             "int8_eval": INT8_FORWARDS * int8 * self.eval_samples,
             "layer_errors": LAYER_ERROR_FORWARDS * int8 * self.layer_error_samples,
             "compare_methods": METHOD_FORWARDS * int8 * self.eval_samples * self.methods,
-            "lint_report": REPORT_FIXED + REPORT_PER_EXPORT * export,
+            "lint_report": report,
         }
 
     def search_work(self) -> float:

@@ -4,7 +4,9 @@
 each layer in the format TensorRT runs fastest (rule F07: convolutions INT8, GEMMs and attention
 FP8), calibrates that plan on a few calibration batches, measures each INT8 convolution's
 quantization noise in INT8 and in FP8 (:func:`qdq.accuracy.formats.choose_formats`) and moves to
-FP8 the input tensors where INT8 loses; the job then runs with those overrides.
+FP8 the input tensors where INT8 loses; the job then runs with those overrides. With
+``--objective speed`` the tensors equally accurate in both formats take the one predicted faster
+on the target's GPU (rule T02).
 
 A move (or a layer left FP16) puts format boundaries into the graph: an INT8 layer cannot write the
 FP8 tensor its moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat
@@ -28,6 +30,7 @@ from qdq.accuracy.formats import FormatChoice, choose_formats
 from qdq.config import QuantConfig
 from qdq.pipeline.device import to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches
+from qdq.pipeline.speed import target_gpu
 from qdq.pipeline.stages import Stages
 
 __all__ = ["FORMAT_BATCHES", "method_label", "plan_config", "plan_format", "reformats"]
@@ -50,9 +53,12 @@ def plan_config(
     fmt: str,
     exporter: str = "auto",
     target: str = "trt10",
+    objective: str = "accuracy",
 ) -> tuple[QuantConfig, FormatChoice | None]:
     """The job's :class:`QuantConfig` for ``fmt``, and for ``"mixed"`` what was measured
-    (``exporter`` and ``target``: the job's, for the reformat count of the moves)."""
+    (``exporter`` and ``target``: the job's, for the reformat count of the moves; ``objective``
+    ``"speed"``: equally accurate formats broken by the predicted time on the target's GPU, rule
+    T02)."""
     import qdq
     from qdq.lint import parse_target
 
@@ -65,7 +71,8 @@ def plan_config(
         some = [to_device(inputs.arguments(b), device)
                 for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
         qdq.calibrate(prepared, some, show_progress=False)
-        choice = choose_formats(prepared, some[0])
+        gpu = target_gpu(target)[0] if objective == "speed" else None
+        choice = choose_formats(prepared, some[0], gpu=gpu)
         kept = choice.unchanged
         if kept is not None:
             counts = {

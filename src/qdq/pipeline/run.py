@@ -346,10 +346,11 @@ def quantize(
         n_eval = num_samples(qdata.evaluation)
         budget = Budget(given_budget, eval_samples=n_eval, calib_samples=num_samples(cal),
                         layer_error_samples=1 if keys else min(LAYER_ERROR_SAMPLES, n_eval),
-                        methods=len(CALIBRATION_METHODS) if compare_methods else 0)  # fmt: skip
+                        methods=len(CALIBRATION_METHODS) if compare_methods else 0,
+                        speed_stage=objective == "speed")  # fmt: skip
         config, chosen = plan_config(stages, source.module, example, cal, inputs, size=size,
                                      static=static, device=dev, fmt=format, exporter=exporter,
-                                     target=target)  # fmt: skip
+                                     target=target, objective=objective)  # fmt: skip
         done = calibrate_and_improve(stages, source.module, cal, inputs, example, size=size,
                                      static=static, device=dev, calib=calib,
                                      percentile=percentile, ptq=ptq, per_image=keys,
@@ -381,6 +382,8 @@ def quantize(
                 st.detail = qat_report["summary"]
         if fast is not None:  # the fallback's re-plan recorded the exclusions as USER
             fast.mark(prepared)
+        if chosen is not None:  # formats the predicted time decided: rule T02, not USER
+            chosen.mark(prepared)
         record_recipe(prepared, done.options.recipe, "search" if done.searched else "given")
         if not dist.is_main_process():  # torchrun: rank 0 exports, measures and writes
             return _written_by_rank0(out_dir, prepared)

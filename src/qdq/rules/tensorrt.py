@@ -1,8 +1,9 @@
 """The TensorRT Q/DQ placement rules as data.
 
-Each rule has the id of ``reference/tensorrt-qdq-rules.md`` (V/P/S/H), the family a
-:class:`~qdq.config.QuantConfig` can switch off, and what TensorRT does that motivates it. The planner
-(:mod:`qdq.graph.plan`) cites these ids in every decision; ``qdq.rules.explain(id)`` prints them.
+Each rule has the id of ``reference/tensorrt-qdq-rules.md`` (V/P/S/H; qdq's own F for formats and T
+for the engine time, issue 58), the family a :class:`~qdq.config.QuantConfig` can switch off, and
+what TensorRT does that motivates it. The planner (:mod:`qdq.graph.plan`) cites these ids in every
+decision (T01 and T02: ``qdq quantize --objective speed``); ``qdq.rules.explain(id)`` prints them.
 """
 
 from __future__ import annotations
@@ -274,6 +275,29 @@ RULES: tuple[Rule, ...] = (
         "Dequantize (DenseNet's pre-activation BatchNorm + ReLU: DenseNet-121 184 -> 63). "
         "A residual skip read in FP8 by the "
         "convolution its Add fuses into keeps its Q/DQ: the fused Add reads it in that format.",
+    ),
+    Rule(
+        "T01",
+        "core",
+        "qdq quantize --objective speed: a layer whose quantization does not pay stays FP16",
+        "Quantizing this layer is predicted slower than FP16 once its standalone Q/DQ and "
+        "reformats are counted (qdq.lint.speed: the engine-time model on the target's GPU, the "
+        "export's predicted layers against the FP16 build of the same nodes): a 3-channel stem "
+        "convolution runs INT8 on CUDA cores, a small layer's Q/DQ cost more than its 8-bit "
+        "math saves. The job excludes it as a user exclusion would and keeps the re-planned "
+        "model only if it is not predicted slower.",
+    ),
+    Rule(
+        "T02",
+        "core",
+        "--format mixed --objective speed: where INT8 and FP8 are equally accurate, the format "
+        "predicted faster on the target's GPU",
+        "Both formats read and write 8-bit tensors, so the time differs by the math: the GPU's "
+        "INT8 and FP8 tensor-core peaks (equal on Hopper, Blackwell and datacenter Ada; FP8 "
+        "half of INT8 on GeForce Ada, whose FP8 accumulates in FP32) and the CUDA-core rate of "
+        "convolutions whose channels do not fill the 16-byte vectors (INT8's dp4a). Equally "
+        "accurate: neither format's SQNR better by 3 dB on the input's readers (F07's margin); "
+        "predicted as fast within 2 % keeps the planned format (no format boundary added).",
     ),
     Rule("USER", "core", "Excluded or changed by the user's QuantConfig", "User override."),
 )
