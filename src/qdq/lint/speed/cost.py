@@ -53,6 +53,7 @@ OPS = (*COMPUTE_OPS, "pointwise", "pool", "reduce", "softmax", "norm", "reformat
 #: bytes per value of each precision
 ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0,
                  "fp4": 0.5, "int4": 0.5, "int32": 4.0, "int64": 8.0, "bool": 1.0, "uint8": 1.0}  # fmt: skip
+_CUDNN_TILE = 128  # the output tile of cuDNN's i8816 kernels
 _SPLIT_K_MIN = 256  # the shortest reduction chunk of a split-K GEMM
 _SIMT_SPEEDUP = {"fp32": 1.0, "tf32": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0, "fp8": 2.0}
 
@@ -77,6 +78,7 @@ class CostLayer:
         gemm: ``(m, n, k)`` of the GEMM per group (rows, output channels, reduction), if any.
         groups: convolution groups (1 for a dense GEMM).
         group_channels: input channels per group (0 when unknown or not a convolution).
+        out_precision: the precision it writes (``None``: as ``precision``).
     """
 
     name: str
@@ -89,6 +91,7 @@ class CostLayer:
     gemm: tuple[int, int, int] | None = None
     groups: int = 1
     group_channels: int = 0
+    out_precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -236,13 +239,30 @@ def _compute_ms(layer: CostLayer, gpu: GPU, math_at: str, p: CostParams) -> floa
     # With fewer tiles than SMs the reduction is split (split-K) in chunks of at least
     # _SPLIT_K_MIN values
     k_pad = _up(k, align)
-    tile_m = min(p.tile, _up(m, 16))
-    tile_n = min(p.tile, _up(n, align))
+    edge = p.tile
+    splits = True
+    if _turing_mixed(layer, gpu, math_at):
+        edge, splits = float(_CUDNN_TILE), False
+    tile_m = min(edge, _up(m, 16))
+    tile_n = min(edge, _up(n, align))
     tiles = math.ceil(m / tile_m) * math.ceil(_up(n, align) / tile_n) * max(1, layer.groups)
-    split = max(1, min(gpu.sms // tiles, k_pad // _SPLIT_K_MIN))
+    split = max(1, min(gpu.sms // tiles, k_pad // _SPLIT_K_MIN)) if splits else 1
     waves = math.ceil(tiles * split / gpu.sms)
     work = waves * gpu.sms * tile_m * tile_n * k_pad / split
     return 2.0 * work / (peak * 1e12 * p.tensor_efficiency) * 1e3
+
+
+def _turing_mixed(layer: CostLayer, gpu: GPU, math_at: str) -> bool:
+    """An 8-bit GEMM writing a float output before Ampere: TensorRT 8 has no implicit-GEMM
+    kernel for it there and runs cuDNN's ``i8816cudnn`` kernels, 128x128 tiles and no split-K
+    (all 31 such layers of the TITAN RTX engines; the A100's run ``xmma`` kernels)."""
+    out = layer.out_precision
+    return (
+        gpu.compute_capability < (8, 0)
+        and ELEMENT_BYTES.get(math_at) == 1.0
+        and out is not None
+        and ELEMENT_BYTES.get(out, 1.0) > 1.0
+    )
 
 
 def _smooth_max(a: float, b: float, power: float) -> float:

@@ -194,7 +194,8 @@ def _conv(
         read -= max(0.0, _bytes(inp) - touched)
     return CostLayer(layer.name, op, precision, macs=macs, read_bytes=read, write_bytes=write,
                      weight_bytes=weights, gemm=(m, n, k), groups=groups,
-                     group_channels=max(1, c_in // groups))  # fmt: skip
+                     group_channels=max(1, c_in // groups),
+                     out_precision=layer.output_precision)  # fmt: skip
 
 
 def _gemm(
@@ -220,4 +221,5 @@ def _gemm(
         k = max(1, int(_elements(a) // max(1, a.dims[0])))
         m = max(1, a.dims[0])
     return CostLayer(layer.name, "gemm", precision, macs=float(m) * n * k, read_bytes=read,
-                     write_bytes=write, weight_bytes=weights, gemm=(m, n, k))  # fmt: skip
+                     write_bytes=write, weight_bytes=weights, gemm=(m, n, k),
+                     out_precision=layer.output_precision)  # fmt: skip

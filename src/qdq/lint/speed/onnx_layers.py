@@ -377,6 +377,7 @@ class _Builder:
         cost = CostLayer(
             ly.name, op, precision, macs=float(macs), read_bytes=read, write_bytes=write,
             weight_bytes=weights, gemm=gemm, groups=groups, group_channels=per_group,
+            out_precision=None if ly.output_precision == PLUGIN else ly.output_precision,
         )  # fmt: skip
         return cost, sized
 
