@@ -75,16 +75,14 @@ _ONNX_OPS = {
 
 
 def target_gpu(target: str) -> tuple[Any, str]:
-    """``(GPU, note)`` of the linter's ``target`` (:func:`qdq.lint.speed.gpus.gpu_for_target`),
-    or ``(None, why)`` when the target names no GPU."""
-    from qdq.lint.speed.gpus import gpu_for_target
-    from qdq.lint.target import parse_target
+    """``(GPU, note)`` of the linter's ``target``, or ``(None, why)`` when it names no GPU (or is
+    not a target: the job's own check of ``--target`` says so first)."""
+    from qdq.lint.speed.latency import target_gpu as of_target
 
     try:
-        gpu, note = gpu_for_target(parse_target(target))
+        return of_target(target)
     except ValueError as err:
         return None, str(err)
-    return gpu, str(note or "")
 
 
 def check_objective(objective: object, target: str) -> str:

@@ -27,7 +27,7 @@ from qdq.lint.speed.onnx_layers import EngineLayer, engine_layers, strip_qdq
 from qdq.lint.target import Target, parse_target
 from qdq.lint.text import printable
 
-__all__ = ["LatencyReport", "LayerLatency", "NotPaying", "predict_latency"]
+__all__ = ["LatencyReport", "LayerLatency", "NotPaying", "predict_latency", "target_gpu"]
 
 _COMPUTE_KINDS = ("weighted", "attention")
 _TOP = 10
@@ -342,3 +342,13 @@ def _owners(
 def _count(n: int, noun: str) -> str:
     """``"1 layer"``, ``"3 layers"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def target_gpu(target: str | Target) -> tuple[GPU | None, str]:
+    """``(GPU, note)`` a linter target times on (:func:`~qdq.lint.speed.gpus.gpu_for_target`),
+    or ``(None, why)`` when it names no GPU (a bad target string still raises ``ValueError``)."""
+    t = parse_target(target)
+    try:
+        return gpu_for_target(t)
+    except ValueError as err:
+        return None, str(err)
