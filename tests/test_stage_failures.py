@@ -57,13 +57,13 @@ def _boom(*_: Any, **__: Any) -> Any:
 def _inject(monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
     import qdq.lint
     import qdq.lint.engine_pages
-    import qdq.pipeline.run
+    import qdq.pipeline.finish
     import qdq.report.html
     import qdq.report.plots
 
     targets = {
-        "layer_errors": [(qdq.pipeline.run, "layer_errors")],
-        "compare_methods": [(qdq.pipeline.run, "compare_methods")],
+        "layer_errors": [(qdq.pipeline.finish, "layer_errors")],
+        "compare_methods": [(qdq.pipeline.finish, "compare_methods")],
         "lint": [(qdq.lint, "lint")],
         "drawing": [(qdq.lint.engine_pages, "predicted_svg")],
         "plots": [(qdq.report.plots, "histogram_svg"), (qdq.report.plots, "sqnr_profile_svg")],

@@ -210,7 +210,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    import qdq.pipeline.run as run
+    import qdq.pipeline.finish as run
     from qdq.cli.main import main
 
     real = run.export_model
@@ -276,7 +276,7 @@ def _unhandled(signum, frame):
 
 def test_sigterm_cleans_up_like_ctrl_c(job, tmp_path: Path, monkeypatch, capsys) -> None:
     """In this process: the CLI's handler replaces this test's guard while the job runs."""
-    run = importlib.import_module("qdq.pipeline.run")
+    run = importlib.import_module("qdq.pipeline.finish")
     real = run.export_model
 
     def export_then_term(*args, **kwargs):
