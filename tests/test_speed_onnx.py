@@ -313,3 +313,18 @@ def test_fused_int8_attention_counts_both_products() -> None:
     assert core.read_bytes == 3 * 2 * 4 * 16 * 32  # q, k, v in INT8
     assert core.write_bytes == 2 * 4 * 16 * 32 * 2  # the context in FP16 (a graph output)
     assert [c.op for c in layers].count("qdq") == 3  # the network inputs' Quantize nodes
+
+
+def test_a_layer_with_a_quantized_output_counts_the_quantize_it_would_need_in_fp16() -> None:
+    # the stem of qdq's default placement writes INT8 for the quantized MaxPool: run FP16, it
+    # would need a standalone Quantize of its 64x112x112 output, which the comparison counts
+    g = G(c=3)
+    w = g.const(np.ones((64, 3, 7, 7), np.float32) * 0.01, "w")
+    s, z = g.const(np.full(64, 0.01, np.float32)), g.const(np.zeros(64, np.int8))
+    wd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [w, s, z], axis=0), s, z], axis=0)
+    y = g.op("Relu", [g.op("Conv", [g.qdq("x"), wd], pads=[3, 3, 3, 3], strides=[2, 2])])
+    p = g.op("MaxPool", [g.qdq(y)], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    model = g.model([p], shape=(32, 3, 224, 224))
+    report = predict_latency(model, target="trt10-a100")
+    stem = next(ly for ly in report.layers if ly.op == "conv")
+    assert stem.precision == "int8" and all(n.name != stem.name for n in report.not_paying)

@@ -21,7 +21,7 @@ from qdq.lint.graph import LintGraph
 from qdq.lint.layer import PredictedLayer
 from qdq.lint.load import load_model
 from qdq.lint.predict import predict_layers
-from qdq.lint.speed.cost import CostParams, layer_time, load_params
+from qdq.lint.speed.cost import CostLayer, CostParams, layer_time, load_params
 from qdq.lint.speed.gpus import GPU, find_gpu, gpu_for_target
 from qdq.lint.speed.onnx_layers import EngineLayer, engine_layers, strip_qdq
 from qdq.lint.target import Target, parse_target
@@ -230,7 +230,7 @@ def predict_latency(
         speedup_vs_fp16=fp16_total / total if total > 0 else 0.0,
         layers=_timed(quantized, q_ms),
         fp16_layers=_timed(fp16, f_ms),
-        not_paying=tuple(_not_paying(quantized, q_ms, fp16, f_ms)),
+        not_paying=tuple(_not_paying(quantized, q_ms, fp16, f_ms, device, p)),
         unsized=tuple(e.cost.name for e in quantized if not e.sized),
     )
 
@@ -250,10 +250,17 @@ def _timed(found: list[EngineLayer], ms: list[float]) -> tuple[LayerLatency, ...
 
 
 def _not_paying(
-    quantized: list[EngineLayer], q_ms: list[float], fp16: list[EngineLayer], f_ms: list[float]
+    quantized: list[EngineLayer],
+    q_ms: list[float],
+    fp16: list[EngineLayer],
+    f_ms: list[float],
+    device: GPU,
+    p: CostParams,
 ) -> list[NotPaying]:
     """Each quantized compute layer against the FP16 build's time of its nodes, counting its
-    share of the standalone Q/DQ and quantized reformats next to it."""
+    share of the standalone Q/DQ and quantized reformats next to it; a layer whose quantized
+    output other quantized layers read would need a standalone Quantize of that output if it
+    ran FP16, which counts on the FP16 side."""
     compute = [i for i, e in enumerate(quantized) if e.quantized and e.kind in _COMPUTE_KINDS]
     if not compute:
         return []
@@ -285,6 +292,10 @@ def _not_paying(
         served = sorted({node_owner[n] for n in near if n in node_owner})
         for i in served:
             fp16_of[i] += t / len(served)
+    for i in compute:
+        theirs_q = _output_quantize_ms(quantized, readers, i, device, p)
+        if theirs_q and fp16_of[i] > 0:
+            fp16_of[i] += theirs_q
     out = []
     for i in compute:
         own, share = q_ms[i], sum(s for _, s in extras[i])
@@ -305,6 +316,23 @@ def _not_paying(
             )
         out.append(NotPaying(e.cost.name, mine, theirs, reason))
     return out
+
+
+def _output_quantize_ms(
+    found: list[EngineLayer], readers: dict[int, list[int]], i: int, device: GPU, p: CostParams
+) -> float:
+    """The time of the standalone Quantize layer ``i``'s output would need if ``i`` ran in FP16:
+    when it writes INT8/FP8 that a quantized layer (not a standalone Q/DQ) reads."""
+    e = found[i]
+    out = e.cost.out_precision
+    if out is None or not is_quantized(out):
+        return 0.0
+    if not any(found[j].quantized and found[j].kind != "qdq" for j in readers.get(i, [])):
+        return 0.0
+    size = e.cost.write_bytes  # one byte per value
+    q = CostLayer(f"{e.cost.name} output Quantize", "qdq", out, read_bytes=2.0 * size,
+                  write_bytes=size)  # fmt: skip
+    return layer_time(q, device, p).ms
 
 
 def _caused_by_quantization(e: EngineLayer) -> bool:
