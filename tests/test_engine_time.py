@@ -202,3 +202,59 @@ def test_trt11_schema_gives_the_same_cost_layers() -> None:
     assert engine_trt_major(new) == 11 and engine_trt_major(old) == 8
     strip = lambda layers: [replace(x, name="") for x in layers]  # noqa: E731
     assert strip(engine_cost_layers(new)) == strip(engine_cost_layers(old))
+
+
+# ------------------------------------------------------------------ kernel rules (docs/engine_time.md)
+def _stem(precision: str, channels: int = 3, out: str | None = None) -> CostLayer:
+    # conv 7x7/2 of `channels` inputs to 64 at 112x112, batch 32: the ResNet stem
+    size = {"fp32": 4, "fp16": 2, "int8": 1}[precision]
+    m, k = 32 * 112 * 112, channels * 49
+    return CostLayer(
+        "stem", "conv", precision, macs=float(m * 64 * k), read_bytes=32 * channels * 224 * 224 * size,
+        write_bytes=m * 64 * size, weight_bytes=64 * k * size, gemm=(m, 64, k),
+        group_channels=channels, out_precision=out,
+    )  # fmt: skip
+
+
+def test_k01_fp32_runs_tf32_where_the_gpu_has_it() -> None:
+    from qdq.lint.speed.cost import math_precision
+
+    assert math_precision("fp32", A100) == "tf32"
+    assert math_precision("fp32", find_gpu("titan-rtx")) == "fp32"
+
+
+def test_k02_depthwise_runs_cuda_cores() -> None:
+    dw = replace(_conv("fp16"), groups=64, group_channels=1, macs=32 * 56 * 56 * 64 * 9.0,
+                 gemm=(32 * 56 * 56, 1, 9))  # fmt: skip
+    cuda_core = 2 * dw.macs / (A100.tflops["fp32"] * 2 * 1e12 * load_params().simt_efficiency) * 1e3
+    assert layer_time(dw, A100).compute_ms == pytest.approx(cuda_core)
+
+
+def test_k03_k04_a_three_channel_stem() -> None:
+    # the A100 engines: INT8 stem (CUDA-core int8x4) 0.20 ms > FP16 stem (tensor cores, 3 -> 8
+    # channels) 0.11 ms; TF32 stem on CUDA cores 0.52 ms; with 64 channels INT8 is the fastest
+    int8, fp16, fp32 = (layer_time(_stem(p), A100).ms for p in ("int8", "fp16", "fp32"))
+    assert fp32 > int8 > fp16
+    assert layer_time(_stem("int8", 64), A100).ms < layer_time(_stem("fp16", 64), A100).ms
+    # K04: the FP16 stem's compute is that of 8 channels
+    three, eight = (layer_time(_stem("fp16", c), A100).compute_ms for c in (3, 8))
+    assert three == pytest.approx(eight)
+
+
+def test_k05_turing_int8_with_float_output_has_no_split_k() -> None:
+    titan = find_gpu("titan-rtx")
+    layer = CostLayer("c", "conv", "int8", macs=49 * 160 * 960.0, read_bytes=49 * 960,
+                      write_bytes=49 * 160 * 2, weight_bytes=160 * 960, gemm=(49, 160, 960),
+                      group_channels=960)  # fmt: skip
+    to_int8 = replace(layer, out_precision="int8")
+    to_fp16 = replace(layer, out_precision="fp16")
+    assert layer_time(to_fp16, titan).compute_ms > 2 * layer_time(to_int8, titan).compute_ms
+    # on Ampere the same layer has implicit-GEMM kernels either way
+    rtx = find_gpu("rtx3090")
+    assert layer_time(to_fp16, rtx).compute_ms == pytest.approx(layer_time(to_int8, rtx).compute_ms)
+
+
+def test_k06_int8_without_int8_tensor_cores() -> None:
+    v100 = find_gpu("v100")
+    assert not v100.tensor_cores("int8")
+    assert layer_time(_conv("int8"), v100).ms > layer_time(_conv("fp16"), v100).ms

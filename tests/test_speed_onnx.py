@@ -328,3 +328,26 @@ def test_a_layer_with_a_quantized_output_counts_the_quantize_it_would_need_in_fp
     report = predict_latency(model, target="trt10-a100")
     stem = next(ly for ly in report.layers if ly.op == "conv")
     assert stem.precision == "int8" and all(n.name != stem.name for n in report.not_paying)
+
+
+def test_k07_a_cuda_core_int8_stem_writes_fp32_and_its_float_maxpool_runs_fp32() -> None:
+    g = G(c=3)
+    w = g.const(np.ones((64, 3, 7, 7), np.float32) * 0.01, "w")
+    s, z = g.const(np.full(64, 0.01, np.float32)), g.const(np.zeros(64, np.int8))
+    wd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [w, s, z], axis=0), s, z], axis=0)
+    y = g.op("Relu", [g.op("Conv", [g.qdq("x"), wd], pads=[3, 3, 3, 3], strides=[2, 2])])
+    p = g.op("MaxPool", [y], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])  # float
+    model = g.model([p], shape=(2, 3, 64, 64))
+    layers = {x.op: x for x in cost_layers(model, lint(model).layers)}
+    assert layers["conv"].precision == "int8" and layers["conv"].out_precision == "fp32"
+    assert layers["pool"].precision == "fp32"
+    # with 64 input channels the tensor-core kernel writes FP16 as predicted
+    g = G(c=64)
+    w = g.const(np.ones((64, 64, 3, 3), np.float32) * 0.01, "w")
+    s, z = g.const(np.full(64, 0.01, np.float32)), g.const(np.zeros(64, np.int8))
+    wd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [w, s, z], axis=0), s, z], axis=0)
+    y = g.op("Relu", [g.op("Conv", [g.qdq("x"), wd], pads=[1, 1, 1, 1])])
+    p = g.op("MaxPool", [y], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    model = g.model([p], shape=(2, 64, 16, 16))
+    layers = {x.op: x for x in cost_layers(model, lint(model).layers)}
+    assert layers["conv"].out_precision == "fp16" and layers["pool"].precision == "fp16"

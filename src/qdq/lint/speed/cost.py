@@ -170,7 +170,7 @@ def math_precision(precision: str, gpu: GPU) -> str:
     Raises:
         UnsupportedPrecisionError: ``gpu`` has no kernels of ``precision``.
     """
-    if precision == "fp32":
+    if precision == "fp32":  # K01
         return "tf32" if gpu.peak("tf32") else "fp32"
     if gpu.peak(precision) is None:
         raise UnsupportedPrecisionError(
@@ -220,9 +220,9 @@ def _compute_ms(layer: CostLayer, gpu: GPU, math_at: str, p: CostParams) -> floa
     align = max(1, int(16 / ELEMENT_BYTES.get(math_at, 2.0)))
     channels = layer.group_channels
     misaligned = channels > 0 and channels % align != 0
-    if not gpu.tensor_cores(math_at):  # INT8 on a V100: dp4a at its listed rate
+    if not gpu.tensor_cores(math_at):  # K06: INT8 on a V100, dp4a at its listed rate
         return 2.0 * layer.macs / (gpu.tflops[math_at] * 1e12 * p.simt_efficiency) * 1e3
-    if layer.depthwise or (misaligned and math_at not in ("fp16", "bf16")):
+    if layer.depthwise or (misaligned and math_at not in ("fp16", "bf16")):  # K02, K03
         # CUDA cores: FP32, depthwise, and TF32/8-bit convolutions whose channels do not fill the
         # tensor cores' 16-byte vectors (8-bit ones pad to 4 channels for dp4a)
         pad = _up(channels, 4) / channels if misaligned and ELEMENT_BYTES[math_at] == 1 else 1.0
@@ -232,7 +232,7 @@ def _compute_ms(layer: CostLayer, gpu: GPU, math_at: str, p: CostParams) -> floa
     if layer.gemm is None:
         return 2.0 * layer.macs / (peak * 1e12 * p.tensor_efficiency) * 1e3
     m, n, k = layer.gemm
-    if misaligned:  # FP16 convolutions pad their input channels to the vector
+    if misaligned:  # K04: FP16 convolutions pad their input channels to the vector
         k = k // channels * _up(channels, align)
     # output tiles (at most tile x tile, no larger than the GEMM) spread over the SMs in waves;
     # each SM computes a tile over its share of the padded reduction at its share of the peak.
@@ -241,7 +241,7 @@ def _compute_ms(layer: CostLayer, gpu: GPU, math_at: str, p: CostParams) -> floa
     k_pad = _up(k, align)
     edge = p.tile
     splits = True
-    if _turing_mixed(layer, gpu, math_at):
+    if _turing_mixed(layer, gpu, math_at):  # K05
         edge, splits = float(_CUDNN_TILE), False
     tile_m = min(edge, _up(m, 16))
     tile_n = min(edge, _up(n, align))

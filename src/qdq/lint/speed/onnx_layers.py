@@ -176,11 +176,12 @@ class _Builder:
         return self.out
 
     def _cuda_core_outputs(self) -> None:
-        """A dense 8-bit convolution whose input channels do not fill the tensor cores' vectors
-        (the 3-channel stem) runs a CUDA-core ``int8x4`` kernel, which writes FP32 when its output is
-        float; the float pooling and element-wise layers that read only that tensor then run in
-        FP32 too, and the builder reformats after them (the A100 Q/DQ ResNet-18 engine: stem
-        INT8 -> FP32, MaxPool FP32, a reformat to FP16 before the next Quantize)."""
+        """Kernel rule K07 (docs/engine_time.md). A dense 8-bit convolution whose input channels
+        do not fill the tensor cores' vectors (the 3-channel stem) runs a CUDA-core ``int8x4``
+        kernel, which writes FP32 when its output is float; the float pooling and element-wise
+        layers that read only that tensor then run in FP32 too, and the builder reformats after
+        them (the A100 Q/DQ ResNet-18 engine: stem INT8 -> FP32, MaxPool FP32, a reformat to FP16
+        before the next Quantize)."""
         fp32: set[int] = set()  # indices of layers now writing FP32
         for k, ly in enumerate(self.layers):
             members = [self.by_name[x] for x in ly.nodes if x in self.by_name]
