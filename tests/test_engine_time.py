@@ -258,3 +258,17 @@ def test_k06_int8_without_int8_tensor_cores() -> None:
     v100 = find_gpu("v100")
     assert not v100.tensor_cores("int8")
     assert layer_time(_conv("int8"), v100).ms > layer_time(_conv("fp16"), v100).ms
+
+
+def test_dimensions_past_a_float_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    big = [2**63 - 1] * 18  # 64-bit each, their product past a float's range
+    bad = tmp_path / "big.json"
+    bad.write_text(json.dumps([{"Name": "Conv_0", "LayerType": "CaskConvolution",
+        "ParameterType": "Convolution", "Kernel": [3, 3],
+        "Inputs": [{"Name": "x", "Dimensions": big, "Format/Datatype": "Half"}],
+        "Outputs": [{"Name": "y", "Dimensions": [1, 8, 4, 4], "Format/Datatype": "Half"}]}]))  # fmt: skip
+    code, out, err = _run(capsys, "engine", "time", str(bad), "--gpu", "a100")
+    assert code == 3 and out == "" and "Conv_0" in err and "cannot be timed" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -27,6 +27,7 @@ from qdq.lint.engine_report import (
     load_engine_report,
     parse_engine_report,
 )
+from qdq.lint.speed.engine_time import time_engine
 from qdq.lint.text import visible
 from qdq.lint.untrusted_json import UntrustedJSONError, json_depth, parse_json
 from trt_engines import engine_file
@@ -215,6 +216,7 @@ def test_hostile_layer_reports_fail_in_one_line(
         ["engine", "draw", str(bad), "-o", str(tmp_path / "x.svg")],
         ["engine", "compare", str(GRAPH), str(bad), "--json"],
         ["engine", "diff", str(model), str(bad), "-o", str(tmp_path / "x.html")],
+        ["engine", "time", str(bad), "--gpu", "a100"],
     ]
     for argv in argvs:
         code, out, err = _run(capsys, *argv)
@@ -248,6 +250,7 @@ def test_hostile_profiles_fail_in_one_line(
     for argv in (
         ["engine", "draw", str(GRAPH), "--profile", str(bad), "-o", str(tmp_path / "x.svg")],
         ["engine", "compare", str(GRAPH), str(GRAPH), "--profiles", str(PROFILE), str(bad)],
+        ["engine", "time", str(GRAPH), "--gpu", "a100", "--profile", str(bad)],
     ):
         code, out, err = _run(capsys, *argv)
         _one_line_error(code, err, str(bad), needle)
@@ -484,6 +487,12 @@ def test_fuzzed_fixtures_parse_or_raise_the_readers_error(tmp_path: Path, seed: 
         _no_control(to_dot(engine_graph(engine, max_nodes=20), max_nodes=20))
         c = compare_engines(engine, base)
         json.loads(c.to_json())
+        try:  # timed, or one line naming the layer whose dimensions cannot be timed
+            timed = time_engine(engine, "a100")
+            json.dumps(timed.to_dict(), allow_nan=False)
+            _no_control(timed.format())
+        except EngineReportError as err:
+            assert "cannot be timed" in str(err), err
         _no_control(c.format())
         ET.fromstring(comparison_svg(c))
     assert parsed > 5 and failed > 5, (parsed, failed)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from qdq.lint.engine_fields import EngineReportError, quote
 from qdq.lint.engine_report import EngineLayer, EngineReport, EngineTensor
 from qdq.lint.speed.cost import ELEMENT_BYTES, CostLayer
 
@@ -80,7 +81,21 @@ def engine_cost_layers(report: EngineReport, profile: int = 0) -> list[CostLayer
 
 
 def engine_layer_cost(layer: EngineLayer) -> CostLayer:
-    """One engine layer as a :class:`CostLayer` (its precision, work and bytes)."""
+    """One engine layer as a :class:`CostLayer` (its precision, work and bytes).
+
+    Raises:
+        EngineReportError: the layer's dimensions give no finite work or size (a report from
+            someone else: one line naming the layer).
+    """
+    try:
+        return _layer_cost(layer)
+    except (ValueError, OverflowError, ZeroDivisionError) as err:
+        raise EngineReportError(
+            f"layer {quote(layer.name)}: cannot be timed from its dimensions ({err})"
+        ) from None
+
+
+def _layer_cost(layer: EngineLayer) -> CostLayer:
     op = engine_layer_op(layer)
     inputs = list(layer.compute_inputs)
     precision = _precision(layer, op)
@@ -105,7 +120,9 @@ def _precision(layer: EngineLayer, op: str) -> str:
 
 
 def _elements(t: EngineTensor) -> float:
-    return float(math.prod(max(1, d) for d in t.dims)) if t.dims else 0.0
+    """The tensor's values (a dynamic or zero dimension counts as 1), as a float: dimensions
+    that multiply past a float's range give ``inf``, which the layer then refuses."""
+    return math.prod(float(max(1, d)) for d in t.dims) if t.dims else 0.0
 
 
 _VECTOR_WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16, "thirty-two": 32}

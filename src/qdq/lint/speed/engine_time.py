@@ -107,7 +107,7 @@ class EngineTime:
         """A text summary: the total (against the measured one) and the ``top`` slowest layers."""
         measured = self.measured_ms is not None
         lines = [f"predicted engine time on {self.gpu_label}: {self.total_ms:.3f} ms "
-                 f"({len(self.layers)} layers)"]  # fmt: skip
+                 f"({len(self.layers)} layer{'' if len(self.layers) == 1 else 's'})"]  # fmt: skip
         if measured:
             lines[0] += (
                 f"; measured {self.measured_ms:.3f} ms, error {100 * (self.total_error or 0):+.1f} %"
