@@ -175,6 +175,7 @@ def test_dynamic_input_needs_a_shape_and_more_work_is_not_faster(
         ("x:32x64x56xq", "dimension 'q' is not an integer"),
         ("y:32x64x56x56", "'y', which is no input"),
         ("x:32x64x56", "3 dims given, the input has 4"),
+        ("x:99999999999999999999x64x56x56", "does not fit in 64 bits"),
     ],
 )
 def test_bad_shapes_are_one_line_errors(

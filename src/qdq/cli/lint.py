@@ -115,6 +115,8 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
                 )
             if int(d) <= 0:
                 raise ValueError(f"--shape {spec!r}: every dimension must be positive, got {d}")
+            if int(d) >= 2**63:
+                raise ValueError(f"--shape {spec!r}: dimension {d} does not fit in 64 bits")
             values.append(int(d))
         if name in out:
             raise ValueError(f"--shape {spec!r}: input {name!r} is given twice")

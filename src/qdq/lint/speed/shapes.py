@@ -68,8 +68,11 @@ def _check_sizes(
             raise TypeError(f"--shape {name}: dims must be a sequence of ints, got {value!r}")
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in value):
             raise TypeError(f"--shape {name}: dims must be ints, got {list(value)!r}")
-        if not value or any(int(d) <= 0 for d in value):
-            raise ValueError(f"--shape {name}: every dimension must be positive, got {list(value)}")
+        if not value or any(not 0 < int(d) < 2**63 for d in value):
+            raise ValueError(
+                f"--shape {name}: every dimension must be a positive 64-bit integer, "
+                f"got {list(value)}"
+            )
         tt = declared[name].type.tensor_type
         if tt.HasField("shape") and len(tt.shape.dim) != len(value):
             raise ValueError(
