@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from qdq.cli.main import main
+from qdq.pipeline.speed import speedup_text
 
 pytest.importorskip("onnxruntime")
 
@@ -106,7 +107,7 @@ def test_a_gpu_target_reports_the_predicted_engine_time(
     assert "latency" in report["timings_s"]
     line = next(s for s in printed.splitlines() if s.startswith("predicted on "))
     assert line.startswith("predicted on NVIDIA A100") and " ms vs FP16 " in line
-    assert line.endswith(f"({lat['speedup_vs_fp16']:.2f}x)")
+    assert line.endswith(f"({speedup_text(lat['speedup_vs_fp16'])}x)")
     page = (out / "report.html").read_text()
     assert 'id="latency-card"' in page and "Predicted engine time" in page
     chart = page[page.index('id="latency-chart"') :]
@@ -146,8 +147,8 @@ def test_an_engine_predicted_under_1_05x_warns_naming_the_layers_that_do_not_pay
                        target="trt10-a100", batch_size=4)  # fmt: skip
     # the export has a dynamic batch: predicted at the job's batch and sample shape
     assert calls == [("model.qdq.onnx", True, {"input": (4, 3, 8, 8)})]
-    slow = [w for w in res.report["warnings"] if "faster than FP16" in w]
-    logged = [r.getMessage() for r in caplog.records if "faster than FP16" in r.getMessage()]
+    slow = [w for w in res.report["warnings"] if "as fast as FP16" in w]
+    logged = [r.getMessage() for r in caplog.records if "as fast as FP16" in r.getMessage()]
     if speedup >= 1.05:
         assert slow == [] and logged == []
         return

@@ -114,11 +114,13 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
 
 def _print_latency(r: dict[str, Any]) -> None:
     """The predicted engine time against FP16 and what ``--objective speed`` kept in FP16."""
+    from qdq.lint.speed.latency import speedup_text
+
     lat = r.get("latency")
     if lat:
         print(
             f"predicted on {lat['gpu_label']}: {_ms(lat['total_ms'])} ms vs FP16 "
-            f"{_ms(lat['fp16_total_ms'])} ms ({lat['speedup_vs_fp16']:.2f}x)"
+            f"{_ms(lat['fp16_total_ms'])} ms ({speedup_text(lat['speedup_vs_fp16'])}x)"
         )
     objective = r.get("objective") or {}
     if objective.get("name") == "speed":

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from qdq.config import QuantConfig
+from qdq.lint.speed.latency import SLOW_SPEEDUP, speedup_text
 from qdq.pipeline.stages import Stages
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "objective_entry",
     "owners_of",
     "slow_warning",
+    "speedup_text",
     "target_gpu",
 ]
 
@@ -59,8 +61,6 @@ _log = logging.getLogger(__name__)
 #: what ``qdq quantize`` optimises beyond the plan: ``accuracy`` (the placement rules only) or
 #: ``speed`` (also keep in FP16 the layers whose quantization is predicted not to pay)
 OBJECTIVES = ("accuracy", "speed")
-#: below this predicted speed-up over FP16 the job warns
-SLOW_SPEEDUP = 1.05
 #: the plan rule of a layer ``--objective speed`` kept in FP16
 SPEED_RULE = "T01"
 #: plan-rule ids the speed objective's exclusions replace (the planner's for an exclusion)
@@ -167,7 +167,7 @@ def latency_line(lat: Any) -> str:
     """``predicted on <GPU>: <ms> ms vs FP16 <ms> ms (<x>x)``."""
     return (
         f"predicted on {lat.gpu_label}: {_ms(lat.total_ms)} ms vs FP16 "
-        f"{_ms(lat.fp16_total_ms)} ms ({lat.speedup_vs_fp16:.2f}x)"
+        f"{_ms(lat.fp16_total_ms)} ms ({speedup_text(lat.speedup_vs_fp16)}x)"
     )
 
 
@@ -186,7 +186,7 @@ def slow_warning(lat: Any) -> str | None:
         "quantization at this shape (small or memory-bound layers)"
     )
     return (
-        f"the Q/DQ engine is predicted only {lat.speedup_vs_fp16:.2f}x faster than FP16 on "
+        f"the Q/DQ engine is predicted only {speedup_text(lat.speedup_vs_fp16)}x as fast as FP16 on "
         f"{lat.gpu_label} ({_ms(lat.total_ms)} ms vs {_ms(lat.fp16_total_ms)} ms; qdq warns "
         f"under {SLOW_SPEEDUP}x): {where}"
     )

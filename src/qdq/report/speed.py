@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from qdq.lint.speed.latency import SLOW_SPEEDUP, speedup_text
+
 __all__ = ["CHART_LAYERS", "PRECISION_COLORS", "latency_view", "layer_time_svg"]
 
 #: the slowest layers the chart draws
@@ -25,7 +27,6 @@ PRECISION_COLORS = {
 }
 _CONVERSIONS = ("qdq", "reformat")
 #: the speed-up under which the page marks the engine as not paying (as the job warns)
-_SLOW = 1.05
 
 
 def _color_key(layer: Mapping[str, Any]) -> str:
@@ -53,7 +54,8 @@ def latency_view(r: Mapping[str, Any]) -> dict[str, Any] | None:
         "total_ms": total,
         "fp16_total_ms": float(lat.get("fp16_total_ms") or 0.0),
         "speedup": speedup,
-        "slow": speedup < _SLOW,
+        "slow": speedup < SLOW_SPEEDUP,
+        "speedup_text": speedup_text(speedup),
         "gpu": str(lat.get("gpu_label") or lat.get("gpu") or ""),
         "note": str(lat.get("gpu_note") or ""),
         "target": str(lat.get("target") or ""),

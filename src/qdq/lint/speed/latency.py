@@ -27,8 +27,18 @@ from qdq.lint.speed.onnx_layers import EngineLayer, engine_layers, strip_qdq
 from qdq.lint.target import Target, parse_target
 from qdq.lint.text import printable
 
-__all__ = ["LatencyReport", "LayerLatency", "NotPaying", "predict_latency", "target_gpu"]
+__all__ = [
+    "SLOW_SPEEDUP",
+    "LatencyReport",
+    "LayerLatency",
+    "NotPaying",
+    "predict_latency",
+    "speedup_text",
+    "target_gpu",
+]
 
+#: qdq warns when a Q/DQ engine is predicted less than this many times as fast as FP16
+SLOW_SPEEDUP = 1.05
 _COMPUTE_KINDS = ("weighted", "attention")
 _TOP = 10
 
@@ -380,3 +390,19 @@ def target_gpu(target: str | Target) -> tuple[GPU | None, str]:
         return gpu_for_target(t)
     except ValueError as err:
         return None, str(err)
+
+
+def speedup_text(speedup: float) -> str:
+    """A speed-up with two decimals, or as many more as it takes not to round it across the
+    warning's threshold (1.046 is under 1.05: not "1.05").
+
+    Example:
+        >>> speedup_text(1.5), speedup_text(1.046), speedup_text(1.0496), speedup_text(1.05)
+        ('1.50', '1.046', '1.0496', '1.05')
+    """
+    text = f"{speedup:.2f}"
+    for digits in range(3, 8):
+        if (float(text) < SLOW_SPEEDUP) == (speedup < SLOW_SPEEDUP):
+            break
+        text = f"{speedup:.{digits}f}"
+    return text
