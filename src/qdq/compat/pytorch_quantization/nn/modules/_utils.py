@@ -1,12 +1,20 @@
-"""``pytorch_quantization.nn.modules._utils``: the quantization mixins of the quant modules."""
+"""``pytorch_quantization.nn.modules._utils``: the mixins that give quant modules their quantizers.
+
+A quant module is a torch module class (``nn.Conv2d``, ``nn.Linear``, ``nn.MaxPool2d``, ...) with
+one of these mixins after it in its bases: :class:`QuantMixin` (input and weight quantizers) or
+:class:`QuantInputMixin` (input only). Its ``__init__`` takes the descriptors from its keyword
+arguments with :func:`pop_quant_desc_in_kwargs` (falling back to the class defaults) and calls
+``init_quantizer``. The class defaults are per class; ``set_default_quant_desc_*`` changes them for
+the modules built afterwards (global mutable state, as upstream).
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Literal, overload
+import sys
+from typing import Any
 
-import torch
 from torch import nn
 
 from qdq.compat.pytorch_quantization.nn.modules.tensor_quantizer import TensorQuantizer
@@ -14,40 +22,59 @@ from qdq.compat.pytorch_quantization.tensor_quant import QUANT_DESC_8BIT_PER_TEN
 
 __all__ = ["QuantInputMixin", "QuantMixin", "pop_quant_desc_in_kwargs"]
 
-_log = logging.getLogger("qdq.compat")
+_log = logging.getLogger(__name__)
 
 
-def _check_desc(value: object, what: str) -> QuantDescriptor:
+def _checked_default(value: object) -> Any:
+    """A private copy of a descriptor to become a class default.
+
+    Raises:
+        ValueError: ``value`` is not a QuantDescriptor.
+    """
     if not isinstance(value, QuantDescriptor):
-        raise ValueError(f"{what} must be a QuantDescriptor, got {type(value).__name__}")
-    if not value.fake_quant:
-        raise ValueError(f"{what}: only fake quantization is supported (fake_quant=False)")
-    return value
+        raise ValueError(f"{value!r} is not an instance of QuantDescriptor!")
+    return copy.deepcopy(value)
+
+
+def _check_called_from_init(module: object) -> None:
+    """Raises TypeError unless the caller of ``init_quantizer`` is an ``__init__`` (as upstream)."""
+    if sys._getframe(2).f_code.co_name != "__init__":
+        raise TypeError(
+            f"{type(module).__name__}.init_quantizer should be only called by __init__ of "
+            "quantized module."
+        )
+
+
+def _check_fake(*descs: QuantDescriptor) -> None:
+    for desc in descs:
+        if not desc.fake_quant:
+            raise ValueError("Only fake quantization is supported!")
 
 
 class QuantMixin:
-    """Input and weight quantizers for a weighted module (Conv, ConvTranspose, Linear).
+    """Input and weight quantizers (``_input_quantizer``, ``_weight_quantizer``) of a weighted
+    module: Conv, ConvTranspose, Linear."""
 
-    Class defaults are descriptors (immutable); ``set_default_quant_desc_*`` replaces them for a
-    class and the modules built after it.
-    """
-
-    default_quant_desc_input: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
-    default_quant_desc_weight: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_input: Any = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_weight: Any = QUANT_DESC_8BIT_PER_TENSOR
 
     @classmethod
     def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
-        """Set the input descriptor of modules of this class built from now on.
+        """Use (a copy of) ``value`` for the inputs of this class's modules built from now on.
 
         Raises:
             ValueError: ``value`` is not a QuantDescriptor.
         """
-        cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
+        cls.default_quant_desc_input = _checked_default(value)
 
     @classmethod
     def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:
-        """Set the weight descriptor of modules of this class built from now on."""
-        cls.default_quant_desc_weight = copy.deepcopy(_check_desc(value, "quant_desc_weight"))
+        """Use (a copy of) ``value`` for the weights of this class's modules built from now on.
+
+        Raises:
+            ValueError: ``value`` is not a QuantDescriptor.
+        """
+        cls.default_quant_desc_weight = _checked_default(value)
 
     def init_quantizer(
         self,
@@ -55,19 +82,23 @@ class QuantMixin:
         quant_desc_weight: QuantDescriptor,
         num_layers: int | None = None,
     ) -> None:
-        """Create ``_input_quantizer`` and ``_weight_quantizer`` (``num_layers``: ModuleLists).
+        """Create the quantizers (``num_layers``: ``_input_quantizers``/``_weight_quantizers``
+        ModuleLists of that length, for recurrent layers).
 
         Raises:
-            ValueError: a descriptor that is not a fake-quant QuantDescriptor.
+            TypeError: called from anywhere but the module's ``__init__``.
+            ValueError: a descriptor with ``fake_quant=False`` ("Only fake quantization is
+                supported!").
         """
-        _check_desc(quant_desc_input, "quant_desc_input")
-        _check_desc(quant_desc_weight, "quant_desc_weight")
+        _check_called_from_init(self)
+        this: Any = self
+        this._fake_quant = True
+        _check_fake(quant_desc_input, quant_desc_weight)
         _log.debug(
-            "%s: input %d bits %s, weight %d bits %s", type(self).__name__,
+            "%s: input %s bits axis %s, weight %s bits axis %s", type(self).__name__,
             quant_desc_input.num_bits, quant_desc_input.axis,
             quant_desc_weight.num_bits, quant_desc_weight.axis,
         )  # fmt: skip
-        this: Any = self
         if num_layers is None:
             this._input_quantizer = TensorQuantizer(quant_desc_input)
             this._weight_quantizer = TensorQuantizer(quant_desc_weight)
@@ -89,26 +120,32 @@ class QuantMixin:
         q: TensorQuantizer = self._weight_quantizer  # type: ignore[attr-defined]
         return q
 
-    def _quant(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The quantized input and the quantized ``self.weight``."""
-        this: Any = self
-        return this._input_quantizer(inputs), this._weight_quantizer(this.weight)
-
 
 class QuantInputMixin:
-    """An input quantizer for an unweighted module (pooling)."""
+    """An input quantizer (``_input_quantizer``) for a module without weights (pooling, norm)."""
 
-    default_quant_desc_input: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_input: Any = QUANT_DESC_8BIT_PER_TENSOR
 
     @classmethod
     def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
-        """Set the input descriptor of modules of this class built from now on."""
-        cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
+        """Use (a copy of) ``value`` for the inputs of this class's modules built from now on.
+
+        Raises:
+            ValueError: ``value`` is not a QuantDescriptor.
+        """
+        cls.default_quant_desc_input = _checked_default(value)
 
     def init_quantizer(self, quant_desc_input: QuantDescriptor) -> None:
-        """Create ``_input_quantizer``."""
-        _check_desc(quant_desc_input, "quant_desc_input")
+        """Create ``_input_quantizer``.
+
+        Raises:
+            TypeError: called from anywhere but the module's ``__init__``.
+            ValueError: ``fake_quant=False``.
+        """
+        _check_called_from_init(self)
         this: Any = self
+        this._fake_quant = True
+        _check_fake(quant_desc_input)
         this._input_quantizer = TensorQuantizer(quant_desc_input)
 
     @property
@@ -117,38 +154,28 @@ class QuantInputMixin:
         return q
 
 
-@overload
-def pop_quant_desc_in_kwargs(
-    quant_cls: type, input_only: Literal[True], **kwargs: Any
-) -> QuantDescriptor: ...
+def pop_quant_desc_in_kwargs(quant_cls: type, input_only: bool = False, **kwargs: Any) -> Any:
+    """Take ``quant_desc_input`` (and, unless ``input_only``, ``quant_desc_weight``) out of
+    ``kwargs``, defaulting to ``quant_cls``'s class defaults.
 
-
-@overload
-def pop_quant_desc_in_kwargs(
-    quant_cls: type, input_only: Literal[False] = ..., **kwargs: Any
-) -> tuple[QuantDescriptor, QuantDescriptor]: ...
-
-
-def pop_quant_desc_in_kwargs(
-    quant_cls: type, input_only: bool = False, **kwargs: Any
-) -> QuantDescriptor | tuple[QuantDescriptor, QuantDescriptor]:
-    """Take ``quant_desc_input`` (and ``quant_desc_weight``) from ``kwargs``, defaulting to the
-    class defaults; anything else left in ``kwargs`` is an error (upstream's signature).
+    Returns:
+        the input descriptor (``input_only``), else ``(input descriptor, weight descriptor)``.
 
     Raises:
-        TypeError: unused keyword arguments.
+        TypeError: anything else left in ``kwargs`` ("Unused keys: ...").
 
     Example:
         >>> from qdq.compat.pytorch_quantization import nn as quant_nn
         >>> pop_quant_desc_in_kwargs(quant_nn.QuantMaxPool2d, input_only=True).num_bits
         8
     """
-    quant_desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)  # type: ignore[attr-defined]
-    quant_desc_weight = None
-    if not input_only:
-        quant_desc_weight = kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)  # type: ignore[attr-defined]
-    if kwargs:
-        raise TypeError(f"unused keyword arguments: {sorted(kwargs)}")
-    if quant_desc_weight is None:
+    defaults: Any = quant_cls
+    quant_desc_input = kwargs.pop("quant_desc_input", defaults.default_quant_desc_input)
+    if input_only:
+        if kwargs:
+            raise TypeError(f"Unused keys: {kwargs.keys()}")
         return quant_desc_input
+    quant_desc_weight = kwargs.pop("quant_desc_weight", defaults.default_quant_desc_weight)
+    if kwargs:
+        raise TypeError(f"Unused keys: {kwargs.keys()}")
     return quant_desc_input, quant_desc_weight

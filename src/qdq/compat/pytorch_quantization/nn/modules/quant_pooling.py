@@ -40,8 +40,7 @@ _Size = Any
 
 
 class _QuantPoolMixin(QuantInputMixin):
-    def _setup(self, kwargs: dict[str, Any]) -> None:
-        self.init_quantizer(pop_quant_desc_in_kwargs(type(self), input_only=True, **kwargs))
+    """Quantize the input, then pool as the torch class (next in the MRO) does."""
 
     def forward(self, input: torch.Tensor) -> Any:
         pool: Any = super()
@@ -54,7 +53,7 @@ class _QuantMaxPool(_QuantPoolMixin):
                  **kwargs: Any) -> None:  # fmt: skip
         base: Any = super()
         base.__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)
-        self._setup(kwargs)
+        self.init_quantizer(pop_quant_desc_in_kwargs(type(self), input_only=True, **kwargs))
 
 
 class QuantMaxPool1d(_QuantMaxPool, nn.MaxPool1d):
@@ -82,7 +81,7 @@ class QuantAvgPool1d(_QuantPoolMixin, nn.AvgPool1d):
                  **kwargs: Any) -> None:  # fmt: skip
         base: Any = super()
         base.__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
-        self._setup(kwargs)
+        self.init_quantizer(pop_quant_desc_in_kwargs(type(self), input_only=True, **kwargs))
 
 
 class _QuantAvgPoolNd(_QuantPoolMixin):
@@ -91,7 +90,7 @@ class _QuantAvgPoolNd(_QuantPoolMixin):
                  divisor_override: int | None = None, **kwargs: Any) -> None:  # fmt: skip
         base: Any = super()
         base.__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        self._setup(kwargs)
+        self.init_quantizer(pop_quant_desc_in_kwargs(type(self), input_only=True, **kwargs))
 
 
 class QuantAvgPool2d(_QuantAvgPoolNd, nn.AvgPool2d):
@@ -106,7 +105,7 @@ class _QuantAdaptiveAvgPool(_QuantPoolMixin):
     def __init__(self, output_size: _Size, **kwargs: Any) -> None:
         base: Any = super()
         base.__init__(output_size)
-        self._setup(kwargs)
+        self.init_quantizer(pop_quant_desc_in_kwargs(type(self), input_only=True, **kwargs))
 
 
 class QuantAdaptiveAvgPool1d(_QuantAdaptiveAvgPool, nn.AdaptiveAvgPool1d):
