@@ -7,9 +7,10 @@ package beside them is never imported), ``qdq.compat.install_alias()`` runs befo
 pytest prints its usual summary; ``--json F`` writes the counts per file and the failing test ids.
 
 ``--cuda-as-cpu`` runs the tests written for a GPU on the CPU: ``Tensor.cuda()``/``Module.cuda()``
-return the CPU tensor/module and ``torch.set_default_tensor_type('torch.cuda.FloatTensor')`` sets
-the CPU type. It checks the arithmetic those tests assert, not CUDA itself (``scripts/gpu_check.sh``
-does that on a GPU).
+return the CPU tensor/module, ``torch.set_default_tensor_type('torch.cuda.FloatTensor')`` sets
+the CPU type, and ``device="cuda"`` given to torch's tensor factories or ``Tensor.to`` means the
+CPU. It checks the arithmetic those tests assert, not CUDA itself (``scripts/gpu_check.sh`` does
+that on a GPU).
 
 Usage::
 
@@ -73,6 +74,54 @@ def _map_cuda_to_cpu() -> None:
         original(t)
 
     torch.set_default_tensor_type = set_default_tensor_type  # type: ignore[assignment]
+
+    def _cpu(device: Any) -> Any:
+        is_cuda = str(device).startswith("cuda")
+        return "cpu" if is_cuda else device
+
+    def _factory(fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if "device" in kwargs:
+                kwargs["device"] = _cpu(kwargs["device"])
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    for name in _FACTORIES:
+        setattr(torch, name, _factory(getattr(torch, name)))
+    tensor_to = torch.Tensor.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        return tensor_to(self, *args, **kwargs)
+
+    torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+
+
+#: torch factories whose ``device="cuda"`` ``--cuda-as-cpu`` maps to the CPU.
+_FACTORIES = (
+    "tensor",
+    "as_tensor",
+    "randn",
+    "rand",
+    "randint",
+    "randn_like",
+    "rand_like",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "linspace",
+    "eye",
+    "randperm",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
