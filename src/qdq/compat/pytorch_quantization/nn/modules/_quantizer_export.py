@@ -37,7 +37,8 @@ def _scale_constant(amax: torch.Tensor, bound: float) -> tuple[torch.Tensor, lis
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         sizes = [int(n) for n in amax.shape]
         values = torch.clamp(flat / bound, min=MIN_SCALE).tolist()
-    return torch.tensor(values, dtype=torch.float32), sizes
+        scale = torch.tensor(values, dtype=torch.float32)
+    return scale, sizes
 
 
 def _channel_axis(inputs: torch.Tensor, sizes: list[int], name: str) -> int | None:
