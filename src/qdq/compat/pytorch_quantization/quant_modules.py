@@ -4,9 +4,9 @@
 *afterwards* get quantizers without code changes; :func:`deactivate` puts the original classes back
 exactly. Nothing is patched on import. Modules built before ``initialize`` stay float (as upstream).
 
-The default map (:data:`_DEFAULT_QUANT_MAP`) is upstream's minus the LSTM entries (no QuantLSTM
-here): Conv1d/2d/3d, ConvTranspose1d/2d/3d, Linear, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d.
-MaxPool has quant classes but is not in the map, as upstream.
+The default map (:data:`_DEFAULT_QUANT_MAP`) is upstream 2.2.1's: Conv1d/2d/3d,
+ConvTranspose1d/2d/3d, Linear, LSTM, LSTMCell, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d. MaxPool and
+InstanceNorm have quant classes but are not in the map, as upstream.
 
 Example:
     >>> import torch
@@ -51,6 +51,8 @@ _DEFAULT_QUANT_MAP: list[_quant_entry] = [
     _quant_entry(torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
     _quant_entry(torch.nn, "ConvTranspose3d", quant_nn.QuantConvTranspose3d),
     _quant_entry(torch.nn, "Linear", quant_nn.QuantLinear),
+    _quant_entry(torch.nn, "LSTM", quant_nn.QuantLSTM),
+    _quant_entry(torch.nn, "LSTMCell", quant_nn.QuantLSTMCell),
     _quant_entry(torch.nn, "AvgPool1d", quant_nn.QuantAvgPool1d),
     _quant_entry(torch.nn, "AvgPool2d", quant_nn.QuantAvgPool2d),
     _quant_entry(torch.nn, "AvgPool3d", quant_nn.QuantAvgPool3d),
@@ -65,7 +67,8 @@ class QuantModuleReplacementHelper:
 
     def __init__(self) -> None:
         self.default_quant_map = list(_DEFAULT_QUANT_MAP)
-        self.orginal_func_map: list[tuple[ModuleType, str, object]] = []  # upstream's spelling
+        # upstream's spelling; entries are (module, name, the original object)
+        self.orginal_func_map: list[_quant_entry] = []
         self.quant_map: list[_quant_entry] = []
 
     def prepare_state(
@@ -98,7 +101,8 @@ class QuantModuleReplacementHelper:
     def apply_quant_modules(self) -> None:
         """Replace every chosen name, remembering the original object."""
         for e in self.quant_map:
-            self.orginal_func_map.append((e.orig_mod, e.mod_name, getattr(e.orig_mod, e.mod_name)))
+            original = getattr(e.orig_mod, e.mod_name)
+            self.orginal_func_map.append(_quant_entry(e.orig_mod, e.mod_name, original))
             setattr(e.orig_mod, e.mod_name, e.replace_mod)
 
     def restore_float_modules(self) -> None:
@@ -138,6 +142,23 @@ def deactivate() -> None:
 
 @contextlib.contextmanager
 def enable_onnx_export() -> Iterator[None]:
-    """Upstream 2.2's export switch. Quantizers here write Q/DQ in any ``torch.onnx.export``
-    (TorchScript exporter), so this context only exists for scripts that use it."""
-    yield
+    """Upstream 2.2's export switch: sets ``TensorQuantizer._enable_onnx_export`` for the block
+    (and clears it again, also on an error).
+
+    With it on, a quantizer checks before quantizing that it can be exported (an ``amax``, no
+    calibration running), as upstream. Quantizers write Q/DQ inside ``torch.onnx.export`` with or
+    without it.
+
+    Example:
+        >>> from qdq.compat.pytorch_quantization import nn as quant_nn
+        >>> with enable_onnx_export():
+        ...     quant_nn.TensorQuantizer._enable_onnx_export
+        True
+        >>> quant_nn.TensorQuantizer._enable_onnx_export
+        False
+    """
+    quant_nn.TensorQuantizer._enable_onnx_export = True
+    try:
+        yield
+    finally:
+        quant_nn.TensorQuantizer._enable_onnx_export = False
