@@ -24,7 +24,11 @@ COPY_OPS = frozenset(
     {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
 )
 _CONST_THROUGH = COPY_OPS | {"QuantizeLinear", "DequantizeLinear"}
-_QINPUT_THROUGH = COPY_OPS | {"Pad"}
+# data movement a DequantizeLinear propagates forward across (rule P10, TensorRT's
+# VanillaSwapWithFollowingQ): a Slice/Split of a Q/DQ'd tensor is an INT8 operand of its reader,
+# e.g. the upstream QuantLSTM's ``[x | h]`` and ``[w_ih | w_hh]``, quantized once and split in two
+_DQ_FORWARD = frozenset({"Slice", "Split"})
+_QINPUT_THROUGH = COPY_OPS | {"Pad"} | _DQ_FORWARD
 # ops whose inputs after the first are shapes, axes, pads or sizes, not data
 _SHAPE_OPERANDS = frozenset(
     {"Reshape", "Squeeze", "Unsqueeze", "Slice", "Resize", "Upsample", "Expand", "Tile", "Pad",
@@ -107,8 +111,8 @@ class LintGraph:
         return found
 
     def qinput(self, tensor: str) -> QInput | None:
-        """If ``tensor`` is a DequantizeLinear output (possibly through copy ops and zero Pad, which
-        DQ propagates forward across) fed by a QuantizeLinear, describe it."""
+        """If ``tensor`` is a DequantizeLinear output (possibly through copy ops, zero Pad, Slice and
+        Split, which DQ propagates forward across) fed by a QuantizeLinear, describe it."""
         if tensor in self._qinput:
             return self._qinput[tensor]
         walked = [tensor]  # every copy on the way describes the same input
@@ -313,11 +317,31 @@ class LintGraph:
         """Whether a weight operand arrives through DequantizeLinear (possibly through copies)."""
         return self.weight_dq(tensor) is not None
 
+    def split_back(self, concat: Any) -> bool:
+        """Whether a Concat's output is read only through Q -> DQ -> Slice/Split by weighted ops
+        (Shape reads aside): it exists to give several GEMM operands one scale, as the upstream
+        QuantLSTM's ``[x | h]``, and TensorRT moves its Quantize onto each input."""
+        readers = [c for c in self.consumers.get(concat.output[0], []) if c.op_type != "Shape"]
+        if not readers:
+            return False
+        for q in readers:
+            dqs = self.consumers.get(q.output[0], []) if q.op_type == "QuantizeLinear" else []
+            if not dqs or any(dq.op_type != "DequantizeLinear" for dq in dqs):
+                return False
+            for dq in dqs:
+                cuts = self.consumers.get(dq.output[0], [])
+                if not cuts or any(c.op_type not in _DQ_FORWARD for c in cuts):
+                    return False
+                users = [u for c in cuts for o in c.output for u in self.consumers.get(o, [])]
+                if not users or not all(self.weighted(u) for u in users):
+                    return False
+        return True
+
     def weight_dq(self, tensor: str) -> Any:
-        """The DequantizeLinear a weight operand arrives through (looking through copies), or
-        ``None``."""
+        """The DequantizeLinear a weight operand arrives through (looking through copies, Slice and
+        Split), or ``None``."""
         node = self.producer.get(tensor)
-        while node is not None and node.op_type in COPY_OPS:
+        while node is not None and (node.op_type in COPY_OPS or node.op_type in _DQ_FORWARD):
             node = self.producer.get(node.input[0])
         return node if node is not None and node.op_type == "DequantizeLinear" else None
 

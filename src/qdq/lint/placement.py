@@ -296,6 +296,20 @@ def _concat(g: LintGraph, node: Any) -> list[Finding]:
                     _SRC,
                 )
             ]
+        if g.split_back(node):
+            return [
+                Finding(
+                    "S02b",
+                    INFO,
+                    (name,),
+                    f"{name}: float inputs {floats[:3]} share one scale only to be split back "
+                    "into GEMM operands (a quantized recurrent step: pytorch-quantization's "
+                    "QuantLSTM quantizes [x | h] once)",
+                    "a Quantize kernel per float input, the GEMMs run INT8",
+                    "none needed (the recurrence keeps its hidden state float)",
+                    _SRC,
+                )
+            ]
         return [
             Finding(
                 "S02b",
