@@ -1,243 +1,261 @@
-"""``pytorch_quantization.calib.HistogramCalibrator`` backed by qdq's histogram and methods.
+"""``pytorch_quantization.calib.histogram``: :class:`HistogramCalibrator` and
+:func:`calibrate_weights`.
 
 Two grids (``grid=``):
 
-* ``"qdq"`` (default): :class:`qdq.calib.HistogramCalibrator` — power-of-two bins that merge
-  exactly when the range grows, so the histogram (hence every amax) is the same however the data
-  was batched or ordered; int64 counts.
-* ``"upstream"``: upstream's ``torch_hist`` grid, for amax that matches upstream's to the bin: the
-  first batch fixes the bin width (``max|x| / num_bins``), later batches that exceed the range
-  append bins of that width. The result depends on the first batch.
-
-Entropy is qdq's vectorised reference KL procedure (same amax as upstream on the same histogram).
-Percentile on the upstream grid is upstream's: the *left* edge of the first bin where the float64
-CDF (``cumsum(counts / total)``) reaches ``percentile / 100``; on qdq's grid it is
-:func:`qdq.calib.methods.percentile_amax` (the right edge of that bin: every value at or below amax
-is then inside the range). mse depends on the grid: on qdq's grid it is
-:func:`qdq.calib.methods.mse_amax` (candidates: bin edges plus the observed max); on the upstream
-grid it is upstream's search (candidates: the bin centres from ``start_bin`` on, the count-weighted
-error of the fake-quantized centres, first minimum), with qdq's ONNX rounding. Histograms are per
-tensor (as upstream).
+* ``"upstream"`` (default): upstream's histogram, count for count. The first batch fixes the bin
+  width (``num_bins`` bins over ``[0, max|x|]``, or ``[min|x|, max|x|]`` with
+  ``torch_hist=False``, numpy's grid); a later batch past the range appends bins of that width
+  (``_num_bins`` grows with them, and stays grown after :meth:`~HistogramCalibrator.reset`, as
+  upstream). The amax therefore depends on the first batch. ``torch_hist=True`` counts with
+  ``torch.histc`` on the data's device (float32 counts), ``False`` with ``np.histogram`` on the
+  CPU (int64 counts). ``compute_amax`` runs upstream's procedures (see ``_amax``).
+* ``"qdq"``: :class:`qdq.calib.HistogramCalibrator` — power-of-two bins that merge exactly when
+  the range grows, so the histogram (hence every amax) does not depend on how the data was
+  batched or ordered; qdq's entropy, mse and percentile (right bin edge), capped at the observed
+  maximum; ``"max"`` too. ``num_bins`` must then be a power of two >= 256.
 """
 
 from __future__ import annotations
 
-import math
+import logging
+from typing import Any
 
 import numpy as np
 import torch
 
-from qdq.calib import CalibrationError
 from qdq.calib import HistogramCalibrator as _QdqHistogram
 from qdq.calib.methods import entropy_amax, mse_amax, percentile_amax
+from qdq.compat.pytorch_quantization.calib._amax import (
+    _compute_amax_entropy,
+    _compute_amax_mse,
+    _compute_amax_percentile,
+)
+from qdq.compat.pytorch_quantization.calib.calibrator import Axis, _Calibrator, abs_if_negative
+from qdq.compat.pytorch_quantization.calib.weights import calibrate_weights
 
-__all__ = ["HistogramCalibrator"]
+__all__ = ["HistogramCalibrator", "calibrate_weights"]
 
-GRIDS = ("qdq", "upstream")
+_log = logging.getLogger("qdq.compat")
+
+GRIDS = ("upstream", "qdq")
+_METHODS = ("entropy", "mse", "percentile")
 
 
-class HistogramCalibrator:
-    """Histogram of ``|x|``; amax by entropy, mse or percentile (upstream's signature).
+class HistogramCalibrator(_Calibrator):
+    """Histogram of ``|x|``, collected once; amax by entropy, mse or percentile on demand.
 
     Args:
-        num_bits, axis, unsigned: the quantizer's; ``axis`` must be ``None`` (per tensor).
-        num_bins: resolution (qdq grid: a power of two >= 256; default 2048).
-        grow_method: ``None`` or ``"append"`` (upstream's only implemented one).
+        num_bits: the quantization width the methods optimise for (``(4, 3)``: E4M3, mse only).
+        axis: must be ``None`` (histograms are per tensor).
+        unsigned: the quantizer's range is unsigned (entropy merges into twice as many levels).
+        num_bins: bins spanning the first batch (default 2048).
+        grow_method: deprecated upstream and ignored (a warning says so).
         skip_zeros: leave exact zeros out of the histogram.
-        torch_hist: accepted for compatibility (``_torch_hist`` too); qdq's grid is the same
-            either way, the upstream grid follows upstream's ``torch_hist=True`` path.
-        grid: ``"qdq"`` or ``"upstream"`` (module docstring).
+        torch_hist: count with ``torch.histc`` on the data's device (default) rather than
+            ``np.histogram`` on the CPU (module docstring).
+        grid: ``"upstream"`` (default) or ``"qdq"`` (module docstring).
+
+    Raises:
+        NotImplementedError: ``axis`` is not ``None``.
+        ValueError: an unknown ``grid``.
 
     Example:
         >>> cal = HistogramCalibrator(8, None, False)
-        >>> cal.collect(torch.linspace(-1, 1, 10001))
-        >>> float(cal.compute_amax("percentile", percentile=99.0))
-        0.990234375
+        >>> cal.collect(torch.arange(100))
+        >>> cal.compute_amax("percentile", percentile=90)
+        tensor(88.9937)
     """
 
     def __init__(
         self,
-        num_bits: int = 8,
-        axis: int | tuple[int, ...] | None = None,
+        num_bits: int | tuple[int, int] = 8,
+        axis: Axis = None,
         unsigned: bool = False,
         num_bins: int = 2048,
         grow_method: str | None = None,
         skip_zeros: bool = False,
-        torch_hist: bool = False,
+        torch_hist: bool = True,
         *,
-        grid: str = "qdq",
+        grid: str = "upstream",
     ) -> None:
-        if axis is not None:
-            raise ValueError(f"HistogramCalibrator is per tensor: axis must be None, got {axis!r}")
-        if grow_method not in (None, "append"):
-            raise ValueError(f"grow_method must be None or 'append', got {grow_method!r}")
-        if grid not in GRIDS:
-            raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
-            raise ValueError(f"num_bins must be an int >= 2, got {num_bins!r}")
-        self._num_bits = num_bits
-        self._axis = axis
-        self._unsigned = unsigned
+        super().__init__(num_bits, axis, unsigned)
         self._num_bins = num_bins
         self._skip_zeros = skip_zeros
+        self._calib_bin_edges: Any = None  # torch_hist: tensors; else numpy arrays
+        self._calib_hist: Any = None
         self._torch_hist = torch_hist
+        if axis is not None:
+            raise NotImplementedError(
+                "Calibrator histogram collection only supports per tensor scaling"
+            )
+        if grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+        if grow_method is not None:
+            _log.warning("grow_method is deprecated. Got %s, ignored!", grow_method)
         self._grid = grid
-        self._impl = (
-            _QdqHistogram(num_bins, num_bits=num_bits, unsigned=unsigned) if grid == "qdq" else None
-        )
-        self._counts: torch.Tensor | None = None  # upstream grid: float64 counts
-        self._edges: torch.Tensor | None = None
+        self._qdq: _QdqHistogram | None = None
+        if grid == "qdq":
+            if not isinstance(num_bits, int):
+                raise ValueError(f"grid='qdq' takes an integer num_bits, got {num_bits!r}")
+            self._qdq = _QdqHistogram(num_bins, num_bits=num_bits, unsigned=unsigned)
 
+    # ---------------------------------------------------------------- collection
     def collect(self, x: torch.Tensor) -> None:
-        """Add one batch to the histogram.
+        """Add ``|x|`` (any real dtype, integers too) to the histogram.
 
         Raises:
-            TypeError: not a floating-point tensor.
-            qdq.calib.CalibrationError: NaN or inf values.
+            RuntimeError: nothing left to count (an empty tensor, or only zeros with
+                ``skip_zeros``).
         """
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"collect needs a floating-point tensor, got {type(x).__name__}")
-        x = x.detach()
+        x = abs_if_negative(x).float()
+        with torch.no_grad():
+            if self._qdq is not None:
+                self._collect_qdq(x.detach())
+            elif self._torch_hist:
+                self._collect_torch(x.detach())
+            else:
+                self._collect_numpy(x.detach().cpu().numpy())
+
+    def _collect_torch(self, x: torch.Tensor) -> None:
+        if self._skip_zeros:
+            x = x[torch.where(x != 0)]
+        _check_not_empty(x.numel(), self._skip_zeros)
+        x_max = x.max()
+        if self._calib_bin_edges is None and self._calib_hist is None:
+            self._calib_hist = torch.histc(x, bins=self._num_bins, min=0, max=x_max)  # type: ignore[arg-type]
+            self._calib_bin_edges = torch.linspace(0, x_max, self._num_bins + 1)
+            return
+        edges = self._calib_bin_edges
+        if x_max > edges[-1]:
+            width = edges[1] - edges[0]
+            self._num_bins = int((x_max / width).ceil().item())
+            self._calib_bin_edges = torch.arange(0, x_max + width, width, device=x.device)
+        hist = torch.histc(x, bins=self._num_bins, min=0, max=self._calib_bin_edges[-1])
+        hist[: self._calib_hist.numel()] += self._calib_hist
+        self._calib_hist = hist
+
+    def _collect_numpy(self, x: np.ndarray) -> None:
+        if self._skip_zeros:
+            x = x[np.where(x != 0)]
+        _check_not_empty(x.size, self._skip_zeros)
+        if self._calib_bin_edges is None and self._calib_hist is None:
+            self._calib_hist, self._calib_bin_edges = np.histogram(x, bins=self._num_bins)
+            return
+        top = np.max(x)
+        edges = self._calib_bin_edges
+        if top > edges[-1]:
+            width = edges[1] - edges[0]
+            # may end one bin past the one holding ``top``, as upstream's grid does
+            more = np.arange(edges[-1] + width, top + width, width)
+            self._calib_bin_edges = np.hstack((edges, more))
+        hist, self._calib_bin_edges = np.histogram(x, bins=self._calib_bin_edges)
+        hist[: len(self._calib_hist)] += self._calib_hist
+        self._calib_hist = hist
+
+    def _collect_qdq(self, x: torch.Tensor) -> None:
+        assert self._qdq is not None
         if self._skip_zeros:
             x = x[x != 0]
-        if self._impl is not None:
-            self._impl.collect(x)
-            return
-        self._collect_upstream_grid(x)
-
-    def _collect_upstream_grid(self, x: torch.Tensor) -> None:
-        a = x.abs().to(torch.float32).reshape(-1)
-        if a.numel() == 0:
-            return
-        top = float(a.max())
-        if not math.isfinite(top):
-            raise CalibrationError("calibration batch contains NaN or inf values")
-        if self._edges is None or self._counts is None:
-            self._edges = torch.linspace(0, top, self._num_bins + 1)
-            self._counts = torch.histc(a, bins=self._num_bins, min=0, max=top).to(torch.float64)
-            return
-        if top > float(self._edges[-1]):
-            width = float(self._edges[1] - self._edges[0])
-            nbins = math.ceil(top / width)
-            self._edges = torch.arange(0, (nbins + 1) * width, width)[: nbins + 1]
-        n = self._edges.numel() - 1
-        hist = torch.histc(a, bins=n, min=0, max=float(self._edges[-1])).to(torch.float64)
-        hist[: self._counts.numel()] += self._counts
-        self._counts = hist
+        self._qdq.collect(x)
+        if self._qdq.num_batches:
+            counts, edges = self._qdq.histogram()
+            self._calib_hist, self._calib_bin_edges = (
+                torch.from_numpy(counts),
+                torch.from_numpy(edges),
+            )
 
     def reset(self) -> None:
-        """Forget everything collected."""
-        if self._impl is not None:
-            self._impl.reset()
-        self._counts = None
-        self._edges = None
+        """Forget the collected histogram."""
+        self._calib_bin_edges = None
+        self._calib_hist = None
+        if self._qdq is not None:
+            self._qdq.reset()
 
-    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(counts, edges)`` of the collected ``|x|`` (numpy copies).
-
-        Raises:
-            qdq.calib.CalibrationError: nothing collected.
-        """
-        if self._impl is not None:
-            return self._impl.histogram()
-        if self._counts is None or self._edges is None:
-            raise CalibrationError("HistogramCalibrator has collected no data: run batches first")
-        counts = np.rint(self._counts.numpy()).astype(np.int64)
-        return counts, self._edges.to(torch.float64).numpy().copy()
-
-    @property
-    def _calib_hist(self) -> torch.Tensor:
-        return torch.from_numpy(self.histogram()[0])
-
-    @property
-    def _calib_bin_edges(self) -> torch.Tensor:
-        return torch.from_numpy(self.histogram()[1])
-
+    # ---------------------------------------------------------------- amax
     def compute_amax(
-        self,
-        method: str,
-        *,
-        stride: int = 1,
-        start_bin: int = 128,
-        percentile: float = 99.99,
+        self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99
     ) -> torch.Tensor | None:
-        """amax (a float32 scalar tensor) by ``"entropy"``, ``"mse"``, ``"percentile"`` (or
-        ``"max"``, a qdq extension); ``None`` before any data (as :class:`MaxCalibrator`).
+        """amax by ``method`` from the collected histogram; ``None`` before any data.
+
+        Args:
+            method: ``"entropy"``, ``"mse"`` or ``"percentile"`` (``"max"`` too on qdq's grid).
+            stride: candidate step of entropy and mse (upstream grid).
+            start_bin: first candidate bin of entropy and mse (upstream grid).
+            percentile: for ``"percentile"``, in [0, 100].
+
+        Returns:
+            A 0-dim tensor: float32 (the default dtype) on the CPU for entropy and percentile, on
+            the histogram's device for mse.
 
         Raises:
-            TypeError: an unknown method (as upstream).
-            ValueError: a percentile outside (0, 100].
+            TypeError: an unknown method ("Unknown calibration method ...").
+            ValueError: ``percentile`` outside [0, 100].
         """
-        if method not in ("entropy", "mse", "percentile", "max"):
-            raise TypeError(f"unknown calibration method {method!r}: entropy, mse or percentile")
-        empty = self._counts is None if self._impl is None else self._impl.num_batches == 0
-        if empty:
+        if self._qdq is not None:
+            return self._compute_amax_qdq(method, percentile)
+        if isinstance(self._calib_hist, torch.Tensor):
+            device = self._calib_hist.device
+            hist = self._calib_hist.to(torch.int64).cpu().numpy()
+            edges = self._calib_bin_edges.cpu().numpy()
+        else:
+            device, hist, edges = torch.device("cpu"), self._calib_hist, self._calib_bin_edges
+        if method == "entropy":
+            if not isinstance(self._num_bits, int):
+                raise TypeError(
+                    f"entropy needs an integer num_bits, got {self._num_bits}: "
+                    "use mse or percentile for E4M3"
+                )
+            return _compute_amax_entropy(
+                hist, edges, self._num_bits, self._unsigned, stride, start_bin
+            )
+        if method == "mse":
+            return _compute_amax_mse(
+                hist, edges, self._num_bits, self._unsigned, stride, start_bin, device=device
+            )
+        if method == "percentile":
+            return _compute_amax_percentile(hist, edges, percentile)
+        raise TypeError(f"Unknown calibration method {method}")
+
+    def _compute_amax_qdq(self, method: str, percentile: float) -> torch.Tensor | None:
+        assert self._qdq is not None
+        if method not in (*_METHODS, "max"):
+            raise TypeError(f"Unknown calibration method {method}")
+        if method == "percentile" and not 0 <= percentile <= 100:
+            raise ValueError("Invalid percentile. Must be in range 0 <= percentile <= 100.")
+        if self._qdq.num_batches == 0:
             return None
-        counts, edges = self.histogram()
-        observed = self._impl.observed_max if self._impl is not None else float(edges[-1])
+        counts, edges = self._qdq.histogram()
+        observed = self._qdq.observed_max
+        num_bits = int(self._num_bits)  # type: ignore[arg-type]
         if observed == 0.0 or method == "max":
             value = observed
         elif method == "entropy":
-            value = entropy_amax(
-                counts, edges, num_bits=self._num_bits, unsigned=self._unsigned,
-                start_bin=start_bin, stride=stride,
-            )  # fmt: skip
-        elif method == "mse" and self._impl is None:
-            value = _centre_mse_amax(
-                counts, edges, self._num_bits, self._unsigned, start_bin, stride
-            )
+            value = entropy_amax(counts, edges, num_bits=num_bits, unsigned=self._unsigned)
         elif method == "mse":
-            value = mse_amax(
-                counts, edges, observed_max=observed, num_bits=self._num_bits, start_bin=start_bin
-            )
-        elif self._impl is None:
-            value = _upstream_percentile_amax(counts, edges, percentile)
+            value = mse_amax(counts, edges, observed_max=observed, num_bits=num_bits)
         else:
             value = percentile_amax(counts, edges, percentile)
         return torch.tensor(min(value, observed), dtype=torch.float32)
 
+    # ---------------------------------------------------------------- printing
+    def __str__(self) -> str:
+        edges = self._calib_bin_edges
+        if edges is None:
+            text = "None"
+        else:
+            text = f"[{float(edges[0]):.3f}, ..., {float(edges[-1]):.3f}]({len(edges)})"
+        return f"HistogramCalibrator(calib_bin_edges={text})"
+
     def __repr__(self) -> str:
+        grid = "" if self._grid == "upstream" else f" grid={self._grid!r}"
         return (
-            f"HistogramCalibrator(num_bits={self._num_bits}, num_bins={self._num_bins}, "
-            f"skip_zeros={self._skip_zeros}, grid={self._grid!r})"
+            f"HistogramCalibrator({super().__repr__()} calib_bin_edges={self._calib_bin_edges}"
+            f" calib_hist={self._calib_hist}{grid})"
         )
 
 
-def _upstream_percentile_amax(counts: np.ndarray, edges: np.ndarray, percentile: float) -> float:
-    """Upstream's percentile on its grid: the left edge ``edges[idx]`` of the first bin whose
-    float64 CDF reaches ``percentile / 100`` (``np.searchsorted``, as upstream computes it)."""
-    if not 0.0 < float(percentile) <= 100.0:
-        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
-    total = counts.sum()
-    if total <= 0:
-        raise ValueError("the histogram has no counts")
-    cdf = np.cumsum(counts / total)
-    return float(edges[int(np.searchsorted(cdf, float(percentile) / 100))])
-
-
-def _centre_mse_amax(
-    counts: np.ndarray,
-    edges: np.ndarray,
-    num_bits: int,
-    unsigned: bool,
-    start_bin: int,
-    stride: int,
-) -> float:
-    """Upstream's MSE search on its grid: amax candidates are the bin centres ``start_bin``,
-    ``start_bin + stride``, ...; each bin's count sits at its centre; the first minimum of the
-    mean count-weighted squared fake-quantization error wins (ONNX rounding, float32)."""
-    centres = torch.from_numpy((edges[1:] + edges[:-1]) / 2).to(torch.float32)
-    weights = torch.from_numpy(counts.astype(np.float64))
-    picks = list(range(start_bin, centres.numel(), stride)) or [centres.numel() - 1]
-    qmax = (1 << num_bits) - 1 if unsigned else (1 << (num_bits - 1)) - 1
-    best, best_err = picks[0], math.inf
-    for lo in range(0, len(picks), 64):  # blocks of candidates: (64, bins) at a time
-        idx = torch.tensor(picks[lo : lo + 64])
-        amax = centres[idx].reshape(-1, 1)
-        scale = torch.clamp(amax / qmax, min=2.0**-24 / qmax)
-        fq = torch.clamp(torch.round(centres / scale), -qmax - 1, qmax) * scale
-        err = ((fq - centres).to(torch.float64) ** 2 * weights).mean(dim=1)
-        k = int(torch.argmin(err))
-        if float(err[k]) < best_err:
-            best, best_err = picks[lo + k], float(err[k])
-    return float(centres[best])
+def _check_not_empty(size: int, skip_zeros: bool) -> None:
+    if size == 0:
+        what = "only zeros (skip_zeros=True)" if skip_zeros else "an empty tensor"
+        raise RuntimeError(f"HistogramCalibrator.collect got {what}: nothing to count")

@@ -1,29 +1,48 @@
-"""``pytorch_quantization.calib.MaxCalibrator`` backed by :class:`qdq.calib.MaxCalibrator`."""
+"""``pytorch_quantization.calib.max``: :class:`MaxCalibrator`, the running absolute maximum."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from qdq.calib import MaxCalibrator as _QdqMax
-from qdq.compat.pytorch_quantization.tensor_quant import _check_axis, single_axis
+from qdq.compat.pytorch_quantization.calib.calibrator import Axis, _Calibrator, abs_if_negative
 
 __all__ = ["MaxCalibrator"]
 
 
-class MaxCalibrator:
-    """Running ``max |x|``, per tensor or along the kept ``axis`` (upstream's signature).
+def _kept_axes(axis: Axis, rank: int) -> list[int]:
+    """The non-negative kept axes of a rank-``rank`` tensor (``axis=None``: none kept)."""
+    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    return [a + rank if a < 0 else a for a in axes if a is not None]
 
-    :meth:`compute_amax` returns amax with the collected tensor's rank (kept dims of size 1,
-    e.g. ``(C, 1, 1, 1)`` for Conv weights), as upstream stores ``_amax``; ``None`` before any data.
+
+def _abs_max_keep(x: torch.Tensor, reduce: list[int]) -> torch.Tensor:
+    """``max |x|`` over the ``reduce`` dims, kept as size-1 dims; a single value comes back as a
+    0-dim tensor (upstream's ``reduce_amax`` shapes), dtype as ``x``'s."""
+    with torch.no_grad():
+        out = x.abs()
+        for dim in reduce:
+            out = torch.amax(out, dim=dim, keepdim=True)
+        if out.numel() == 1:
+            out = out.reshape(())
+        return out
+
+
+class MaxCalibrator(_Calibrator):
+    """Tracks ``max |x|`` over every collected tensor, per tensor or along the kept ``axis``.
+
+    The amax keeps the collected tensor's rank with size-1 reduced dims (``(C, 1, 1, 1)`` for a
+    Conv weight with ``axis=0``); a per-tensor amax is a 0-dim tensor. Its dtype and device are the
+    collected tensor's.
 
     Args:
-        num_bits: the quantization width (kept for the quantizer; max does not depend on it).
-        axis: ``None`` or the one kept axis (an int or a 1-tuple).
+        num_bits: the quantization width (max does not depend on it).
+        axis: ``None`` (per tensor), or the kept axis or axes (ints, negative counts from the end).
         unsigned: the quantizer's range is unsigned.
-        track_amax: also keep every batch's amax in :attr:`amaxs`.
+        track_amax: also keep every batch's amax (numpy arrays) in :attr:`amaxs`.
 
     Example:
-        >>> cal = MaxCalibrator(8, axis=0)
+        >>> cal = MaxCalibrator(8, 0, False)
         >>> cal.collect(torch.tensor([[1.0, -3.0], [0.5, 0.25]]))
         >>> cal.compute_amax()
         tensor([[3.0000],
@@ -32,57 +51,63 @@ class MaxCalibrator:
 
     def __init__(
         self,
-        num_bits: int = 8,
-        axis: int | tuple[int, ...] | None = None,
+        num_bits: int | tuple[int, int] = 8,
+        axis: Axis = None,
         unsigned: bool = False,
         track_amax: bool = False,
     ) -> None:
-        _check_axis(axis)
-        self._num_bits = num_bits
-        self._axis = axis
-        self._unsigned = unsigned
+        super().__init__(num_bits, axis, unsigned)
         self._track_amax = track_amax
-        self._amaxs: list[torch.Tensor] = []
-        self._impl = _QdqMax(axis=single_axis(axis))
-        self._shape: list[int] | None = None
-
-    def collect(self, x: torch.Tensor) -> None:
-        """Fold one batch into the running max (and :attr:`amaxs` with ``track_amax``).
-
-        Raises:
-            TypeError: not a floating-point tensor.
-            qdq.calib.CalibrationError: NaN/inf values, or a changed channel count.
-        """
-        before = self._impl.num_batches
-        self._impl.collect(x)
-        ax = single_axis(self._axis)
-        shape = [1] * x.dim()
-        if ax is not None:
-            shape[ax] = x.shape[ax]
-        self._shape = shape
-        if self._track_amax and self._impl.num_batches > before:
-            dims = [d for d in range(x.dim()) if ax is None or d != ax % x.dim()]
-            self._amaxs.append(x.detach().abs().amax(dim=dims).to(torch.float32).cpu())
-
-    def reset(self) -> None:
-        """Forget everything collected."""
-        self._impl.reset()
-        self._amaxs = []
-        self._shape = None
-
-    def compute_amax(self) -> torch.Tensor | None:
-        """The running abs-max in the collected tensor's rank, or ``None`` before any data."""
-        if self._impl.num_batches == 0 or self._shape is None:
-            return None
-        return self._impl.compute_amax().reshape(self._shape)
+        if track_amax:
+            self._amaxs: list[np.ndarray] = []
+        self._calib_amax: torch.Tensor | None = None
 
     @property
-    def amaxs(self) -> list[torch.Tensor] | None:
-        """Every batch's amax (``track_amax=True``), else ``None``."""
-        return self._amaxs if self._track_amax else None
+    def amaxs(self) -> list[np.ndarray]:
+        """Every collected batch's amax, in order (only with ``track_amax=True``).
+
+        Raises:
+            AttributeError: the calibrator was built without ``track_amax``.
+        """
+        if not self._track_amax:
+            raise AttributeError("MaxCalibrator keeps amaxs only when built with track_amax=True")
+        return self._amaxs
+
+    def collect(self, x: torch.Tensor) -> None:
+        """Fold ``max |x|`` into the running maximum.
+
+        Raises:
+            RuntimeError: the amax shape changed from an earlier batch ("amax shape changed!").
+        """
+        x = abs_if_negative(x)
+        kept = _kept_axes(self._axis, x.dim())
+        local = _abs_max_keep(x, [d for d in range(x.dim()) if d not in kept]).detach()
+        if self._calib_amax is None:
+            self._calib_amax = local
+        else:
+            if local.shape != self._calib_amax.shape:
+                raise RuntimeError(
+                    f"amax shape changed! {tuple(self._calib_amax.shape)} collected before, "
+                    f"{tuple(local.shape)} now"
+                )
+            self._calib_amax.copy_(torch.max(self._calib_amax, local))
+        if self._track_amax:  # a copy: on the CPU the first batch's amax is the running one
+            self._amaxs.append(local.cpu().numpy().copy())
+
+    def reset(self) -> None:
+        """Forget the running maximum (the tracked :attr:`amaxs` stay, as upstream)."""
+        self._calib_amax = None
+
+    def compute_amax(self) -> torch.Tensor | None:
+        """The running maximum (the calibrator's own tensor), or ``None`` before any data."""
+        return self._calib_amax
+
+    def __str__(self) -> str:
+        return f"MaxCalibrator(track_amax={self._track_amax})"
 
     def __repr__(self) -> str:
-        return (
-            f"MaxCalibrator(num_bits={self._num_bits}, axis={self._axis}, "
-            f"unsigned={self._unsigned}, track_amax={self._track_amax})"
-        )
+        text = f"MaxCalibrator({super().__repr__()} calib_amax={self._calib_amax}"
+        text += f" track_amax={self._track_amax}"
+        if self._track_amax:
+            text += f" amaxs={self._amaxs}"
+        return text + ")"
