@@ -319,10 +319,12 @@ def test_quant_weight_inplace_is_idempotent() -> None:
 # ---------------------------------------------------------------- ONNX export
 
 
-@pytest.mark.parametrize("fb", [False, True])
+@pytest.mark.parametrize(("fb", "dynamo"), [(False, False), (True, False), (False, True)])
 def test_exported_compat_model_is_qdq_and_matches_onnxruntime(
-    fb: bool, caplog: pytest.LogCaptureFixture
+    fb: bool, dynamo: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Both exporters; torch.onnx.export's default since torch 2.9 is dynamo (upstream's scripts
+    pass no ``dynamo=``), where amax is a traced tensor and the scale is folded into a constant."""
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)
@@ -335,12 +337,21 @@ def test_exported_compat_model_is_qdq_and_matches_onnxruntime(
     try:
         f = io.BytesIO()
         with caplog.at_level(logging.ERROR):
-            torch.onnx.export(model, (x,), f, dynamo=False, opset_version=13)
+            if dynamo:
+                program = torch.onnx.export(model, (x,), dynamo=True, opset_version=17)
+                assert program is not None
+                f.write(program.model_proto.SerializeToString())
+            else:
+                torch.onnx.export(model, (x,), f, dynamo=False, opset_version=13)
     finally:
         TensorQuantizer.use_fb_fake_quant = False
     graph = onnx.load_from_string(f.getvalue()).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 4
+    constants = {i.name for i in graph.initializer} | {
+        o for n in graph.node if n.op_type == "Constant" for o in n.output
+    }
+    assert all(n.input[1] in constants for n in graph.node if n.op_type == "QuantizeLinear")
     sess = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     # the graph divides by amax/127 where torch multiplies by 127/amax: a value on a rounding

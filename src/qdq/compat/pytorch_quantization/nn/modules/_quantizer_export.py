@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from qdq.quant.onnx_qdq import emit_qdq
+from qdq.quant.onnx_qdq import emit_qdq, export_mode
 from qdq.quant.primitives import MIN_SCALE
 
 __all__ = ["export_qdq"]
@@ -31,8 +31,15 @@ _E4M3_MAX = 448.0
 
 
 def _scale_constant(amax: torch.Tensor, bound: float) -> tuple[torch.Tensor, list[int]]:
-    """The float32 scale ``amax / bound`` as a constant of the traced graph, and amax's shape."""
+    """The float32 scale ``amax / bound`` as a constant of the traced graph, and amax's shape.
+
+    Under ``torch.export`` (the dynamo ONNX exporter, torch.onnx.export's default since torch 2.9)
+    amax is a traced tensor whose values are unknown: the scale is computed from it in the graph
+    (the exporter folds the computation on the amax initializer into a constant).
+    """
     flat = amax.detach().to(torch.float32).reshape(-1)
+    if torch.compiler.is_exporting():
+        return torch.clamp(flat / bound, min=MIN_SCALE), [int(n) for n in amax.shape]
     with warnings.catch_warnings():  # amax is fixed at export: a constant is what we want
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         sizes = [int(n) for n in amax.shape]
@@ -81,6 +88,20 @@ def export_qdq(
         ValueError: a width other than 8 / E4M3, a multi-axis or per-channel E4M3 amax, or
             unsigned without ``use_fb_fake_quant``.
     """
+    if torch.compiler.is_exporting():  # dynamo: torch.onnx.ops.symbolic Q/DQ nodes
+        with export_mode("dynamo"):
+            return _export_qdq(inputs, amax, num_bits, unsigned, False, name)
+    return _export_qdq(inputs, amax, num_bits, unsigned, use_fb_fake_quant, name)
+
+
+def _export_qdq(
+    inputs: torch.Tensor,
+    amax: torch.Tensor,
+    num_bits: int | tuple[int, int],
+    unsigned: bool,
+    use_fb_fake_quant: bool,
+    name: str,
+) -> torch.Tensor:
     if isinstance(num_bits, tuple):
         scale, sizes = _scale_constant(amax, _E4M3_MAX)
         if math.prod(sizes) != 1:
@@ -98,12 +119,14 @@ def export_qdq(
     scale, sizes = _scale_constant(amax, maxbound)
     axis = _channel_axis(inputs, sizes, name)
     if not use_fb_fake_quant:
-        if unsigned:
+        if unsigned and not torch.compiler.is_exporting():
             raise ValueError(
                 f"{name}: qdq's Q/DQ export is signed int8; set TensorQuantizer.use_fb_fake_quant "
                 "= True to export an unsigned quantizer (uint8)"
             )
-        zero = torch.zeros(scale.shape if axis is not None else (), dtype=torch.int8)
+        zero = torch.zeros(
+            scale.shape if axis is not None else (), dtype=torch.uint8 if unsigned else torch.int8
+        )
         return emit_qdq(inputs, scale if axis is not None else scale.reshape(()), zero, axis, 13)
     qmin, qmax = (0, 255) if unsigned else (-128, 127)  # Q/DQ has no narrow range
     if axis is None:

@@ -371,7 +371,7 @@ class TensorQuantizer(nn.Module):
             amax = _reduce_amax(inputs, reduce_axis).detach()
         if self._scale_amax is not None:
             amax = amax.detach() * self._scale_amax
-        amax = amax.data
+        amax = amax.detach()  # upstream: .data (which torch.export cannot trace)
         if amax.dtype not in (torch.double, torch.float):
             amax = amax.float()
         return amax
