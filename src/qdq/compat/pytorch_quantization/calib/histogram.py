@@ -13,7 +13,9 @@ Two grids (``grid=``):
 * ``"qdq"``: :class:`qdq.calib.HistogramCalibrator` — power-of-two bins that merge exactly when
   the range grows, so the histogram (hence every amax) does not depend on how the data was
   batched or ordered; qdq's entropy, mse and percentile (right bin edge), capped at the observed
-  maximum; ``"max"`` too. ``num_bins`` must then be a power of two >= 256.
+  maximum; ``"max"`` too. ``num_bins`` must then be a power of two >= 256. Nothing is read
+  back from the device while collecting: ``_calib_hist`` / ``_calib_bin_edges`` (int64 counts,
+  float64 edges) are filled in by ``compute_amax``.
 """
 
 from __future__ import annotations
@@ -157,13 +159,7 @@ class HistogramCalibrator(_Calibrator):
         assert self._qdq is not None
         if self._skip_zeros:
             x = x[x != 0]
-        self._qdq.collect(x)
-        if self._qdq.num_batches:
-            counts, edges = self._qdq.histogram()
-            self._calib_hist, self._calib_bin_edges = (
-                torch.from_numpy(counts),
-                torch.from_numpy(edges),
-            )
+        self._qdq.collect(x)  # nothing read back per batch: _calib_hist is set by compute_amax
 
     def reset(self) -> None:
         """Forget the collected histogram."""
@@ -226,6 +222,7 @@ class HistogramCalibrator(_Calibrator):
         if self._qdq.num_batches == 0:
             return None
         counts, edges = self._qdq.histogram()
+        self._calib_hist, self._calib_bin_edges = torch.from_numpy(counts), torch.from_numpy(edges)
         observed = self._qdq.observed_max
         num_bits = int(self._num_bits)  # type: ignore[arg-type]
         if observed == 0.0 or method == "max":
