@@ -8,8 +8,9 @@ pytest prints its usual summary; ``--json F`` writes the counts per file and the
 
 ``--cuda-as-cpu`` runs the tests written for a GPU on the CPU: ``Tensor.cuda()``/``Module.cuda()``
 return the CPU tensor/module, ``torch.set_default_tensor_type('torch.cuda.FloatTensor')`` sets
-the CPU type, and ``device="cuda"`` given to torch's tensor factories or ``Tensor.to`` means the
-CPU. It checks the arithmetic those tests assert, not CUDA itself (``scripts/gpu_check.sh`` does
+the CPU type, ``device="cuda"`` given to torch's tensor factories or ``Tensor.to`` means the
+CPU, ``torch.load`` maps to the CPU and ``torch.cuda.device(i)`` does nothing. It checks the
+arithmetic those tests assert, not CUDA itself (``scripts/gpu_check.sh`` does
 that on a GPU).
 
 Usage::
@@ -21,7 +22,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -98,6 +101,14 @@ def _map_cuda_to_cpu() -> None:
         return tensor_to(self, *args, **kwargs)
 
     torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+    load = torch.load
+
+    def load_on_cpu(*args: Any, **kwargs: Any) -> Any:  # the RNN test vectors are CUDA tensors
+        kwargs.setdefault("map_location", "cpu")
+        return load(*args, **kwargs)
+
+    torch.load = load_on_cpu
+    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment,misc]
 
 
 #: torch factories whose ``device="cuda"`` ``--cuda-as-cpu`` maps to the CPU.
@@ -132,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if extra else 0)])
+    if args.json:
+        args.json = args.json.resolve()
     tests = args.package_dir / "tests"
     if not (tests / "tensor_quant_test.py").is_file():
         parser.error(f"{args.package_dir} has no tests/tensor_quant_test.py")
@@ -144,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(args.package_dir / "examples", root / "examples")
         (root / "pytest.ini").write_text("[pytest]\n")
         sys.path.insert(0, str(root))
+        cwd = os.getcwd()
+        os.chdir(root)  # the tests open data files by paths relative to the package folder
         harness = _Harness(args.cuda_as_cpu)
         rc = pytest.main(
             [
@@ -158,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
             plugins=[harness],
         )
+        os.chdir(cwd)
     totals: Counter[str] = Counter()
     for counts in harness.outcomes.values():
         totals.update(counts)
