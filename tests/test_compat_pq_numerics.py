@@ -9,6 +9,7 @@ float32/float16 arithmetic), so a torch op that rounds differently (``number / t
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -456,3 +457,52 @@ def test_cuda_fake_tensor_quant_takes_the_kernel_path():
         assert torch.equal(per_tensor, cuda_ext.fake_tensor_quant(x.to(dtype), amax.max()))
     e = torch.linspace(-500, 500, 4001)
     assert torch.equal(cuda_ext.fake_e4m3fy(e.cuda()).cpu(), cuda_ext.fake_e4m3fy(e))
+
+
+def test_functions_called_directly_export_qdq_with_constant_scales() -> None:
+    """A hand-written quantized forward (tensor_quant's functions, no TensorQuantizer) exports as
+    Q/DQ with constant scales, per tensor, per channel, E4M3 and integer codes, and ONNX Runtime
+    agrees with torch up to a rounding-boundary flip."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+
+    class Hand(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = tensor_quant.fake_tensor_quant(x, torch.tensor(2.0), 8, False, False)
+            b = tensor_quant.fake_tensor_quant(
+                x, torch.tensor([[1.0], [2.0], [3.0]]), 8, False, False
+            )
+            c = tensor_quant.scaled_e4m3(x, torch.tensor(2.0))
+            q, s = tensor_quant.tensor_quant(x, torch.tensor(2.0), 8, False, False)
+            return torch.stack([a, b, c, q / s])
+
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    f = io.BytesIO()
+    torch.onnx.export(Hand(), (x,), f, dynamo=False, opset_version=19)
+    graph = onnx.load_from_string(f.getvalue()).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 3
+    constants = {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    assert all(n.input[1] in constants for n in graph.node if n.op_type == "QuantizeLinear")
+    per_channel = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.attribute]
+    assert [a.i for n in per_channel for a in n.attribute if a.name == "axis"] == [0]
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(f.getvalue(), opts, providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    want = Hand()(x).numpy()
+    assert np.abs(got - want).max() <= 3.0 / 127 * 1.0001
+    assert np.mean(np.abs(got - want) > 1e-6) < 0.01
+
+
+def test_direct_export_refuses_an_amax_read_from_a_buffer() -> None:
+    class Buffered(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("amax", torch.tensor(2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return tensor_quant.fake_tensor_quant(x, self.amax, 8, False, False)
+
+    with pytest.raises(Exception, match="constant amax"):
+        torch.onnx.export(Buffered(), (torch.randn(4),), io.BytesIO(), dynamo=False)

@@ -46,6 +46,14 @@ from qdq.compat.pytorch_quantization._descriptor import (
     QuantDescriptor,
     ScaledQuantDescriptor,
 )
+from qdq.compat.pytorch_quantization._onnx_symbolic import (
+    _onnx_fp8_dequantize,  # noqa: F401 (upstream's private names live in tensor_quant)
+    _onnx_fp8_quantize,  # noqa: F401
+    _onnx_int8_helper,  # noqa: F401
+    codes_symbolic,
+    e4m3_symbolic,
+    int8_symbolic,
+)
 
 __all__ = [
     "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL",
@@ -147,11 +155,17 @@ def _ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tens
     return torch.where(inputs.abs() <= amax, grad_outputs, zero)
 
 
+#: Upstream's name for :func:`_ste_grad`.
+_fake_tensor_quant_backward = _ste_grad
+
+
 class TensorQuantFunction(Function):
     """Integer quantization with upstream's STE gradient: returns ``(codes, scale)``.
 
     The codes are a float tensor (``codes / scale`` dequantizes); the scale has ``amax``'s shape.
     """
+
+    symbolic = staticmethod(codes_symbolic)
 
     @staticmethod
     def forward(
@@ -176,6 +190,8 @@ class TensorQuantFunction(Function):
 
 class LegacyFakeTensorQuantFunction(Function):
     """Fake quantization on any device: :class:`TensorQuantFunction`'s codes divided by the scale."""
+
+    symbolic = staticmethod(int8_symbolic)
 
     @staticmethod
     def forward(
@@ -203,6 +219,8 @@ class FakeTensorQuantFunction(Function):
     axis of channels :func:`.cuda_ext.fake_tensor_quant_with_axis` (the axis is the position of
     that dimension in amax's shape); whatever the kernel refuses falls back to the legacy formula.
     """
+
+    symbolic = staticmethod(int8_symbolic)
 
     @staticmethod
     def forward(
@@ -237,6 +255,8 @@ class FakeTensorQuantFunction(Function):
 
 class ScaledE4M3Function(Function):
     """FP8 E4M3 fake quantization, unscaled (``amax=None``) or with ``scale = 448 / amax``."""
+
+    symbolic = staticmethod(e4m3_symbolic)
 
     @staticmethod
     def forward(
