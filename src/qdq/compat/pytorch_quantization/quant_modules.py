@@ -113,6 +113,8 @@ class QuantModuleReplacementHelper:
 
 
 _HELPER = QuantModuleReplacementHelper()
+#: Upstream's name for the helper that holds the patch state.
+_quant_module_helper_object = _HELPER
 
 
 def initialize(
