@@ -394,3 +394,46 @@ def test_lstm_instancenorm_clip_graph_lints_int8_and_matches_ort(tmp_path: Path)
     assert report.summary["int8_weighted_layers"] == report.summary["weighted_layers"] == 21
     concat = [f for f in report.findings if f.rule == "S02b"]
     assert len(concat) == 9 and all(f.severity == "INFO" for f in concat)  # 8 steps + the cell
+
+
+@pytest.mark.gpu
+def test_mixed_model_calibrates_trains_and_exports_on_cuda(tmp_path: Path) -> None:
+    """The package's flow on a CUDA model: calibration (max and histogram), a QAT step with
+    learned Clip bounds, a checkpoint that loads on the CPU, and an export with both exporters."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    onnx = pytest.importorskip("onnx")
+    torch.manual_seed(7)
+    model = _Mixed().cuda()
+    model.conv._input_quantizer = quant_nn.TensorQuantizer(
+        QuantDescriptor(calib_method="histogram")
+    ).cuda()
+    batches = [torch.randn(2, 3, 8, 8, device="cuda") for _ in range(2)]
+    model.eval()
+    _collect_stats(model, batches)
+    amaxes = {
+        n: q.amax for n, q in model.named_modules() if isinstance(q, quant_nn.TensorQuantizer)
+    }
+    assert all(
+        a is not None and a.is_cuda and bool(torch.isfinite(a).all()) for a in amaxes.values()
+    )
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss = model(batches[0]).square().mean()
+    loss.backward()
+    assert model.clip.clip_value_max.grad is not None and model.fc.weight.grad is not None
+    optimizer.step()
+    cpu = _Mixed()
+    cpu.conv._input_quantizer = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram"))
+    cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    model.eval()
+    with torch.no_grad():
+        out = model(batches[0])
+    assert out.is_cuda and bool(torch.isfinite(out).all())
+    path = tmp_path / "mixed_cuda.onnx"
+    _export(model, batches[0], path)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("QuantizeLinear") >= 10
+    program = torch.onnx.export(model, (batches[0],), dynamo=True, opset_version=17)
+    assert program is not None
+    assert [n.op_type for n in program.model_proto.graph.node].count("QuantizeLinear") >= 10
