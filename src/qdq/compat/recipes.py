@@ -131,6 +131,7 @@ def _to_quant(module: nn.Module, quant_cls: type) -> nn.Module:
     quant: Any = object.__new__(quant_cls)
     for key, value in vars(module).items():
         object.__setattr__(quant, key, copy.copy(value) if isinstance(value, dict) else value)
+
     # init_quantizer accepts only a caller named __init__ (upstream's check); the recipes
     # call it from such a function too
     def __init__(self: Any) -> None:  # noqa: N807
