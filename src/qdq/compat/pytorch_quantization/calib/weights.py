@@ -21,18 +21,16 @@ _log = logging.getLogger("qdq.compat")
 _METHODS = ("max", "mse", "percentile")
 
 
-def _channel_axis(module: torch.nn.Module, perchannel: bool) -> int | None:
-    # imported here: the quant modules import calib
-    from qdq.compat.pytorch_quantization import nn as quant_nn
+#: Weights laid out ``(C_in, C_out/groups, k...)``: the output channels are axis 1. The quant
+#: ConvTranspose classes subclass these (so calib needs nothing from the quant modules, which
+#: import calib).
+_TRANSPOSED = (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 
+
+def _channel_axis(module: torch.nn.Module, perchannel: bool) -> int | None:
     if not perchannel:
         return None
-    transposed = (
-        quant_nn.QuantConvTranspose1d,
-        quant_nn.QuantConvTranspose2d,
-        quant_nn.QuantConvTranspose3d,
-    )
-    return 1 if isinstance(module, transposed) else 0
+    return 1 if isinstance(module, _TRANSPOSED) else 0
 
 
 def _histograms(
