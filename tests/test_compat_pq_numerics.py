@@ -459,6 +459,28 @@ def test_cuda_fake_tensor_quant_takes_the_kernel_path():
     assert torch.equal(cuda_ext.fake_e4m3fy(e.cuda()).cpu(), cuda_ext.fake_e4m3fy(e))
 
 
+@pytest.mark.gpu
+def test_cuda_quantizer_forward_does_not_sync_with_the_host():
+    """The kernel path reads nothing back (as upstream's compiled kernel): a quantizer call on
+    CUDA must not stall the stream; a negative amax comes out NaN instead of an error there."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from qdq.compat.pytorch_quantization import nn as quant_nn
+
+    conv = quant_nn.QuantConv2d(3, 8, 3).cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    conv.input_quantizer.amax = torch.tensor(3.0, device="cuda")
+    conv.weight_quantizer.amax = conv.weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = conv(x)
+        bad = cuda_ext.fake_tensor_quant(x, torch.tensor(-1.0, device="cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == (2, 8, 14, 14) and bool(torch.isnan(bad).all())
+
+
 def test_functions_called_directly_export_qdq_with_constant_scales() -> None:
     """A hand-written quantized forward (tensor_quant's functions, no TensorQuantizer) exports as
     Q/DQ with constant scales, per tensor, per channel, E4M3 and integer codes, and ONNX Runtime

@@ -39,15 +39,18 @@ def _bound(num_bits: int, unsigned: bool) -> int:
 
 
 def _check(inputs: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> None:
+    """The kernels' argument checks, without a host sync per call on a GPU.
+
+    A negative amax is refused on the CPU; on CUDA (where reading it back would stall every
+    quantizer call, and the kernel does not check it either) its elements come out NaN instead, in
+    :func:`_quant_dequant`. A negative input with ``unsigned`` is a device assert in the kernel: it
+    is checked everywhere (unsigned quantizers are rare, so is that read-back).
+    """
     if not inputs.is_floating_point():
         raise RuntimeError(f"fake_tensor_quant takes a floating-point tensor, got {inputs.dtype}")
-    bad_amax = (amax < 0).any()
-    if unsigned:
-        if bool(bad_amax | (inputs < 0).any()):
-            if bool(bad_amax):
-                raise RuntimeError("amax must be >= 0 (the kernel asserts amax >= 0)")
-            raise RuntimeError("Negative values encountered in unsigned quantization.")
-    elif bool(bad_amax):
+    if unsigned and bool((inputs < 0).any()):
+        raise RuntimeError("Negative values encountered in unsigned quantization.")
+    if not amax.is_cuda and bool((amax < 0).any()):
         raise RuntimeError("amax must be >= 0 (the kernel asserts amax >= 0)")
 
 
@@ -57,7 +60,10 @@ def _quant_dequant(x: torch.Tensor, amax: torch.Tensor, bound: int) -> torch.Ten
     # which rounds twice; the kernel divides once
     scale = torch.tensor(float(bound), dtype=torch.float32, device=amax.device) / amax
     out = torch.clamp(torch.round(x * scale), -bound, bound) / scale
-    return torch.where(amax < EPSILON, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    out = torch.where(amax < EPSILON, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    if amax.is_cuda:  # a negative amax (refused on the CPU, see _check) reads as NaN
+        out = torch.where(amax < 0, torch.full((), float("nan"), device=out.device), out)
+    return out
 
 
 def fake_tensor_quant(
