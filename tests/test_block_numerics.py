@@ -21,7 +21,7 @@ from qdq.quant.blocks import (
     block_fake_quant,
     block_scales,
 )
-from qdq.quant.blocks_fp4 import E2M1_GRID, e2m1_round, e8m0_exponent, e8m0_scale
+from qdq.quant.blocks_fp4 import E2M1_GRID, e2m1_round, e4m3_round, e8m0_exponent, e8m0_scale
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -595,3 +595,18 @@ def test_clear_errors() -> None:
         BlockFormat("x", "e3m2", 32, "e8m0")
     with pytest.raises(ValueError, match="unknown E8M0 rule 'nearest'"):
         e8m0_exponent(torch.ones(1), "nearest")
+
+
+def test_nvfp4_block_scale_divides_by_the_product_gs_times_6() -> None:
+    """``block_amax / (gs·6)`` (ModelOpt's ``per_block_amax / (6.0 * weights_scaling_factor_2)``),
+    not ``block_amax / 6 / gs``: for this block amax the two fall either side of the E4M3
+    midpoint 1.0625 (1.0 against 1.125)."""
+    x = torch.zeros(1, 16)
+    x[0, 0] = float(np.float32(0.011858259327709675))
+    sb, gs = _nvfp4_scales(x, torch.tensor(5.0))
+    assert sb.tolist() == [[1.0]]
+    other = e4m3_round(x.abs().amax() / torch.tensor(6.0) / gs)
+    assert float(other) == 1.125
+    ref_y, ref_sb = _nvfp4_reference(x.numpy(), np.float32(gs))
+    _same_bits(sb, ref_sb)
+    _same_bits(block_fake_quant(x, NVFP4, torch.tensor(5.0)), ref_y)
