@@ -1,4 +1,5 @@
-"""The quantized formats the linter predicts, as data: INT8 and FP8 (E4M3FN).
+"""The quantized formats the linter predicts, as data: INT8, FP8 (E4M3FN) and the block-scaled
+formats NVFP4, MXFP8 and INT4 weight-only (issue 60).
 
 A Q/DQ pair is FP8 when its quantized tensor is ``FLOAT8E4M3FN``: the QuantizeLinear's zero point
 (its third input) has that type, or a DequantizeLinear reads an FP8 initializer (ModelOpt's
@@ -6,6 +7,20 @@ A Q/DQ pair is FP8 when its quantized tensor is ``FLOAT8E4M3FN``: the QuantizeLi
 Everything else is read as INT8, as the linter always has (a zero point of another type is a
 validity finding, V02). Each rule that differs between the formats reads its row of
 :data:`FORMATS` instead of testing the format by name.
+
+The block formats are read in the forms TensorRT's parser builds and TensorRT Model Optimizer
+exports (``modelopt/torch/quantization/export_onnx.py``, ``modelopt/onnx/export/nvfp4_exporter.py``,
+``int4_exporter.py``):
+
+* NVFP4: a ``FLOAT4E2M1`` weight initializer read by ``DequantizeLinear(block_size=16, axis)``
+  whose scale is the output of a ``DequantizeLinear`` of ``FLOAT8E4M3FN`` block scales under a
+  float32 per-tensor scale; activations through ``trt::TRT_FP4DynamicQuantize`` (block 16), whose
+  two outputs (E2M1 values, E4M3 block scales) are read by the same two ``DequantizeLinear``.
+* MXFP8: ``DequantizeLinear(block_size=32)`` of E4M3 values with ``FLOAT8E8M0`` scales (opset
+  24), activations through ``trt::TRT_MXFP8DynamicQuantize`` (block 32).
+* INT4 weight-only: an ``INT4`` weight initializer read by ``DequantizeLinear(block_size, axis)``
+  (opset 21; per channel without ``block_size``) in front of a MatMul/Gemm whose activation is
+  float.
 
 Example:
     >>> FORMATS["fp8"].min_opset, FORMATS["fp8"].compute_capability
@@ -23,9 +38,14 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BLOCK_FORMATS",
+    "DYNAMIC_QUANTIZE",
     "FORMATS",
     "FP8",
+    "INT4W",
     "INT8",
+    "MXFP8",
+    "NVFP4",
     "QUANTIZED",
     "QuantFormat",
     "dtype_format",
@@ -34,6 +54,7 @@ __all__ = [
 ]
 
 INT8, FP8 = "int8", "fp8"
+NVFP4, MXFP8, INT4W = "nvfp4", "mxfp8", "int4w"
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,11 @@ class QuantFormat:
             so those layers run float behind a standalone Dequantize.
         per_channel_conv: TensorRT builds per-output-channel convolution weights in it.
         source: where the row comes from.
+        block: the block size of a block-scaled format (``None`` for INT8 and FP8, and the
+            least TensorRT's kernels take for INT4, whose block size is free).
+        min_trt: the first TensorRT release with kernels for it (``None``: every release the
+            linter knows).
+        weight_only: only the weights are quantized; the activation is read in float.
     """
 
     name: str
@@ -63,6 +89,9 @@ class QuantFormat:
     plain_layers: bool
     per_channel_conv: bool
     source: str
+    block: int | None = None
+    min_trt: tuple[int, int] | None = None
+    weight_only: bool = False
 
 
 FORMATS: Mapping[str, QuantFormat] = {
@@ -76,15 +105,39 @@ FORMATS: Mapping[str, QuantFormat] = {
         "hardware with FP8 support'); TensorRT 10.x release notes, Limitations (FP8 convolutions); "
         "NVIDIA/Model-Optimizer#118 (per-channel FP8 convolution weights)",
     ),
+    NVFP4: QuantFormat(
+        NVFP4, "NVFP4", 23, (10, 0), "fp4", False, False,
+        "TensorRT 10.8 release notes (FP4 on Blackwell); NVIDIA/Model-Optimizer "
+        "modelopt/torch/quantization/export_onnx.py (export_fp4: TRT_FP4DynamicQuantize, block 16)",
+        16, (10, 8),
+    ),
+    MXFP8: QuantFormat(
+        MXFP8, "MXFP8", 24, (10, 0), "fp8", False, False,
+        "TensorRT 10.12 release notes (MXFP8 on Blackwell); NVIDIA/Model-Optimizer "
+        "modelopt/torch/quantization/export_onnx.py (export_mxfp8: TRT_MXFP8DynamicQuantize, "
+        "block 32, E8M0 scales)",
+        32, (10, 12),
+    ),
+    INT4W: QuantFormat(
+        INT4W, "INT4 weight-only", 21, None, "int4", False, False,
+        "TensorRT 10.0 release notes (INT4 weight-only quantization, block-wise DequantizeLinear); "
+        "NVIDIA/Model-Optimizer modelopt/onnx/export/int4_exporter.py",
+        None, (10, 0), True,
+    ),
 }  # fmt: skip
 QUANTIZED = frozenset(FORMATS)
+#: the block-scaled formats (issue 60): GEMM kernels only, on the TensorRT releases of ``min_trt``
+BLOCK_FORMATS = frozenset({NVFP4, MXFP8, INT4W})
+#: TensorRT's dynamic block quantize operators (domain ``trt``): activation -> (values, scales)
+DYNAMIC_QUANTIZE = {"TRT_FP4DynamicQuantize": NVFP4, "TRT_MXFP8DynamicQuantize": MXFP8}
 
 #: numpy dtype names of quantized tensors (as ``onnx.numpy_helper`` returns them) -> format
-_DTYPE_FORMATS = {"int8": INT8, "float8_e4m3fn": FP8}
+_DTYPE_FORMATS = {"int8": INT8, "float8_e4m3fn": FP8, "int4": INT4W, "float4_e2m1fn": NVFP4}
 
 
 def dtype_format(dtype_name: str) -> str:
-    """The format of a quantized tensor of numpy dtype ``dtype_name`` (INT8 unless FP8 E4M3FN)."""
+    """The format of a quantized tensor of numpy dtype ``dtype_name`` (INT8 unless FP8 E4M3FN,
+    INT4 or FP4 E2M1)."""
     return _DTYPE_FORMATS.get(dtype_name, INT8)
 
 
@@ -93,13 +146,23 @@ def is_quantized(precision: str | None) -> bool:
     return precision in QUANTIZED
 
 
-def qdq_format(node: Any, const: Mapping[str, np.ndarray], producer: Mapping[str, Any]) -> str:
+def qdq_format(
+    node: Any,
+    const: Mapping[str, np.ndarray],
+    producer: Mapping[str, Any],
+    consumers: Mapping[str, list[Any]] | None = None,
+) -> str:
     """The format of a QuantizeLinear's output or of the tensor a DequantizeLinear reads.
 
     The zero point's type decides (``FLOAT8E4M3FN`` is FP8); a DequantizeLinear without one takes
     the type of what it reads: a pre-quantized initializer, or the output of the QuantizeLinear
-    before it (ModelOpt writes FP8 DequantizeLinear nodes without a zero point).
+    before it (ModelOpt writes FP8 DequantizeLinear nodes without a zero point). A block format
+    (:func:`block_format`) comes first; with ``consumers`` a DequantizeLinear computing another
+    one's scale (NVFP4's E4M3 block scales) takes that reader's format.
     """
+    block = block_format(node, const, producer, consumers)
+    if block:
+        return block
     seen = 0
     while node is not None and seen < 8:
         seen += 1
@@ -115,3 +178,55 @@ def qdq_format(node: Any, const: Mapping[str, np.ndarray], producer: Mapping[str
         if node is not None and node.op_type != "QuantizeLinear":
             return INT8
     return INT8
+
+
+def block_format(
+    node: Any,
+    const: Mapping[str, np.ndarray],
+    producer: Mapping[str, Any],
+    consumers: Mapping[str, list[Any]] | None = None,
+) -> str:
+    """The block format (:data:`BLOCK_FORMATS`) of a Q/DQ or dynamic quantize node, or ``''``.
+
+    A dynamic quantize node and the DequantizeLinear nodes reading it are in its format; a
+    DequantizeLinear of an ``FLOAT4E2M1`` or ``INT4`` initializer is NVFP4 or INT4 weight-only,
+    one with ``FLOAT8E8M0`` scales MXFP8; with ``consumers``, a DequantizeLinear whose output
+    is only the scale of block-format DequantizeLinear nodes is in their format.
+
+    Example:
+        >>> from onnx import helper
+        >>> dq = helper.make_node("DequantizeLinear", ["x4", "s"], ["y"], block_size=16)
+        >>> dyn = helper.make_node("TRT_FP4DynamicQuantize", ["x", "g"], ["x4", "s8"], domain="trt")
+        >>> block_format(dq, {}, {"x4": dyn})
+        'nvfp4'
+    """
+    if node.domain == "trt" and node.op_type in DYNAMIC_QUANTIZE:
+        return DYNAMIC_QUANTIZE[node.op_type]
+    if node.op_type != "DequantizeLinear" or not node.input:
+        return ""
+    src = producer.get(node.input[0])
+    if src is not None and src.domain == "trt" and src.op_type in DYNAMIC_QUANTIZE:
+        return DYNAMIC_QUANTIZE[src.op_type]
+    value = const.get(node.input[0])
+    found = _DTYPE_FORMATS.get(value.dtype.name, "") if value is not None else ""
+    if found in BLOCK_FORMATS:
+        return found
+    scale = const.get(node.input[1]) if len(node.input) > 1 else None
+    if scale is not None and scale.dtype.name == "float8_e8m0fnu":
+        return MXFP8
+    readers = consumers.get(node.output[0], []) if consumers is not None and node.output else []
+    if readers and all(
+        r.op_type == "DequantizeLinear" and list(r.input[1:2]) == [node.output[0]] for r in readers
+    ):
+        formats = {block_format(r, const, producer) for r in readers}
+        if len(formats) == 1 and (fmt := formats.pop()):
+            return fmt
+    return ""
+
+
+def block_attrs(node: Any) -> tuple[int, int]:
+    """``(axis, block_size)`` of a DequantizeLinear or dynamic quantize node (``block_size`` 0:
+    not blocked; ``axis`` defaults to 1 for DequantizeLinear, -1 for the dynamic quantizers)."""
+    attrs = {a.name: a.i for a in node.attribute if a.name in ("axis", "block_size")}
+    default = -1 if node.op_type in DYNAMIC_QUANTIZE else 1
+    return attrs.get("axis", default), attrs.get("block_size", 0)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdq.lint.attention import attention_cores
+from qdq.lint.blocks import block_no_kernel
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
 from qdq.lint.formats import FORMATS, FP8
 
@@ -79,8 +80,11 @@ def no_kernel(g: LintGraph, node: Any, fmt: str) -> str:
     """Why TensorRT has no ``fmt`` kernel for the weighted op ``node`` ('' when it has one), so
     that the layer runs float behind standalone Dequantize layers: an FP8 convolution with a
     kernel area above 32 (FP16/FP32 fallback kernels, release notes) or per-channel FP8 weights
-    (no FP8 implementation, NVIDIA/Model-Optimizer#118)."""
-    if fmt != FP8 or node.op_type != "Conv":
+    (no FP8 implementation, NVIDIA/Model-Optimizer#118); a block format on a convolution
+    (:func:`qdq.lint.blocks.block_no_kernel`)."""
+    if fmt != FP8:
+        return block_no_kernel(node, fmt)
+    if node.op_type != "Conv":
         return ""
     shape = conv_shape(g, node)
     if shape is not None and math.prod(shape[3]) > _MAX_FP8_KERNEL_AREA:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from qdq.lint.formats import INT8, qdq_format
+from qdq.lint.formats import FORMATS, INT8, qdq_format
 
 __all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput", "topological_order"]
 
@@ -144,7 +144,7 @@ class LintGraph:
         (:func:`qdq.lint.formats.qdq_format`; once per node)."""
         key = id(node)
         if key not in self._qdq_format:
-            self._qdq_format[key] = qdq_format(node, self.const, self.producer)
+            self._qdq_format[key] = qdq_format(node, self.const, self.producer, self.consumers)
         return self._qdq_format[key]
 
     def quantized_uses(self, tensor: str) -> list[tuple[Any, Any, tuple[float, ...]]]:
@@ -288,8 +288,9 @@ class LintGraph:
 
     def weighted_format(self, node: Any) -> str | None:
         """The format a weighted op computes in: its activation and its weight both arrive through
-        DequantizeLinear in that format. ``None`` when either is float or the two formats differ
-        (an FP8 activation with INT8 weights has no kernel: rule F05). Computed once per node."""
+        DequantizeLinear in that format, or its weight in a weight-only format (INT4) and its
+        activation in float. ``None`` when either is float or the two formats differ (an FP8
+        activation with INT8 weights has no kernel: rule F05). Computed once per node."""
         key = id(node)
         if key not in self._weighted_format:
             self._weighted_format[key] = self._weighted_format_of(node)
@@ -300,9 +301,13 @@ class LintGraph:
             return None
         act = self.qinput(node.input[0])
         weight = self.weight_dq(node.input[1])
-        if act is None or weight is None:
+        if weight is None:
             return None
         fmt = self.qdq_format(weight)
+        if FORMATS[fmt].weight_only:  # INT4 weights with a float activation
+            return fmt if act is None else None
+        if act is None:
+            return None
         return fmt if fmt == act.fmt else None
 
     def quantized_weighted(self, node: Any) -> bool:

@@ -97,6 +97,8 @@ def _weighted(g: LintGraph, node: Any) -> list[Finding]:
     wgt = g.dq_weight(node.input[1])
     if not (act or wgt):
         return _float_weighted(g, node, name)
+    if not act and g.weighted_format(node) is not None:
+        return out  # weight-only (INT4 weights, float activation): a kernel of its own
     if act != wgt:
         which = "activation" if act else "weights"
         out.append(

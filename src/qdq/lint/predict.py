@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.attention import Attention, attention_cores
-from qdq.lint.formats import FORMATS, INT8
+from qdq.lint.formats import DYNAMIC_QUANTIZE, FORMATS, INT8
 from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
@@ -124,7 +124,12 @@ class _Predictor:
             elif id(n) in groups:
                 members = groups[id(n)]
                 layer = self._safe("weighted layer", members, None, self._weighted_layer, members)
-            elif id(n) in self.absorbed or n.op_type in _SKIP or id(n) in self.shape_nodes:
+            elif (
+                id(n) in self.absorbed
+                or n.op_type in _SKIP
+                or id(n) in self.shape_nodes
+                or _dynamic_quantize(n)  # a standalone quantize layer (_with_standalone_qdq)
+            ):
                 continue
             elif n.op_type in _POINTWISE:
                 members = self._safe("pointwise fusion", [n], [n], self._pointwise_region, n)
@@ -427,6 +432,13 @@ class _Predictor:
         g = self.g
         extra: dict[int, list[PredictedLayer]] = {}
         for n in g.nodes:
+            if _dynamic_quantize(n):
+                name, fmt = g.name(n), g.qdq_format(n)
+                why = "dynamic block quantization: block scales computed at run time"
+                extra.setdefault(self.order[id(n)], []).append(
+                    PredictedLayer(name, (name,), "qdq", self.fp, fmt, why)
+                )
+                continue
             if n.op_type not in _QDQ or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
                 continue
             reason = self._safe("standalone Q/DQ", [n], "", self._standalone, n)
@@ -557,6 +569,12 @@ def _silu(g: LintGraph, tensor: str, readers: list[Any]) -> str | None:
     sig = next(r for r in readers if r.op_type == "Sigmoid")
     mul = next(r for r in readers if r.op_type == "Mul")
     return str(mul.output[0]) if set(mul.input) == {tensor, sig.output[0]} else None
+
+
+def _dynamic_quantize(node: Any) -> bool:
+    """TensorRT's dynamic block quantizer (``trt::TRT_FP4DynamicQuantize``, ...): a layer of its
+    own that writes the block values and scales its DequantizeLinear readers read."""
+    return node.domain == "trt" and node.op_type in DYNAMIC_QUANTIZE
 
 
 def _nearest(node: Any) -> bool:

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from qdq.lint.blocks import check_blocks
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
-from qdq.lint.formats import FP8
+from qdq.lint.formats import FORMATS, FP8, INT4W, MXFP8, NVFP4
 from qdq.lint.fp8 import check_fp8, no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.guard import Guard
@@ -41,7 +42,13 @@ SUMMARY_KEYS = (
     "folded_weighted_layers",
     "fp8_weighted_layers",
     "fp8_flops_percent",
+    "nvfp4_weighted_layers",
+    "mxfp8_weighted_layers",
+    "int4w_weighted_layers",
 )
+#: the block formats' summary counts, in the order the text report names them
+_BLOCK_KEYS = ((NVFP4, "nvfp4_weighted_layers"), (MXFP8, "mxfp8_weighted_layers"),
+               (INT4W, "int4w_weighted_layers"))  # fmt: skip
 
 _SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
 
@@ -60,6 +67,20 @@ class LintReport:
     def int8_layers(self) -> tuple[str, ...]:
         """ONNX nodes predicted to run inside INT8 layers."""
         return tuple(x for ly in self.layers if ly.kind != "qdq" and ly.int8 for x in ly.nodes)
+
+    @property
+    def block_layers(self) -> dict[str, tuple[str, ...]]:
+        """ONNX nodes predicted to run inside NVFP4, MXFP8 and INT4 weight-only layers, by
+        format (``{"nvfp4": (...), "mxfp8": (...), "int4w": (...)}``)."""
+        return {
+            fmt: tuple(
+                x
+                for ly in self.layers
+                if ly.kind != "qdq" and ly.input_precision == fmt
+                for x in ly.nodes
+            )
+            for fmt, _ in _BLOCK_KEYS
+        }
 
     @property
     def fp8_layers(self) -> tuple[str, ...]:
@@ -121,6 +142,11 @@ class LintReport:
                 f"({s['fp8_flops_percent']}% of FLOPs), "
                 if s["fp8_weighted_layers"]
                 else ""
+            )
+            + "".join(
+                f"{FORMATS[fmt].label} weighted layers {s[key]}/{s['weighted_layers']}, "
+                for fmt, key in _BLOCK_KEYS
+                if s[key]
             )
             + f"unfused Q/DQ {s['unfused_qdq']}, float islands {s['float_islands']}, "
             f"scale mismatches {s['scale_mismatches']}, "
@@ -227,6 +253,7 @@ def lint(
         "build rules V13/B01/P05/P11", (), build_rules, g, t, layers, floats, default=[]
     )
     findings += guard.call("FP8 rules F01-F09", (), check_fp8, g, t, default=[])
+    findings += guard.call("block-format rules K01-K04", (), check_blocks, g, t, default=[])
     summary: dict[str, int] = guard.call(
         "summary", (), _summary, proto, g, layers, floats, findings, default={}
     )
@@ -258,6 +285,13 @@ def _summary(
         "folded_weighted_layers": len(folded),
         "fp8_weighted_layers": len(fp8_ids - folded),
         "fp8_flops_percent": round(100 * fp8_flops / total_flops) if total_flops else 0,
+    } | {  # block formats: layers TensorRT has the format's kernels for (not convolutions)
+        key: sum(
+            1
+            for n in g.nodes
+            if id(n) not in folded and g.weighted_format(n) == fmt and not no_kernel(g, n, fmt)
+        )
+        for fmt, key in _BLOCK_KEYS
     }
 
 

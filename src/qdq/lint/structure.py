@@ -94,8 +94,16 @@ def _cycles(g: LintGraph) -> list[Finding]:
     return out
 
 
+#: operators of domain ``trt`` that TensorRT's ONNX parser builds itself (no plugin): the dynamic
+#: block quantizers of NVFP4 and MXFP8 and the ``trt::DequantizeLinear`` of ModelOpt's INT4 export
+_TRT_OPS = frozenset({"TRT_FP4DynamicQuantize", "TRT_MXFP8DynamicQuantize", "DequantizeLinear"})
+
+
 def is_custom_op(node: Any) -> bool:
-    """Whether ``node`` is no operator of the ONNX standard for its domain."""
+    """Whether ``node`` is no operator of the ONNX standard for its domain (nor one of TensorRT's
+    own ``trt`` operators its parser builds)."""
+    if node.domain == "trt" and node.op_type in _TRT_OPS:
+        return False
     return (node.op_type, node.domain or "") not in _known_ops()
 
 

@@ -5,7 +5,9 @@ specification §2.1); ``"trt11"`` means strongly typed TensorRT 11. A minor vers
 (``"trt8.6"``, ``"trt10.5"``, ``"trt10.12"``) makes the version-dependent rules exact: the
 ConvTranspose weight axis (V12), pre-quantized weights (V10) and the parser's opset range (V07).
 A GPU after a dash (``"trt10-hopper"``, ``"trt10.12-ada"``, ``"trt10-sm89"``) names the compute
-capability, which decides whether FP8 layers build at all (F01: 8.9 and newer). A GPU model of the
+capability, which decides whether FP8 layers build at all (F01: 8.9 and newer) and NVFP4/MXFP8
+ones (K02: Blackwell, ``"trt10.8-blackwell"``, ``"trt11-b200"``, ``"trt10.12-sm100"``,
+``"trt10.12-sm120"``; :mod:`qdq.lint.blocks`). A GPU model of the
 engine-time model's table (``"trt10-a100"``, ``"trt10.12-h100-sxm"``, ``"trt10-a100-80gb-pcie"``;
 :mod:`qdq.lint.speed.gpus`) names its compute capability too, and the GPU the engine is timed on.
 """
@@ -23,10 +25,13 @@ __all__ = ["FLAGS", "GPUS", "Target", "parse_target"]
 FLAGS = frozenset({"int8", "fp16", "fp8", "best"})
 _PATTERN = re.compile(r"^trt(\d+)(?:\.(\d+))?(?:-([a-z0-9_.-]+))?$")
 #: GPU generations by compute capability (NVIDIA's CUDA GPU compute capability list): Ada (8.9),
-#: Hopper (9.0) and Blackwell (10.0, 12.0) have FP8 tensor cores, the generations before do not
+#: Hopper (9.0) and Blackwell (10.0, 12.0) have FP8 tensor cores, the generations before do not;
+#: Blackwell's have FP4 and MX tensor cores too (B200/GB200 10.0, B300/GB300 10.3, Jetson Thor
+#: 11.0 in CUDA 13's numbering, RTX 50xx 12.0)
 GPUS = {
     "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "orin": (8, 7), "ada": (8, 9),
-    "hopper": (9, 0), "blackwell": (10, 0),
+    "hopper": (9, 0), "blackwell": (10, 0), "gb200": (10, 0), "b300": (10, 3), "gb300": (10, 3),
+    "thor": (11, 0), "rtx50": (12, 0),
 }  # fmt: skip
 _SM = re.compile(r"^sm_?(\d+)(?:\.(\d))?$")
 # highest ONNX opset of the bundled parser, by first release (onnx-tensorrt docs/operators.md;
@@ -150,7 +155,8 @@ def parse_target(
     if m is None or not 8 <= int(m.group(1)) <= 11:
         raise ValueError(
             f"target must look like 'trt10', 'trt10.5', 'trt8.6', 'trt11' or with a GPU "
-            f"'trt10-hopper', 'trt10.12-sm89', 'trt10-a100' (TensorRT 8 to 11), got {text!r}"
+            f"'trt10-hopper', 'trt10.12-sm89', 'trt10-a100', 'trt10.8-blackwell', 'trt11-b200' "
+            f"(TensorRT 8 to 11), got {text!r}"
         )
     version = (int(m.group(1)), int(m.group(2) or 0))
     gpu, capability = _gpu(m.group(3), text)

@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.formats import FORMATS, FP8, INT8, dtype_format, qdq_format
+from qdq.lint.formats import (
+    DYNAMIC_QUANTIZE,
+    FORMATS,
+    FP8,
+    INT8,
+    block_attrs,
+    dtype_format,
+    qdq_format,
+)
 from qdq.lint.guard import Guard
 from qdq.lint.target import Target, parse_target
 
@@ -165,7 +173,9 @@ def _not_quantized(g: _Graph) -> Finding:
 
 
 def _format_opsets(g: _Graph) -> list[Finding]:
-    """V07: Q/DQ of a format the model's opset cannot type (FP8 needs opset 19)."""
+    """V07: Q/DQ of a format the model's opset cannot type (FP8 needs opset 19). Not the block
+    formats: TensorRT's parser reads their ``block_size`` and 4-bit types at any opset, and
+    ModelOpt exports NVFP4 at opset 17 (``tests/gpu/torch/quantization/test_nvfp4_onnx_export.py``)."""
     out: list[Finding] = []
     if not g.opset:
         return out
@@ -175,7 +185,7 @@ def _format_opsets(g: _Graph) -> list[Finding]:
             n.name or n.output[0]
             for n in g.graph.node
             if n.op_type in ("QuantizeLinear", "DequantizeLinear")
-            and qdq_format(n, g.const, g.producers) == fmt
+            and qdq_format(n, g.const, g.producers, g.consumers) == fmt
         ]
         if nodes and g.opset < need:
             label = FORMATS[fmt].label
@@ -202,6 +212,7 @@ def _prequantized_weights(g: _Graph) -> list[Finding]:
         if n.op_type == "DequantizeLinear"
         and n.input[0] in g.const
         and g.const[n.input[0]].dtype.name in ("int8", "float8_e4m3fn")
+        and qdq_format(n, g.const, g.producers, g.consumers) in (INT8, FP8)  # (not MXFP8/NVFP4)
     ]
     if not found:
         return []
@@ -228,7 +239,13 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
     scale = g.const.get(node.input[1]) if len(node.input) > 1 else None
     zp_name = node.input[2] if len(node.input) > 2 else ""
     zp = g.const.get(zp_name) if zp_name else None
-    if scale is None or (zp_name and zp is None):
+    # a block format's scale may be computed: NVFP4's E4M3 block scales dequantized by a per-tensor
+    # scale, or the scales a dynamic block quantizer writes (TensorRT builds both)
+    made_by = g.producers.get(node.input[1]) if len(node.input) > 1 else None
+    computed = made_by is not None and (
+        made_by.op_type == "DequantizeLinear" or made_by.op_type in DYNAMIC_QUANTIZE
+    )
+    if (scale is None and not computed) or (zp_name and zp is None):
         out.append(
             Finding(
                 "V09",
@@ -293,6 +310,7 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                 )
             )
     if scale is not None:
+        scale = np.asarray(scale, dtype=np.float32)  # (E8M0 scales compare only as float)
         bad = int(np.sum(~(scale > 0)))  # catches <= 0 and NaN
         if scale.size == 0 or bad:
             out.append(
@@ -321,8 +339,8 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                     _SRC,
                 )
             )
-    if scale is not None and scale.size > 1:
-        out.extend(_check_per_channel(g, node, name, scale))
+    if scale is not None and scale.size > 1 and not block_attrs(node)[1]:
+        out.extend(_check_per_channel(g, node, name, scale))  # (blocked: rules K03/K04)
     return out
 
 

@@ -1,0 +1,93 @@
+"""The linter on block-format graphs (issue 60): NVFP4, MXFP8 and INT4 weight-only layers in
+ModelOpt's ONNX forms (tests/block_graphs.py), their summary counts, rules K01-K04 and the
+Blackwell targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from block_graphs import Builder, int4w_mlp, mxfp8_mlp, nvfp4_conv, nvfp4_mlp
+from qdq.lint import lint, parse_target
+from qdq.lint.blocks import require_kernels
+
+
+def _weighted(report):
+    return {ly.name: ly.input_precision for ly in report.layers if ly.kind == "weighted"}
+
+
+def test_modelopt_nvfp4_mlp_names_every_4bit_layer():
+    report = lint(nvfp4_mlp(), target="trt10.8-blackwell")
+    assert _weighted(report) == {"fc1.matmul": "nvfp4", "fc2.matmul": "nvfp4"}
+    assert report.block_layers["nvfp4"] == ("fc1.matmul", "fc2.matmul")
+    assert report.summary["nvfp4_weighted_layers"] == 2
+    assert report.summary["int8_weighted_layers"] == report.summary["fp8_weighted_layers"] == 0
+    assert report.verdict == "PASS", report.format()
+    dynq = [ly for ly in report.layers if ly.kind == "qdq"]  # the two dynamic quantize layers
+    assert [ly.name for ly in dynq] == ["fc1.dynq", "fc2.dynq"]
+    assert all(ly.output_precision == "nvfp4" for ly in dynq)
+    assert "NVFP4 weighted layers 2/2" in report.format()
+
+
+def test_mxfp8_and_int4_weight_only_layers():
+    mx = lint(mxfp8_mlp(), target="trt10.12-blackwell")
+    assert set(_weighted(mx).values()) == {"mxfp8"} and len(_weighted(mx)) == 2
+    assert mx.summary["mxfp8_weighted_layers"] == 2 and not mx.rules() - {"V07"}
+    w4 = lint(int4w_mlp(), target="trt10.12-blackwell")
+    assert set(_weighted(w4).values()) == {"int4w"}
+    assert w4.summary["int4w_weighted_layers"] == 2
+    assert "P01" not in w4.rules()  # a float activation is the weight-only form, not half a Q/DQ
+
+
+def test_4bit_convolution_runs_float_k01():
+    report = lint(nvfp4_conv(), target="trt10.8-blackwell")
+    conv = next(ly for ly in report.layers if ly.name == "conv")
+    assert conv.input_precision == "fp16" and "no NVFP4 convolution" in conv.reason
+    assert report.summary["nvfp4_weighted_layers"] == 0
+    assert report.rules("WARN") == {"K01"}
+
+
+@pytest.mark.parametrize(
+    ("target", "severity"),
+    [
+        ("trt10.8-blackwell", None),
+        ("trt11-b200", None),
+        ("trt10.8-sm120", None),
+        ("trt10.8", "INFO"),  # no GPU named
+        ("trt10.5-blackwell", "ERROR"),  # FP4 from 10.8
+        ("trt10.12-hopper", "ERROR"),  # FP4 on Blackwell only
+        ("trt10.12-sm90", "ERROR"),
+    ],
+)
+def test_nvfp4_target_k02(target, severity):
+    report = lint(nvfp4_mlp(), target=target)
+    found = {f.severity for f in report.findings if f.rule == "K02"}
+    assert found == ({severity} if severity else set()), report.format()
+
+
+def test_mxfp8_needs_trt_10_12():
+    assert "K02" in lint(mxfp8_mlp(), target="trt10.8-blackwell").rules("ERROR")
+    assert "K02" not in lint(int4w_mlp(), target="trt10").rules()  # INT4 weight-only from 10.0
+
+
+def test_blocked_axis_not_whole_blocks_k03_and_block_size_k04():
+    b = Builder()
+    y = b.int4w_linear("x", "fc", 32, 40, block=16)  # k = 40: 2.5 blocks of 16
+    report = lint(b.model([2, 40], y, 21), target="trt10.12")
+    assert [f.nodes for f in report.findings if f.rule == "K03"] == [("fc.w_dq",)]
+    b = Builder()
+    y = b.int4w_linear("x", "fc", 32, 64, block=8)
+    assert "K04" in lint(b.model([2, 64], y, 21), target="trt10.12").rules("WARN")
+
+
+def test_blackwell_targets_and_refusal():
+    assert parse_target("trt10.8-blackwell").compute_capability == (10, 0)
+    assert parse_target("trt11-b200").compute_capability == (10, 0)
+    assert parse_target("trt10.12-sm100").compute_capability == (10, 0)
+    assert parse_target("trt10.12-sm120").compute_capability == (12, 0)
+    require_kernels(parse_target("trt10.12-sm120"), "mxfp8")
+    with pytest.raises(ValueError, match="cannot run NVFP4: NVFP4 needs a Blackwell GPU"):
+        require_kernels(parse_target("trt10.12-ada"), "nvfp4")
+    with pytest.raises(ValueError, match="NVFP4 needs TensorRT 10.8"):
+        require_kernels(parse_target("trt10.5-blackwell"), "nvfp4")
+    with pytest.raises(ValueError, match="no block format"):
+        require_kernels(parse_target("trt10.8-blackwell"), "int8")
