@@ -1,5 +1,5 @@
 """The linter on block-format graphs (issue 60): NVFP4, MXFP8 and INT4 weight-only layers in
-ModelOpt's ONNX forms (tests/block_graphs.py), their summary counts, rules K01-K04 and the
+ModelOpt's ONNX forms (tests/block_graphs.py), their summary counts, rules M01-M04 and the
 Blackwell targets."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_4bit_convolution_runs_float_k01():
     conv = next(ly for ly in report.layers if ly.name == "conv")
     assert conv.input_precision == "fp16" and "no NVFP4 convolution" in conv.reason
     assert report.summary["nvfp4_weighted_layers"] == 0
-    assert report.rules("WARN") == {"K01"}
+    assert report.rules("WARN") == {"M01"}
 
 
 @pytest.mark.parametrize(
@@ -60,23 +60,23 @@ def test_4bit_convolution_runs_float_k01():
 )
 def test_nvfp4_target_k02(target, severity):
     report = lint(nvfp4_mlp(), target=target)
-    found = {f.severity for f in report.findings if f.rule == "K02"}
+    found = {f.severity for f in report.findings if f.rule == "M02"}
     assert found == ({severity} if severity else set()), report.format()
 
 
 def test_mxfp8_needs_trt_10_12():
-    assert "K02" in lint(mxfp8_mlp(), target="trt10.8-blackwell").rules("ERROR")
-    assert "K02" not in lint(int4w_mlp(), target="trt10").rules()  # INT4 weight-only from 10.0
+    assert "M02" in lint(mxfp8_mlp(), target="trt10.8-blackwell").rules("ERROR")
+    assert "M02" not in lint(int4w_mlp(), target="trt10").rules()  # INT4 weight-only from 10.0
 
 
 def test_blocked_axis_not_whole_blocks_k03_and_block_size_k04():
     b = Builder()
     y = b.int4w_linear("x", "fc", 32, 40, block=16)  # k = 40: 2.5 blocks of 16
     report = lint(b.model([2, 40], y, 21), target="trt10.12")
-    assert [f.nodes for f in report.findings if f.rule == "K03"] == [("fc.w_dq",)]
+    assert [f.nodes for f in report.findings if f.rule == "M03"] == [("fc.w_dq",)]
     b = Builder()
     y = b.int4w_linear("x", "fc", 32, 64, block=8)
-    assert "K04" in lint(b.model([2, 64], y, 21), target="trt10.12").rules("WARN")
+    assert "M04" in lint(b.model([2, 64], y, 21), target="trt10.12").rules("WARN")
 
 
 def test_blackwell_targets_and_refusal():

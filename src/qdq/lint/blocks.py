@@ -1,14 +1,14 @@
-"""Block-format rules K01-K04 (issue 60): where TensorRT has NVFP4, MXFP8 and INT4 weight-only
+"""Block-format rules M01-M04 (issue 60): where TensorRT has NVFP4, MXFP8 and INT4 weight-only
 kernels, predicted from the ONNX graph and the target (GPU, TensorRT version).
 
-* K01: a block format on a convolution: TensorRT's FP4, MX and INT4 weight-only kernels are GEMMs
+* M01: a block format on a convolution: TensorRT's FP4, MX and INT4 weight-only kernels are GEMMs
   (MatMul/Gemm); ModelOpt quantizes convolutions FP8 or INT8 instead. The layer runs float behind
   standalone Dequantize layers, or the build fails.
-* K02: a block format on a target without its kernels: NVFP4 needs a Blackwell GPU (compute
+* M02: a block format on a target without its kernels: NVFP4 needs a Blackwell GPU (compute
   capability 10.0+) and TensorRT 10.8+, MXFP8 Blackwell and TensorRT 10.12+, INT4 weight-only
   TensorRT 10.0+. ERROR when the target's GPU or version lacks them, INFO when it names no GPU.
-* K03: a blocked axis whose length is not a whole number of blocks.
-* K04: a block size other than the format's (NVFP4 16, MXFP8 32) or an INT4 block below 16.
+* M03: a blocked axis whose length is not a whole number of blocks.
+* M04: a block size other than the format's (NVFP4 16, MXFP8 32) or an INT4 block below 16.
 
 :func:`require_kernels` refuses a target for a format with the same message, for a caller that
 chooses a target for a format (``ValueError``).
@@ -87,11 +87,11 @@ def block_no_kernel(node: Any, fmt: str) -> str:
 
 
 def check_blocks(g: LintGraph, t: Target) -> list[Finding]:
-    """K01-K04 on a graph with block-format Q/DQ (none on an INT8/FP8 graph).
+    """M01-M04 on a graph with block-format Q/DQ (none on an INT8/FP8 graph).
 
     Args:
         g: the indexed graph.
-        t: the target (its TensorRT version and GPU decide K02).
+        t: the target (its TensorRT version and GPU decide M02).
     """
     nodes = [
         n
@@ -122,7 +122,7 @@ def _block_weight(g: LintGraph, node: Any) -> str:
 
 
 def _target(g: LintGraph, t: Target, fmt: str, nodes: list[Any]) -> list[Finding]:
-    """K02: the target's TensorRT or GPU has no kernels for ``fmt``."""
+    """M02: the target's TensorRT or GPU has no kernels for ``fmt``."""
     names = tuple(g.name(n) for n in nodes[:10])
     some = ", ".join(names[:3]) + (", ..." if len(nodes) > 3 else "")
     label = FORMATS[fmt].label
@@ -130,7 +130,7 @@ def _target(g: LintGraph, t: Target, fmt: str, nodes: list[Any]) -> list[Finding
     if missing:
         return [
             Finding(
-                "K02",
+                "M02",
                 ERROR,
                 names,
                 f"{len(nodes)} {label} node(s) ({some}) on {t.label}: {missing}",
@@ -143,7 +143,7 @@ def _target(g: LintGraph, t: Target, fmt: str, nodes: list[Any]) -> list[Finding
     if t.runs(FORMATS[fmt].compute_capability) is None:
         return [
             Finding(
-                "K02",
+                "M02",
                 INFO,
                 names,
                 f"{len(nodes)} {label} node(s) ({some}): {label} needs a Blackwell GPU and "
@@ -158,10 +158,10 @@ def _target(g: LintGraph, t: Target, fmt: str, nodes: list[Any]) -> list[Finding
 
 
 def _conv(g: LintGraph, node: Any, fmt: str) -> Finding:
-    """K01: a block format on a convolution."""
+    """M01: a block format on a convolution."""
     name, label = g.name(node), FORMATS[fmt].label
     return Finding(
-        "K01",
+        "M01",
         WARN,
         (name,),
         f"{name}: {label} weights on a {node.op_type}",
@@ -173,7 +173,7 @@ def _conv(g: LintGraph, node: Any, fmt: str) -> Finding:
 
 
 def _blocks(g: LintGraph, node: Any) -> list[Finding]:
-    """K03 (blocked axis not a whole number of blocks) and K04 (block size) on one node."""
+    """M03 (blocked axis not a whole number of blocks) and M04 (block size) on one node."""
     axis, block = block_attrs(node)
     fmt = g.qdq_format(node)
     row, name = FORMATS[fmt], g.name(node)
@@ -190,7 +190,7 @@ def _blocks(g: LintGraph, node: Any) -> list[Finding]:
     if wrong:
         out.append(
             Finding(
-                "K04",
+                "M04",
                 WARN,
                 (name,),
                 f"{name}: {row.label} with blocks of {block}, not {want_text}",
@@ -206,7 +206,7 @@ def _blocks(g: LintGraph, node: Any) -> list[Finding]:
         if size % block:
             out.append(
                 Finding(
-                    "K03",
+                    "M03",
                     ERROR,
                     (name,),
                     f"{name}: blocked axis {axis} has {size} elements, not a multiple of the "

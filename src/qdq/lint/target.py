@@ -6,7 +6,7 @@ specification §2.1); ``"trt11"`` means strongly typed TensorRT 11. A minor vers
 ConvTranspose weight axis (V12), pre-quantized weights (V10) and the parser's opset range (V07).
 A GPU after a dash (``"trt10-hopper"``, ``"trt10.12-ada"``, ``"trt10-sm89"``) names the compute
 capability, which decides whether FP8 layers build at all (F01: 8.9 and newer) and NVFP4/MXFP8
-ones (K02: Blackwell, ``"trt10.8-blackwell"``, ``"trt11-b200"``, ``"trt10.12-sm100"``,
+ones (M02: Blackwell, ``"trt10.8-blackwell"``, ``"trt11-b200"``, ``"trt10.12-sm100"``,
 ``"trt10.12-sm120"``; :mod:`qdq.lint.blocks`). A GPU model of the
 engine-time model's table (``"trt10-a100"``, ``"trt10.12-h100-sxm"``, ``"trt10-a100-80gb-pcie"``;
 :mod:`qdq.lint.speed.gpus`) names its compute capability too, and the GPU the engine is timed on.

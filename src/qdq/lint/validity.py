@@ -340,7 +340,7 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                 )
             )
     if scale is not None and scale.size > 1 and not block_attrs(node)[1]:
-        out.extend(_check_per_channel(g, node, name, scale))  # (blocked: rules K03/K04)
+        out.extend(_check_per_channel(g, node, name, scale))  # (blocked: rules M03/M04)
     return out
 
 
