@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 __all__ = [
+    "BLOCK_FORMATS",
     "CALIBRATION_METHODS",
     "FORMATS",
     "PLAN_FORMATS",
@@ -17,13 +18,22 @@ __all__ = [
 ]
 
 CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
-#: Quantization formats: ``"int8"`` (signed integers, zero-point 0) and ``"fp8"`` (OCP/ONNX
-#: float8 E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest finite value 448).
-FORMATS = ("int8", "fp8")
+#: Block-scaled formats (issue 60, :mod:`qdq.quant.blocks`): ``"nvfp4"`` (E2M1 values in blocks
+#: of 16, E4M3 block scales under a float32 per-tensor scale), ``"mxfp8"`` (E4M3 values in blocks
+#: of 32, E8M0 power-of-two scales) and ``"int4"`` (signed [-8, 7], ``scale = amax / 7`` per
+#: block or per channel; weights only).
+BLOCK_FORMATS = ("nvfp4", "mxfp8", "int4")
+#: Quantization formats of one tensor: ``"int8"`` (signed integers, zero-point 0), ``"fp8"``
+#: (OCP/ONNX float8 E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest finite
+#: value 448) and the :data:`BLOCK_FORMATS`.
+FORMATS = ("int8", "fp8", *BLOCK_FORMATS)
 #: What a plan can ask for (``QuantConfig.format``): one format where TensorRT has its kernels
-#: (``"int8"``, ``"fp8"``), or ``"mixed"``: each layer the format TensorRT runs fastest, moved to
-#: FP8 where INT8 loses accuracy (docs/placement.md, "Formats").
-PLAN_FORMATS = (*FORMATS, "mixed")
+#: (``"int8"``, ``"fp8"``, ``"nvfp4"``, ``"mxfp8"``; ``"int4w"``: INT4 weights, float
+#: activations), or ``"mixed"``: each layer the format TensorRT runs fastest, moved to FP8 where
+#: INT8 loses accuracy (docs/placement.md, "Formats").
+PLAN_FORMATS = ("int8", "fp8", "nvfp4", "mxfp8", "int4w", "mixed")
+#: Bits and the one block size TensorRT runs (``None``: any, INT4) of each block format.
+_BLOCK_SHAPES = {"nvfp4": (4, 16), "mxfp8": (8, 32), "int4": (4, None)}
 _CALIBRATORS = ("max", "histogram")
 
 
@@ -38,25 +48,68 @@ class QuantSpec:
     """How one tensor is quantized: symmetric, zero-point 0, in one of :data:`FORMATS`.
 
     Attributes:
-        num_bits: integer width, 2..8 (TensorRT INT8 uses 8); 8 for ``format="fp8"``.
-        axis: channel axis for per-channel scales (0 for Conv/Linear weights); ``None`` = per tensor.
+        num_bits: integer width, 2..8 (TensorRT INT8 uses 8); 8 for ``format="fp8"`` and
+            ``"mxfp8"``, 4 for ``"nvfp4"`` and ``"int4"``.
+        axis: channel axis for per-channel scales (0 for Conv/Linear weights); ``None`` = per
+            tensor. For a block format: the blocked axis (the GEMM's reduction axis, ``-1`` for a
+            ``Linear`` weight ``[out, in]`` and for activations), or INT4's channel axis when
+            ``block_size`` is ``None``, as ONNX ``DequantizeLinear``'s ``axis`` reads.
         narrow_range: saturate to ``[-qmax, qmax]`` (weights may use this; ONNX Q/DQ cannot express
             it, so the exporter only writes it where it cannot change a code). INT8 only.
-        format: ``"int8"`` (``scale = amax / qmax``, integer codes) or ``"fp8"`` (E4M3FN:
+        format: ``"int8"`` (``scale = amax / qmax``, integer codes), ``"fp8"`` (E4M3FN:
             ``scale = amax / 448``, the codes are float8 values, saturating, round to nearest
-            even; exported at opset >= 19 with a ``float8e4m3fn`` zero point).
+            even; exported at opset >= 19 with a ``float8e4m3fn`` zero point), or a block format
+            (:data:`BLOCK_FORMATS`, :mod:`qdq.quant.blocks`).
+        block_size: elements per scale along ``axis`` for a block format: 16 for NVFP4, 32 for
+            MXFP8 (the sizes TensorRT runs), an even size for INT4 or ``None`` (per channel).
+            ``None`` for INT8 and FP8.
 
     Example:
         >>> QuantSpec(axis=0)
-        QuantSpec(num_bits=8, axis=0, narrow_range=False, format='int8')
+        QuantSpec(num_bits=8, axis=0, narrow_range=False, format='int8', block_size=None)
         >>> QuantSpec(format="fp8").format
         'fp8'
+        >>> QuantSpec.block("nvfp4").block_size
+        16
+        >>> QuantSpec.block("int4", block_size=128).num_bits
+        4
     """
 
     num_bits: int = 8
     axis: int | None = None
     narrow_range: bool = False
     format: str = "int8"
+    block_size: int | None = None
+
+    @classmethod
+    def block(
+        cls,
+        fmt: str,
+        *,
+        axis: int = -1,
+        block_size: int | None = None,
+        per_channel: bool = False,
+    ) -> QuantSpec:
+        """The spec of a block format with its bits, blocked along ``axis``; ``block_size``
+        defaults to the format's (NVFP4 16, MXFP8 32, INT4 128). ``per_channel=True``: INT4 with
+        one scale per channel along ``axis`` (no blocks)."""
+        if fmt not in _BLOCK_SHAPES:
+            raise ValueError(
+                f"unknown block format {fmt!r}; choose one of {', '.join(BLOCK_FORMATS)}"
+            )
+        bits, size = _BLOCK_SHAPES[fmt]
+        if per_channel:
+            if block_size is not None:
+                raise ValueError("per_channel=True takes no block_size")
+            return cls(num_bits=bits, axis=axis, format=fmt, block_size=None)
+        if block_size is None:
+            block_size = 128 if size is None else size
+        return cls(num_bits=bits, axis=axis, format=fmt, block_size=block_size)
+
+    @property
+    def is_block(self) -> bool:
+        """Whether the format is block-scaled (:data:`BLOCK_FORMATS`)."""
+        return self.format in _BLOCK_SHAPES
 
     def __post_init__(self) -> None:
         bits = _check_int("num_bits", self.num_bits)
@@ -75,6 +128,37 @@ class QuantSpec:
                 "format='fp8' is float8 E4M3FN (8 bits, saturating to +-448): it takes neither "
                 f"num_bits={bits} nor narrow_range={self.narrow_range}"
             )
+        if self.format in _BLOCK_SHAPES:
+            self._check_block(bits)
+        elif self.block_size is not None:
+            raise ValueError(
+                f"format={self.format!r} has no blocks: block_size must be None, got "
+                f"{self.block_size!r} (block formats: {', '.join(BLOCK_FORMATS)})"
+            )
+
+    def _check_block(self, bits: int) -> None:
+        fmt, size = self.format, self.block_size
+        want_bits, want_size = _BLOCK_SHAPES[fmt]
+        if bits != want_bits or self.narrow_range:
+            raise ValueError(
+                f"format={fmt!r} is {want_bits}-bit and symmetric: num_bits must be {want_bits} "
+                f"and narrow_range False (got {bits}, {self.narrow_range}); "
+                f"QuantSpec.block({fmt!r}) builds it"
+            )
+        if self.axis is None:
+            raise ValueError(
+                f"format={fmt!r} needs axis: the blocked axis (the reduction axis, -1 for a "
+                "Linear weight or an activation)"
+            )
+        if size is not None:
+            _check_int("block_size", size)
+        if want_size is not None and size != want_size:
+            raise ValueError(
+                f"format={fmt!r} runs in TensorRT with blocks of {want_size}, got "
+                f"block_size={size!r}"
+            )
+        if size is not None and (size < 2 or size % 2):
+            raise ValueError(f"block_size must be an even int >= 2 or None, got {size}")
 
 
 @dataclass(frozen=True)

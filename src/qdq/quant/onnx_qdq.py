@@ -7,6 +7,15 @@ point (both constants, so they become initializers):
 * dynamo exporter (``torch.onnx.export(dynamo=True)``): ``torch.onnx.ops.symbolic`` nodes;
 * TorchScript exporter: an ``autograd.Function`` whose ``symbolic`` writes ``g.op(...)``.
 
+A block-format quantizer (NVFP4, MXFP8, INT4: :mod:`qdq.quant.blocks`) emits one marker node
+instead, :func:`emit_block`: ``qdq.internal::BlockQDQ(x[, amax])`` with the attributes ``format``
+(``"nvfp4"``/``"mxfp8"``/``"int4"``), ``axis`` (the blocked axis, or INT4's channel axis; never
+negative), ``block_size`` (0: per channel) and ``role`` (``"weight"``/``"activation"``); its
+output has ``x``'s shape and dtype. ``amax`` is a float32 constant: NVFP4's per-tensor amax (0-d),
+INT4's per-block (the blocked layout of ``DequantizeLinear``'s scale) or per-channel amax, absent
+for MXFP8. The export then rewrites every marker into the form TensorRT builds
+(:mod:`qdq.export.blocks_onnx`): both exporters give the same graph.
+
 Outside an export nothing here runs. This module imports only torch.
 """
 
@@ -18,7 +27,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["current_exporter", "emit_qdq", "export_mode"]
+__all__ = ["BLOCK_DOMAIN", "BLOCK_OP", "current_exporter", "emit_block", "emit_qdq", "export_mode"]
+
+#: The marker a block-format quantizer writes (domain, op type); rewritten before the file is saved.
+BLOCK_DOMAIN, BLOCK_OP = "qdq.internal", "BlockQDQ"
 
 _EXPORTER: str | None = None
 
@@ -92,3 +104,57 @@ class _TorchScriptQDQ(torch.autograd.Function):
         attrs = {} if axis is None else {"axis_i": axis}
         q = g.op("QuantizeLinear", x, scale, zero_point, **attrs)
         return g.op("DequantizeLinear", q, scale, zero_point, **attrs)
+
+
+def emit_block(
+    x: torch.Tensor,
+    amax: torch.Tensor | None,
+    fmt: str,
+    axis: int,
+    block_size: int | None,
+    role: str,
+    value: torch.Tensor,
+) -> torch.Tensor:
+    """The ``qdq.internal::BlockQDQ`` marker of a block-format quantizer (module docstring).
+
+    Args:
+        x: the tensor quantized (a weight's constant, or an activation).
+        amax: NVFP4's per-tensor amax, INT4's per-block or per-channel amax; ``None`` for MXFP8.
+        fmt: ``"nvfp4"``, ``"mxfp8"`` or ``"int4"``.
+        axis: the blocked (or INT4 channel) axis, non-negative.
+        block_size: elements per block; ``None`` per channel (INT4).
+        role: ``"weight"`` or ``"activation"``.
+        value: the fake-quantized ``x`` (what the TorchScript exporter's trace carries on).
+    """
+    attrs: dict[str, Any] = {
+        "format": fmt, "axis": int(axis), "block_size": int(block_size or 0), "role": role,
+    }  # fmt: skip
+    if _EXPORTER == "dynamo":
+        inputs = (x,) if amax is None else (x, amax)
+        return torch.onnx.ops.symbolic(
+            f"{BLOCK_DOMAIN}::{BLOCK_OP}", inputs, attrs, dtype=x.dtype, shape=x.shape, version=1
+        )
+    out: torch.Tensor = _TorchScriptBlock.apply(x, amax, value, attrs)
+    return out
+
+
+class _TorchScriptBlock(torch.autograd.Function):
+    @staticmethod
+    def forward(  # eager value used while the TorchScript exporter traces
+        ctx: Any, x: torch.Tensor, amax: torch.Tensor | None, value: torch.Tensor, attrs: Any
+    ) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def symbolic(
+        g: Any, x: Any, amax: Any, value: Any, attrs: dict[str, Any]
+    ) -> Any:  # pragma: no cover - runs inside torch.onnx's TorchScript exporter
+        kw = {"format_s": attrs["format"], "axis_i": attrs["axis"],
+              "block_size_i": attrs["block_size"], "role_s": attrs["role"]}  # fmt: skip
+        inputs = [x] if amax is None or _is_none(amax) else [x, amax]
+        return g.op(f"{BLOCK_DOMAIN}::{BLOCK_OP}", *inputs, **kw)
+
+
+def _is_none(value: Any) -> bool:
+    node = getattr(value, "node", None)
+    return node is not None and callable(node) and node().mustBeNone()
