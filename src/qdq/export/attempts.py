@@ -21,7 +21,7 @@ from qdq.export.exporters import run_exporter
 from qdq.export.external import Staging, save_external, too_large
 from qdq.export.paths import count_calls, path_difference, recorded_path
 from qdq.graph.plan import QuantPlan
-from qdq.quant import Quantizer, QuantMode, ScaleShapeError, scale_from_amax
+from qdq.quant import BlockQuantizer, Quantizer, QuantMode, ScaleShapeError, scale_from_amax
 
 __all__ = ["describe_paths", "run_exporters"]
 
@@ -224,7 +224,8 @@ def _computed_weights(model: nn.Module, args: tuple[Any, ...]) -> Iterator[None]
             h.remove()
     for q, value in todo.items():
         if value is not None:
-            q.register_buffer("export_weight", value.to(q.export_scale.dtype))
+            dtype = q.export_scale.dtype if "export_scale" in q._buffers else value.dtype
+            q.register_buffer("export_weight", value.to(dtype))
     yield  # _export_state removes the buffers
 
 
@@ -237,6 +238,12 @@ def _export_state(
     was_training = model.training
     try:
         for q in quantizers.values():
+            if isinstance(q, BlockQuantizer):  # one marker with its amax (qdq.export.blocks_onnx)
+                amax = q.marker_amax()
+                if amax is not None:
+                    q.register_buffer("export_amax", amax)
+                q.export_opset = opset
+                continue
             scale = scale_from_amax(q.amax, fmt=q.spec.format).detach().clone().to(scale_dtype)
             q.register_buffer("export_scale", scale)
             zero_dtype = torch.float8_e4m3fn if q.spec.format == "fp8" else torch.int8
@@ -251,7 +258,7 @@ def _export_state(
             yield
     finally:
         for q in quantizers.values():
-            for buf in ("export_scale", "export_zero_point", "export_weight"):
+            for buf in ("export_scale", "export_zero_point", "export_weight", "export_amax"):
                 if buf in q._buffers:
                     del q._buffers[buf]
         model.train(was_training)

@@ -22,7 +22,7 @@ from qdq.graph.calls import LeafCalls, SiteKey
 from qdq.graph.capture import constant_value, fetch_attr
 from qdq.graph.plan import QuantPlan, QuantPoint, ScaleGroup
 from qdq.graph.runtime import ArgRef, Site, SiteRuntime, install_runtime
-from qdq.quant import Quantizer
+from qdq.quant import Quantizer, make_quantizer
 
 __all__ = ["materialize"]
 
@@ -48,7 +48,7 @@ def materialize(
     for group in plan.groups:
         leader = points[group.leader]
         assert leader.spec is not None and leader.calib is not None
-        quantizer = Quantizer(leader.spec, leader.calib, name=leader.name)
+        quantizer = make_quantizer(leader.spec, leader.calib, name=leader.name)
         path = _register(root, leader, nodes, quantizer)
         quantizer.to(_device_near(root, path))  # amax lives where the model does (CUDA too)
         groups.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qdq.quant.block_quantizer import BlockQuantizer, make_quantizer
 from qdq.quant.learned import StaleStateError
 from qdq.quant.primitives import (
     MIN_AMAX,
@@ -22,12 +23,14 @@ from qdq.quant.quantizer import (
 __all__ = [
     "MIN_AMAX",
     "MIN_SCALE",
+    "BlockQuantizer",
     "QuantMode",
     "Quantizer",
     "ScaleShapeError",
     "StaleStateError",
     "fake_quant",
     "fake_quant_unchecked",
+    "make_quantizer",
     "quant_range",
     "quantizer_mode",
     "quantizers_of",

@@ -22,7 +22,7 @@ Outside an export nothing here runs. This module imports only torch.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -113,7 +113,7 @@ def emit_block(
     axis: int,
     block_size: int | None,
     role: str,
-    value: torch.Tensor,
+    value: Callable[[], torch.Tensor] | None,
 ) -> torch.Tensor:
     """The ``qdq.internal::BlockQDQ`` marker of a block-format quantizer (module docstring).
 
@@ -124,7 +124,9 @@ def emit_block(
         axis: the blocked (or INT4 channel) axis, non-negative.
         block_size: elements per block; ``None`` per channel (INT4).
         role: ``"weight"`` or ``"activation"``.
-        value: the fake-quantized ``x`` (what the TorchScript exporter's trace carries on).
+        value: computes the fake-quantized ``x``: what the TorchScript exporter's trace carries
+            on (called inside an ``autograd.Function``, so its ops are not traced); not needed by
+            the dynamo exporter.
     """
     attrs: dict[str, Any] = {
         "format": fmt, "axis": int(axis), "block_size": int(block_size or 0), "role": role,
@@ -134,20 +136,29 @@ def emit_block(
         return torch.onnx.ops.symbolic(
             f"{BLOCK_DOMAIN}::{BLOCK_OP}", inputs, attrs, dtype=x.dtype, shape=x.shape, version=1
         )
-    out: torch.Tensor = _TorchScriptBlock.apply(x, amax, value, attrs)
+    if value is None:
+        raise ValueError("the TorchScript exporter needs the fake-quantized value")
+    attrs["value"] = value
+    out: torch.Tensor = _TorchScriptBlock.apply(x, amax, attrs)
     return out
 
 
 class _TorchScriptBlock(torch.autograd.Function):
     @staticmethod
     def forward(  # eager value used while the TorchScript exporter traces
-        ctx: Any, x: torch.Tensor, amax: torch.Tensor | None, value: torch.Tensor, attrs: Any
+        ctx: Any, x: torch.Tensor, amax: torch.Tensor | None, attrs: Any
     ) -> torch.Tensor:
-        return value.clone()
+        state = torch._C._get_tracing_state()  # the eager value only: none of its ops traced
+        torch._C._set_tracing_state(None)  # type: ignore[attr-defined]
+        try:
+            out: torch.Tensor = attrs["value"]()
+        finally:
+            torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
+        return out
 
     @staticmethod
     def symbolic(
-        g: Any, x: Any, amax: Any, value: Any, attrs: dict[str, Any]
+        g: Any, x: Any, amax: Any, attrs: dict[str, Any]
     ) -> Any:  # pragma: no cover - runs inside torch.onnx's TorchScript exporter
         kw = {"format_s": attrs["format"], "axis_i": attrs["axis"],
               "block_size_i": attrs["block_size"], "role_s": attrs["role"]}  # fmt: skip

@@ -92,7 +92,7 @@ class Quantizer(PtqState, KeptState):
         if calib is None:
             calib = CalibSpec() if self.spec.axis is None else CalibSpec.weights()
         self.calib = calib
-        self.calibrator = make_calibrator(self.spec, calib)
+        self.calibrator = make_calibrator(self._stats_spec(), calib)
         self.mode = QuantMode.QUANTIZE
         self.export_opset = 13
         #: a weight that ``forward`` computes from parameters (set by ``qdq.prepare``): the export
@@ -119,6 +119,10 @@ class Quantizer(PtqState, KeptState):
             self._set_fixed_amax()
 
     # ------------------------------------------------------------------ state
+    def _stats_spec(self) -> QuantSpec:
+        """The spec the calibrator collects statistics for (a block format's are per tensor)."""
+        return self.spec
+
     @property
     def mode(self) -> QuantMode:
         """The current :class:`QuantMode` (assign a mode or its string value)."""
