@@ -74,12 +74,14 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     p.add_argument(
         "--format",
         default="int8",
-        choices=("int8", "fp8", "mixed"),
+        choices=("int8", "fp8", "nvfp4", "mxfp8", "int4w", "mixed"),
         help="int8 (default); fp8: FP8 E4M3 where TensorRT has an FP8 kernel for the layer (Ada, "
         "Hopper, Blackwell), INT8 where it has none (a ConvNet with depthwise convolutions keeps "
-        "its convolutions INT8); mixed: convolutions INT8, GEMMs and attention FP8, a layer "
-        "moved to the other format where it measurably loses and the move costs no reformat "
-        "(rules F01-F09)",
+        "its convolutions INT8); nvfp4 / mxfp8: GEMMs in NVFP4 (blocks of 16) or MXFP8 (blocks "
+        "of 32) on Blackwell, convolutions and attention as fp8; int4w: GEMMs with INT4 "
+        "block-wise weights and float activations, the rest float; mixed: convolutions INT8, "
+        "GEMMs and attention FP8, a layer moved to the other format where it measurably loses "
+        "and the move costs no reformat (rules F01-F15)",
     )
     p.add_argument(
         "--objective",
@@ -207,10 +209,12 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
     )
     p.add_argument(
         "--target",
-        default="trt10",
-        help="TensorRT version (and GPU) the linter predicts: trt8.6, trt10 (default), trt11, "
-        "trt10-hopper, trt10.12-ada, trt10-a100 ...; --format fp8/mixed needs an FP8 GPU (Ada+) "
-        "and trt10+; a GPU in the target also predicts the engine time against FP16",
+        default=None,
+        help="TensorRT version (and GPU) the linter predicts: trt8.6, trt10 (default; "
+        "trt10.12-blackwell with --format nvfp4/mxfp8), trt11, trt10-hopper, trt10.12-ada, "
+        "trt10-a100, trt11-b200 ...; --format fp8/mixed needs an FP8 GPU (Ada+) and trt10+, "
+        "nvfp4 Blackwell and trt10.8+, mxfp8 Blackwell and trt10.12+; a GPU in the target also "
+        "predicts the engine time against FP16",
     )
     p.add_argument(
         "--engine-report",

@@ -7,7 +7,10 @@ from qdq.config import CALIBRATION_METHODS, PLAN_FORMATS
 from qdq.pipeline.improve import PtqOptions
 from qdq.pipeline.recipe import SearchOptions
 
-__all__ = ["check_format_target", "check_method", "check_options"]
+__all__ = ["check_format_target", "check_method", "check_options", "default_target"]
+
+#: plan formats with block-scaled layers -> the linter's name of their format
+_BLOCK_PLANS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4w"}
 
 
 def check_options(
@@ -55,6 +58,12 @@ def check_method(calib: str | None, fmt: str) -> str | None:
         raise ValueError(
             f"unknown calibration method {calib!r}; choose one of {', '.join(CALIBRATION_METHODS)}"
         )
+    if calib in ("entropy", "mse") and fmt in _BLOCK_PLANS:
+        raise ValueError(
+            f"calib={calib!r} optimises a per-tensor grid; a {fmt} plan's block scales are the "
+            "blocks' own and its activations calibrate their per-tensor amax by max (ModelOpt's "
+            "recipe): use max or percentile, or leave the method to each quantizer"
+        )
     if calib == "entropy" and fmt != "int8":
         raise ValueError(
             "calib='entropy' is TensorRT's procedure on INT8's 127 levels and has no FP8 meaning; "
@@ -63,6 +72,17 @@ def check_method(calib: str | None, fmt: str) -> str | None:
     if calib is None:  # an FP8 plan: each quantizer's own method (max for FP8, mse for INT8)
         calib = "mse" if fmt == "int8" else None
     return calib
+
+
+def default_target(fmt: str) -> str:
+    """The linter's target when the job names none: ``trt10``, or a Blackwell GPU with
+    TensorRT 10.12 for a plan with FP4 or MX layers (the first that runs both).
+
+    Example:
+        >>> default_target("int8"), default_target("nvfp4"), default_target("int4w")
+        ('trt10', 'trt10.12-blackwell', 'trt10')
+    """
+    return "trt10.12-blackwell" if fmt in ("nvfp4", "mxfp8") else "trt10"
 
 
 def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
@@ -79,15 +99,22 @@ def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
         >>> check_format_target("int8", "trt10"), check_format_target("fp8", "trt10")
         (None, ('fp16', 'int8', 'fp8'))
 
+    A block-format plan (``nvfp4``, ``mxfp8``, ``int4w``) needs the target's kernels: NVFP4 a
+    Blackwell GPU and TensorRT 10.8+, MXFP8 Blackwell and 10.12+, INT4 weight-only TensorRT 10.0+
+    (the linter's rule M02, :func:`qdq.lint.blocks.require_kernels`); its convolutions and
+    attention run FP8, so NVFP4 and MXFP8 plans lint with ``--fp8`` too on a weakly typed target.
+
     Raises:
         ValueError: FP8 or mixed with a target whose GPU has no FP8, or whose parser predates
-            opset 19.
+            opset 19; a block format on a target without its kernels.
     """
     from qdq.lint import parse_target
 
     t = parse_target(target)
     if fmt == "int8":
         return None
+    if fmt in _BLOCK_PLANS:
+        return _check_block_target(fmt, target)
     if t.runs((8, 9)) is False:
         have = ".".join(map(str, t.compute_capability or ()))
         raise ValueError(
@@ -102,5 +129,23 @@ def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
             "or newer (trt10, trt10-hopper)"
         )
     if t.strongly_typed or t.flags & {"fp8", "best"}:
+        return None
+    return (*sorted(t.flags), "fp8")
+
+
+def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
+    """:func:`check_format_target` for a block-format plan."""
+    from qdq.lint import parse_target
+    from qdq.lint.blocks import require_kernels
+
+    t = parse_target(target)
+    try:
+        require_kernels(t, _BLOCK_PLANS[fmt])
+    except ValueError as err:
+        raise ValueError(
+            f"format={fmt!r}: {err}; choose a target that has them (trt10.8-blackwell, "
+            "trt10.12-b200, trt11-b200) or another format"
+        ) from None
+    if fmt == "int4w" or t.strongly_typed or t.flags & {"fp8", "best"}:
         return None
     return (*sorted(t.flags), "fp8")

@@ -238,13 +238,15 @@ def _quantizer(path: str, q: Any, plan: Any) -> dict[str, Any]:
         "rule": None if group is None else plan.point(group.leader).rule,
         "method": q.amax_method or q.calib.method,
         "format": q.spec.format,
-        "per_channel": q.spec.axis is not None,
+        # a block format's elements per scale along the blocked axis (None: INT8, FP8, per channel)
+        "block_size": q.spec.block_size,
+        "per_channel": q.spec.axis is not None and not q.spec.is_block,
         # every value at or below 2**-24: any method gives the observed max (floored at use)
         "below_floor": bool(getattr(q.calibrator, "below_floor", False)),
     }
     if amax is None:
         entry["amax"] = None
-    elif q.spec.axis is None:
+    elif q.spec.axis is None or (amax.numel() == 1 and q.spec.is_block):
         entry["amax"] = float(amax[0])
     else:
         entry["amax"] = {

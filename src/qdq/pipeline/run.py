@@ -57,7 +57,12 @@ from qdq.pipeline.inputs import (
 from qdq.pipeline.kinds import check_kind_name
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import resolve_model
-from qdq.pipeline.options import check_format_target, check_method, check_options
+from qdq.pipeline.options import (
+    check_format_target,
+    check_method,
+    check_options,
+    default_target,
+)
 from qdq.pipeline.outdir import check_out_dir
 from qdq.pipeline.outputs import output_names, recorded_output
 from qdq.pipeline.per_image import per_image_keys, refuse_options
@@ -98,7 +103,7 @@ def quantize(
     percentile: float | None = None,
     exporter: str = "auto",
     opset: int | None = None,
-    target: str = "trt10",
+    target: str | None = None,
     data_options: DataOptions | None = None,
     batch_size: int = 32,
     compare_methods: bool = False,
@@ -143,7 +148,9 @@ def quantize(
         exporter: ``"auto"`` (dynamo, else TorchScript), ``"dynamo"`` or ``"torchscript"``.
         opset: ONNX opset, 13..21; default 17, or 19 with FP8 quantizers (the first opset with
             FP8 Q/DQ; a lower one is refused).
-        target: TensorRT version for the linter (``"trt8.6"``, ``"trt10"``, ``"trt11"`` ...).
+        target: TensorRT version for the linter (``"trt8.6"``, ``"trt10"``, ``"trt11"`` ...);
+            default ``"trt10"``, or ``"trt10.12-blackwell"`` for ``nvfp4``/``mxfp8`` (their
+            kernels need Blackwell and TensorRT 10.8/10.12: a target without them is refused).
         data_options: sample counts, image preprocessing and the split seed (for spec data).
         batch_size: samples per batch for calibration and evaluation (a ``.pt2`` with a static
             batch dimension uses its own).
@@ -185,7 +192,10 @@ def quantize(
             ``compare_methods`` and the per-layer errors fit in it; ``report.json["budget"]``
             says what was planned, spent and left out.
         format: ``"int8"`` (default), ``"fp8"`` (FP8 E4M3 where TensorRT has an FP8 kernel for
-            the layer, INT8 where it has none) or ``"mixed"`` (each layer the format TensorRT runs
+            the layer, INT8 where it has none), ``"nvfp4"`` / ``"mxfp8"`` (GEMMs in the block
+            format, weights and activations; convolutions and attention as in ``fp8``),
+            ``"int4w"`` (GEMMs with INT4 block-wise weights and float activations, the rest
+            float; rules F11 on in docs/placement.md) or ``"mixed"`` (each layer the format TensorRT runs
             fastest: convolutions INT8, GEMMs and attention FP8, a convolution moved to FP8 where
             INT8's quantization noise is measurably worse: stage ``formats``,
             :mod:`qdq.pipeline.formats`); ``QuantConfig.format``, rules F01-F09 in
@@ -218,6 +228,8 @@ def quantize(
     if output_kind is not None:
         check_kind_name(output_kind)  # nor an unknown output kind
     calib = check_method(calib, format)
+    if target is None:
+        target = default_target(format)
     # a bad target fails now, not after the export, and so does FP8 for a GPU without it
     lint_flags = check_format_target(format, target)
     speed.check_objective(objective, target)  # nor --objective speed without a GPU to predict on

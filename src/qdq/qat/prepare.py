@@ -5,7 +5,8 @@ What it does to its copy of the model (the model passed in is not modified):
 * every quantizer fake-quantizes with the straight-through estimator (:mod:`qdq.quant.primitives`),
   the same numerics the ONNX export runs, so the Q/DQ set trained is the one deployed;
 * amax stays frozen (pytorch-quantization's and ModelOpt's recipe) unless ``learn_amax`` asks for
-  LSQ or PACT, per tensor for activations and per channel for weights;
+  LSQ or PACT, per tensor for activations and per channel for weights (not block formats: NVFP4,
+  MXFP8 and INT4 keep theirs, their block scales follow the data);
 * BatchNorm: ``"freeze"`` (default) runs every BatchNorm on its running statistics even in
   ``train()``; ``"fold"`` folds each BatchNorm that reads only a Conv's output into that Conv's
   weight and bias first (exact with per-channel weight scales) and re-derives the weight amax;
@@ -162,7 +163,8 @@ def prepare(
         for q in quantizers_of(model).values():
             is_weight = q.name.endswith(":weight")
             wanted = learn_scope == "all" or (learn_scope == "weights") == is_weight
-            if wanted and q.mode is QuantMode.QUANTIZE:
+            # a block format's scales are the blocks' own: its amax stays frozen
+            if wanted and q.mode is QuantMode.QUANTIZE and not q.spec.is_block:
                 q.learn_amax(learn_amax)
     object.__setattr__(model, _STATE_ATTR, state)
     model.train()

@@ -249,7 +249,8 @@ class BlockQuantizer(Quantizer):
         cached = self._cached_weight(key)
         if cached is not None:
             return cached
-        out = block_fake_quant(x, self.block_format, amax, axis=self.spec.axis or 0)
+        # amax was checked when it was set: no host sync per call on CUDA
+        out = block_fake_quant(x, self.block_format, amax, self.spec.axis or 0, check_amax=False)
         if not torch.compiler.is_compiling():
             self._keep_weight(key, out)
         return out

@@ -169,14 +169,21 @@ def block_amax(x: torch.Tensor, fmt: BlockFormat, axis: int = -1) -> torch.Tenso
 
 
 def block_scales(
-    x: torch.Tensor, fmt: BlockFormat, amax: torch.Tensor | float | None = None, axis: int = -1
+    x: torch.Tensor,
+    fmt: BlockFormat,
+    amax: torch.Tensor | float | None = None,
+    axis: int = -1,
+    *,
+    check_amax: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The scales the exported graph holds for ``x``: ``(block_scale, tensor_scale)``.
 
     NVFP4: the E4M3 block scales (float32 values on the E4M3 grid) and the per-tensor scale
     ``amax / (6·448)`` (``amax``: the tensor's own when ``None``). MXFP8: the E8M0 exponents
     (float32 integers) and ``None``. INT4: the float32 scales ``amax / 7`` (``amax``: per block
-    or per channel, the blocks' own when ``None``) and ``None``.
+    or per channel, the blocks' own when ``None``) and ``None``. ``check_amax=False`` skips the
+    finite/non-negative check of ``amax`` (a host sync on CUDA), for an amax checked when it was
+    set (:class:`~qdq.quant.block_quantizer.BlockQuantizer`).
 
     Example:
         >>> sb, gs = block_scales(torch.full((1, 16), 3.0), NVFP4)
@@ -186,19 +193,24 @@ def block_scales(
     ax = _check(x, fmt, axis)
     bamax = block_amax(x, fmt, ax)
     if fmt.element == "e2m1":
-        tensor_amax = bamax.amax() if amax is None else _amax_tensor(amax, x, numel=1)
+        tensor_amax = bamax.amax() if amax is None else _amax_tensor(amax, x, 1, check_amax)
         gs = _div(tensor_amax.reshape(()), E2M1_MAX * E4M3_MAX).clamp(min=MIN_SCALE)
         sb = e4m3_round(bamax / (gs * E2M1_MAX))  # float32 product, then the division
         return torch.where(sb == 0, torch.ones_like(sb), sb), gs
     if fmt.element == "e4m3":
         return e8m0_exponent(bamax, fmt.e8m0_rule), None
     if amax is not None:
-        bamax = _amax_tensor(amax, x, numel=bamax.numel()).reshape(bamax.shape)
+        bamax = _amax_tensor(amax, x, bamax.numel(), check_amax).reshape(bamax.shape)
     return _div(bamax, float(INT4_MAX)).clamp(min=MIN_SCALE), None
 
 
 def block_fake_quant(
-    x: torch.Tensor, fmt: BlockFormat, amax: torch.Tensor | float | None = None, axis: int = -1
+    x: torch.Tensor,
+    fmt: BlockFormat,
+    amax: torch.Tensor | float | None = None,
+    axis: int = -1,
+    *,
+    check_amax: bool = True,
 ) -> torch.Tensor:
     """Quantize and dequantize ``x`` in the block format ``fmt``, with the STE for QAT.
 
@@ -211,6 +223,8 @@ def block_fake_quant(
             (its scales are the blocks' own). Finite and non-negative.
         axis: the blocked axis (the reduction axis); its length must be a multiple of the
             block size.
+        check_amax: check that ``amax`` is finite and non-negative (one host sync on CUDA);
+            ``False`` for an amax checked when it was set.
 
     Returns:
         ``dequantize(quantize(x))`` with ``x``'s shape and dtype.
@@ -229,7 +243,7 @@ def block_fake_quant(
     ax = _check(x, fmt, axis)
     if amax is not None and fmt.element == "e4m3":
         raise ValueError("MXFP8 scales are the blocks' own: amax must be None")
-    block_scale, tensor_scale = block_scales(x, fmt, amax, ax)
+    block_scale, tensor_scale = block_scales(x, fmt, amax, ax, check_amax=check_amax)
     if fmt.element == "e2m1":
         assert tensor_scale is not None
         scale = block_scale * tensor_scale
@@ -260,12 +274,16 @@ def _check(x: torch.Tensor, fmt: BlockFormat, axis: int) -> int:
     return ax
 
 
-def _amax_tensor(amax: torch.Tensor | float, x: torch.Tensor, numel: int) -> torch.Tensor:
+def _amax_tensor(
+    amax: torch.Tensor | float, x: torch.Tensor, numel: int, check: bool = True
+) -> torch.Tensor:
     a = amax if isinstance(amax, torch.Tensor) else torch.tensor(float(amax))
     a = a.detach().to(device=x.device, dtype=torch.float32)
     if a.numel() != numel:
         raise ValueError(f"amax has {a.numel()} values, expected {numel} for x of shape "
                          f"{tuple(x.shape)}")  # fmt: skip
+    if not check:
+        return a
     bad = ~torch.isfinite(a) | (a < 0)
     if bool(bad.any()):
         raise ValueError(

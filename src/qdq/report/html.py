@@ -459,6 +459,8 @@ def _points(r: Mapping[str, Any]) -> list[dict[str, Any]]:
         rule = p["share_rule"] if p["decision"] == "share" and p["share_rule"] else p["rule"]
         spec = p.get("spec") or {}
         fmt = str(spec.get("format", "")).upper() if p["decision"] != "skip" else ""
+        if fmt and spec.get("block_size"):  # a block format: its elements per scale
+            fmt = f"{fmt}/{spec['block_size']}"
         if fmt and p.get("format_rule"):
             fmt = f"{fmt} ({p['format_rule']})"
         rows.append({**p, "shown_rule": rule, "shown_format": fmt})
