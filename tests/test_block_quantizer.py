@@ -180,3 +180,56 @@ def test_export_writes_one_marker_per_quantizer(exporter: str, fmt: str, tmp_pat
         assert fmt_attr == fmt and attrs["axis"] == 1
         assert attrs["block_size"] == (size or {"nvfp4": 16, "mxfp8": 32}[fmt])
         assert len(n.input) == (1 if fmt == "mxfp8" else 2)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "int4"])
+def test_torch_compile_fullgraph_equals_eager(fmt: str) -> None:
+    size = 32 if fmt == "int4" else None
+    wq = BlockQuantizer(QuantSpec.block(fmt, block_size=size), name="fc:weight")
+    iq = None if fmt == "int4" else BlockQuantizer(QuantSpec.block(fmt), name="fc:input")
+    lin = nn.Linear(64, 32)
+    wq.calibrate_from(lin.weight)
+    if iq is not None:
+        iq.set_amax(3.0)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x = iq(x) if iq is not None else x
+        return nn.functional.linear(x, wq(lin.weight), lin.bias)
+
+    x = torch.randn(8, 64)
+    compiled = torch.compile(f, fullgraph=True)  # no graph break: no host sync in the path
+    assert torch.equal(compiled(x), f(x))
+    xg = x.clone().requires_grad_()
+    compiled(xg).sum().backward()
+    assert xg.grad is not None and bool(xg.grad.abs().sum() > 0)
+
+
+def _cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "int4"])
+def test_block_quantizer_on_cuda_equals_cpu_without_host_syncs(fmt: str) -> None:
+    _cuda()
+    size = 32 if fmt == "int4" else None
+    w = _weight(16, 128)
+    x = torch.randn(4, 128) * 3
+    outs = {}
+    for device in ("cpu", "cuda"):
+        wq = BlockQuantizer(QuantSpec.block(fmt, block_size=size), name="fc:weight").to(device)
+        wq.calibrate_from(w.to(device))
+        iq = None if fmt == "int4" else BlockQuantizer(QuantSpec.block(fmt), name="fc:input")
+        if iq is not None:
+            iq.to(device).set_amax(5.0)
+        torch.cuda.set_sync_debug_mode("error" if device == "cuda" else "default")
+        try:
+            xq = iq(x.to(device)) if iq is not None else x.to(device)
+            outs[device] = (
+                (xq.cpu(), wq(w.to(device)).cpu()) if device == "cpu" else (xq, wq(w.to(device)))
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for cpu, cuda in zip(outs["cpu"], outs["cuda"], strict=True):
+        assert torch.equal(cpu, cuda.cpu())
