@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from qdq.debug.stats import ErrorSums
-from qdq.quant import Quantizer, QuantMode
+from qdq.quant import BlockQuantizer, Quantizer, QuantMode
 from qdq.quant.primitives import fake_quant_unchecked
 
 __all__ = ["Taps", "first_tensor", "int8_modes", "is_weight"]
@@ -123,6 +123,8 @@ class Taps:
 
 def _fake_quant(q: Quantizer, x: torch.Tensor) -> torch.Tensor:
     """``x`` through ``q``'s Q/DQ whatever its mode (the FP32 run bypasses every quantizer)."""
+    if isinstance(q, BlockQuantizer):
+        return q.fake_quant_value(x)
     return fake_quant_unchecked(
         x,
         q.amax,

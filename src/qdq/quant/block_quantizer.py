@@ -255,6 +255,11 @@ class BlockQuantizer(Quantizer):
             self._keep_weight(key, out)
         return out
 
+    def fake_quant_value(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through this quantizer's block format whatever its mode (the per-layer error
+        taps of :mod:`qdq.debug` run the FP32 model with every quantizer bypassed)."""
+        return block_fake_quant(x, self.block_format, self._amax_arg(), self.spec.axis or 0)
+
     def _amax_arg(self) -> torch.Tensor | None:
         """The amax :func:`block_fake_quant` takes: none for MXFP8; NVFP4's per tensor; INT4's."""
         if self.spec.format == "mxfp8":
