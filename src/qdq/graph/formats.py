@@ -80,6 +80,8 @@ MIXED_CONV = (
 WEIGHTED = ("conv", "conv_transpose", "linear", "matmul")
 #: the weighted layers TensorRT runs as GEMMs (F06: their FP8 weights may be per channel)
 GEMMS = ("linear", "matmul")
+#: formats whose layers cannot write INT8 and that no Concat, pool or PointWise layer reads (F10)
+_NOT_INT8 = ("fp8", "nvfp4", "mxfp8")
 
 
 def fp8_kernel(kind: str, wshape: tuple[int, ...], groups: int = 1) -> tuple[str, str, str]:
@@ -256,10 +258,12 @@ def float_movement(
             reads.setdefault(root, []).append(fmt.get(q.group))
 
     def fp8_writer(p: QuantPoint) -> str:
-        """The FP8 layer that writes ``p``'s tensor (through its epilogue or a fused Add)."""
+        """The FP8 (or block-format) layer that writes ``p``'s tensor (through its epilogue or a
+        fused Add), with its format."""
         node = weighted_writer(ctx, ctx.by_name[p.producer], fused)
         writer = ctx.owners.get(node, "") if node is not None else ""
-        return writer if formats.get(writer) == "fp8" else ""
+        fmt = formats.get(writer, "")
+        return f"{writer} runs {fmt.upper()}" if fmt in _NOT_INT8 else ""
 
     out = []
     for p in points:
@@ -273,7 +277,7 @@ def float_movement(
         pool = ctx.kinds.get(consumer) in ("avg_pool", "max_pool") and "int8" in reads.get(
             consumer, []
         )
-        if group == "fp8":
+        if group in _NOT_INT8:
             why = (
                 f"{what} would read FP8, and TensorRT has no FP8 Concat, pooling or PointWise "
                 "layer (its FP8 kernels are GEMMs, convolutions and attention): it runs float, "
@@ -284,7 +288,7 @@ def float_movement(
             why = f"another input of {what} stays float (F10), so it runs float"
         elif group == "int8" and p.format_rule == "F02" and not pool and (w := fp8_writer(p)):
             why = (
-                f"{w} runs FP8 and cannot write INT8: {what} stays float (an INT8 input would be "
+                f"{w} and cannot write INT8: {what} stays float (an INT8 input would be "
                 "a standalone Quantize after it)"
             )
         elif group == "int8" and p.format_rule == "F02" and _read_in_fp8_only(ctx, consumer, reads):
@@ -316,7 +320,7 @@ def _read_in_fp8_only(
             break
         cur = users[0]
     formats = reads.get(cur, [])
-    return bool(formats) and all(f == "fp8" for f in formats)
+    return bool(formats) and all(f in _NOT_INT8 for f in formats)
 
 
 def fp8_fused_adds(ctx: PlanContext, points: list[QuantPoint]) -> frozenset[str]:

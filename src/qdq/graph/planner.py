@@ -48,7 +48,8 @@ from qdq.graph.context import (
     skip_input,
     users_through,
 )
-from qdq.graph.formats import assign_formats, float_movement, fp8_fused_adds
+from qdq.graph.formats import float_movement, fp8_fused_adds
+from qdq.graph.formats_blocks import assign_block_formats, block_releases, plan_int4w
 from qdq.graph.grouping import coverage, group_points
 from qdq.graph.patterns import (
     COPY_KINDS,
@@ -126,22 +127,27 @@ def build_plan(
     _release_float_output_bns(ctx)
     for n in nodes:
         _explain_silu(ctx, n)
+    if cfg.format == "int4w":  # INT4 weight-only GEMMs, the rest float (F16, F17)
+        plan_int4w(ctx)
     points, groups = group_points(ctx, nodes)
-    if cfg.format != "int8":
-        points = assign_formats(ctx, points, groups)
+    if cfg.format not in ("int8", "int4w"):  # F01-F10; F11-F16 in block plans
+        points = assign_block_formats(ctx, points, groups)
         floated: set[str] = set()
         for _ in range(len(nodes)):  # each pass releases points, so it ends
             released = float_movement(ctx, points, floated)
             for p, why in released:
                 release(ctx, ctx.points[p.name], "F10", why)
+            moved = block_releases(points)  # read in float beside a block format (F15, F16)
+            for p, rule, why in moved:
+                release(ctx, ctx.points[p.name], rule, why)
             # step 5 again: a fused Add may now write float (an FP8 one unless every reader
             # quantizes its output)
             skips = release_float_output_skips(ctx, fp8_fused_adds(ctx, points))
-            if not released and not skips:
+            if not released and not moved and not skips:
                 break
             _release_float_output_bns(ctx)
             points, groups = group_points(ctx, nodes)
-            points = assign_formats(ctx, points, groups)
+            points = assign_block_formats(ctx, points, groups)
     ordered = sorted(points, key=lambda p: (ctx.order[ctx.by_name[p.consumer]], p.kind != "weight"))
     covered = coverage(model if model is not None else root, ordered, unused)
     name = type(model if model is not None else root).__name__

@@ -277,6 +277,73 @@ RULES: tuple[Rule, ...] = (
         "convolution its Add fuses into keeps its Q/DQ: the fused Add reads it in that format.",
     ),
     Rule(
+        "F11",
+        "core",
+        "NVFP4 / MXFP8 plans: a GEMM (Linear, MatMul/Gemm with a weight) whose K is a multiple "
+        "of the block (16 / 32) and whose N is at least 16 runs the block format, weight and input",
+        "TensorRT 10.8 added FP4 (NVFP4: E2M1 in blocks of 16 with E4M3 block scales under an "
+        "FP32 per-tensor scale) and 10.12 MXFP8 (E4M3 in blocks of 32, E8M0 scales) GEMMs on "
+        "Blackwell (compute capability 10.0+), blocked along the reduction axis; activations are "
+        "block-quantized at run time (TRT_FP4DynamicQuantize / TRT_MXFP8DynamicQuantize), so only "
+        "NVFP4's per-tensor amax is calibrated (max). ModelOpt's NVFP4_DEFAULT_CFG and "
+        "MXFP8_DEFAULT_CFG quantize every Linear's weight and input in blocks along the last "
+        "axis (16 with E4M3 scales / 32 with E8M0 scales), calibrated by max.",
+    ),
+    Rule(
+        "F12",
+        "core",
+        "NVFP4 / MXFP8 plans: a GEMM whose K is not a multiple of the block (or N below 16) takes "
+        "the FP8 plan's format",
+        "Block quantization needs whole blocks along the reduction axis (TensorRT's parser "
+        "rejects a partial block; the linter's M03), and no block tile pays below 16 outputs. "
+        "FP8 (or INT8, F01-F05) runs such a layer on the same Blackwell target.",
+    ),
+    Rule(
+        "F13",
+        "core",
+        "NVFP4 / MXFP8 plans: convolutions and ConvTranspose take the FP8 plan's format",
+        "TensorRT's FP4 and MX kernels are GEMMs (MatMul/Gemm); it has no FP4 or MX convolution "
+        "(the linter's M01), and ModelOpt quantizes convolutions FP8 or INT8 in its NVFP4 and "
+        "MXFP8 recipes.",
+    ),
+    Rule(
+        "F14",
+        "core",
+        "One format per tensor in block plans: a scale group runs a block format only when every "
+        "reader runs that format; otherwise its block readers take the FP8 plan's format",
+        "One quantize serves every reader of a tensor: a block-quantized tensor beside an FP8 or "
+        "INT8 reader (or a Concat, pool or element-wise layer, which have no FP4/MX version) "
+        "costs a reformat, a standalone Quantize or Dequantize. The block format is given up "
+        "rather than a layer moved into a format it cannot run or a user's choice undone, to a "
+        "fixed point: no format boundary inside a group.",
+    ),
+    Rule(
+        "F15",
+        "core",
+        "A residual skip whose Add fuses into an NVFP4/MXFP8 GEMM stays float",
+        "TensorRT's FP4 and MX GEMMs write FP16/BF16 and their inputs are block-quantized at run "
+        "time from a float tensor: the fused Add reads its residual in the GEMM's float output "
+        "precision, so a float skip costs nothing and a quantized one a standalone Dequantize.",
+    ),
+    Rule(
+        "F16",
+        "core",
+        "INT4 weight-only GEMMs (format='int4w' or Override(format='int4')): INT4 weights in "
+        "blocks of 128 along K (64, 32 or 16 where 128 does not divide K), float input",
+        "TensorRT 10.0+ runs block-wise INT4 weight-only GEMMs from DequantizeLinear with "
+        "block_size (opset 21) and FP16/BF16 activations; ModelOpt's INT4_AWQ_CFG quantizes "
+        "weights only, blocks of 128 along the last axis, max-calibrated scales (AWQ on top).",
+    ),
+    Rule(
+        "F17",
+        "core",
+        "int4w plans: convolutions, GEMMs whose K is not a multiple of 16, attention products "
+        "and non-weighted points run float",
+        "TensorRT has no INT4 convolution or INT4 activation kernel; weight-only INT4 is for "
+        "memory-bound GEMMs (the weights' bytes), and a K without a whole number of 16-element "
+        "blocks has no INT4 block layout (the linter's M03/M04).",
+    ),
+    Rule(
         "T01",
         "core",
         "qdq quantize --objective speed: a layer whose quantization does not pay stays FP16",
