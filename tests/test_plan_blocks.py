@@ -88,15 +88,17 @@ class ConvNet(nn.Module):
 
 
 class Weights(nn.Module):
-    """MatMuls with parameters: ``x @ W`` (W of [K, N]) and ``x @ U.t()`` (U of [N, K])."""
+    """MatMuls with parameters: ``x @ W`` (W of [K, N]), ``x @ U.t()`` (U of [N, K]) and
+    GPT-2's ``Conv1D``, ``addmm(b, x, C)`` (C of [K, N])."""
 
     def __init__(self, k: int = 64) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.randn(k, 32))
         self.u = nn.Parameter(torch.randn(48, k))
+        self.c, self.b = nn.Parameter(torch.randn(k, 32)), nn.Parameter(torch.zeros(32))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x @ self.w, x @ self.u.t()
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x @ self.w, x @ self.u.t(), torch.addmm(self.b, x, self.c)
 
 
 class Joined(nn.Module):
@@ -202,6 +204,7 @@ def test_matmul_weights_are_blocked_along_their_reduction_axis() -> None:
     assert p.point("matmul:weight").spec.axis == -2  # W of [K, N]
     assert p.point("matmul_1:weight").spec.axis == -1  # U of [N, K], read as U.t()
     assert p.point("matmul:input").spec.axis == -1
+    assert p.point("addmm:weight").spec == QuantSpec.block("nvfp4", axis=-2)
     p = plan(Weights(), torch.randn(4, 64), QuantConfig(format="int4w"))
     assert p.point("matmul:weight").spec == QuantSpec.block("int4", axis=-2, block_size=64)
     assert p.point("matmul_1:weight").spec == QuantSpec.block("int4", axis=-1, block_size=64)
