@@ -238,9 +238,11 @@ class Override:
 
     Actions: ``exclude`` keeps the op in float (for a weighted op: both its input and weight);
     ``calib`` replaces the calibration spec of the matching activation points; ``num_bits``
-    changes their bit width; ``format`` (``"int8"`` / ``"fp8"``) sets a weighted layer's format in
-    a plan that is not INT8 only (``QuantConfig(format="fp8" | "mixed")``; rule ``USER``; the
-    one-format-per-tensor rule F05 still applies).
+    changes their bit width; ``format`` (``"int8"`` / ``"fp8"``, or a block format ``"nvfp4"`` /
+    ``"mxfp8"`` / ``"int4"``: INT4 weight-only) sets a weighted layer's format in a plan that is
+    not INT8 only (``QuantConfig(format="fp8" | "mixed" | "nvfp4" | ...)``; rule ``USER``; the
+    one-format-per-tensor rules F05/F14 still apply, and a layer that cannot take a block format
+    keeps its plan's with the refusal in its reason: F12, F13).
 
     Example:
         >>> Override(regex=r"^head\.", exclude=True).matches("head.cls", torch.nn.Conv2d, "conv")
@@ -312,8 +314,11 @@ class QuantConfig:
             has an FP8 kernel for the layer, INT8 where it has none: rules F01-F06) or
             ``"mixed"`` (convolutions INT8, GEMMs and attention FP8: F07; ``Override(format=)``
             moves single layers, as ``qdq quantize --format mixed`` does where INT8 loses
-            accuracy); docs/placement.md. The specs above are the INT8 ones, the planner derives
-            FP8's.
+            accuracy); ``"nvfp4"`` / ``"mxfp8"`` (the FP8 plan, then GEMMs whose reduction size
+            is a whole number of blocks in the block format, weights and inputs: F11-F15) or
+            ``"int4w"`` (GEMMs with INT4 block-wise weights and float inputs, everything else
+            float: F16, F17); docs/placement.md. The specs above are the INT8 ones, the planner
+            derives the others.
         fp8_gemm_per_channel: FP8 GEMM weights (Linear, MatMul/Gemm with a weight) per output
             channel instead of per tensor (rule F06): TensorRT scales FP8 GEMMs per channel
             from 10.6 on Hopper and 10.7 on Ada (``Target.fp8_gemm_per_channel``; the job sets
