@@ -47,6 +47,7 @@ def run_exporters(
     :class:`~qdq.export.external.Staging` directory that ``staging`` removes). ``eager``: the
     planned call sites one eager forward on the example reached (:func:`count_calls`); each
     trace must reach the same ones."""
+    from qdq.export.blocks_onnx import expand_blocks
     from qdq.export.postprocess import postprocess
     from qdq.export.validate import validate_export
 
@@ -92,7 +93,7 @@ def run_exporters(
                     "path, which it recorded, calibrated and verifies",
                     stacklevel=3,
                 )
-            proto = postprocess(proto, call_order)
+            proto = expand_blocks(postprocess(proto, call_order))  # block markers: TensorRT forms
             if fp16:
                 from qdq.export.postprocess import float32_io
 
