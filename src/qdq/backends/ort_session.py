@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from qdq.backends.blocks_reference import for_session
+
 __all__ = ["DISABLED_OPTIMIZERS", "run", "session"]
 
 #: ORT graph rewrites that add arithmetic the ONNX file does not have (see the module docstring)
@@ -56,6 +58,7 @@ def session(
         ValueError: a ``ModelProto`` refers to external data and ``base_dir`` is not given.
     """
     ort = _ort()
+    model = for_session(model)  # TensorRT's block forms in exact standard ops (issue 60)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads is not None:
