@@ -8,6 +8,9 @@ weight initializer is ``scale · code``) and in the prepared model's ``state_dic
 manifest, so ``load_calibration`` does not restore them: it checks that the model holds the same
 learned state as the manifest records, and refuses otherwise.
 
+A block-format quantizer's entry (NVFP4, MXFP8, INT4) also records its block size, role, amax
+layout and scales (:mod:`qdq.export.manifest_blocks`), and ``load_calibration`` restores it.
+
 A manifest belongs to exactly one ONNX file: it is named after the full file name
 (``m.onnx`` → ``m.onnx.manifest.json``, so ``m.onnx`` and ``m.bin`` never share one), it records that
 file's name and the SHA-256 of its bytes (``"onnx": {"file": ..., "sha256": ...}``), and
@@ -39,6 +42,7 @@ from torch import nn
 from qdq._version import __version__
 from qdq.api import plan_of, quantizers_of
 from qdq.config import FORMATS, Override, QuantConfig
+from qdq.export.manifest_blocks import block_entry, entry_block_amax, is_block
 from qdq.export.manifest_io import MAX_ONNX_BYTES, confined, hash_file, read_manifest, short
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
@@ -164,13 +168,18 @@ def build_manifest(
     """
     nodes: dict[str, list[str]] = {}
     for n in model.graph.node:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.domain == "trt":
             nodes.setdefault(n.name.split("/")[0], []).append(n.name)
     by_path = {g.quantizer: g for g in plan.groups if g.quantizer}
     entries = []
     for path, q in quantizers.items():
         group = by_path.get(path)
         leader = plan.point(group.leader) if group is not None else None
+        scales = (
+            block_entry(q)
+            if is_block(q)
+            else {"scale": _values(scale_from_amax(q.amax, fmt=q.spec.format))}
+        )
         entries.append(
             {
                 "path": path,
@@ -187,7 +196,7 @@ def build_manifest(
                 "axis": q.spec.axis,
                 "channels": int(q.amax.numel()) if q.spec.axis is not None else 1,
                 "amax": _values(q.amax),
-                "scale": _values(scale_from_amax(q.amax, fmt=q.spec.format)),
+                **scales,
                 "onnx_nodes": nodes.get(path, []),
                 **({"amax_grad": q.amax_grad} if q.amax_grad is not None else {}),
                 **_learned(q),
@@ -198,7 +207,10 @@ def build_manifest(
         "qdq_version": __version__,
         "model": plan.model,
         "exporter": exporter,
-        "opset": opset,
+        # the file's own: block formats raise it (qdq.export.blocks_onnx)
+        "opset": max(
+            [opset] + [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+        ),
     }
     if onnx_file is not None:
         doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}
@@ -281,11 +293,17 @@ def load_calibration(
             f"{p} has entries for quantizers the model does not have "
             f"[{', '.join(short(e, 40) for e in extra[:5])}]: it belongs to another model"
         )
-    amax = {path: _entry_amax(p, path, entries[path], q) for path, q in quantizers.items()}
+    amax = {
+        path: entry_block_amax(p, path, entries[path], q) if is_block(q)
+        else _entry_amax(p, path, entries[path], q)
+        for path, q in quantizers.items()
+    }  # fmt: skip
     records = {path: _entry_method(p, path, entries[path]) for path in quantizers}
     _check_learned(p, entries, quantizers)
     for path, q in quantizers.items():
-        q.set_amax(amax[path])
+        value = amax[path]
+        if value is not None:  # None: an MXFP8 entry recording no amax (its scales are dynamic)
+            q.set_amax(value)
         method, pct = records[path]
         if method is not None:  # the record travels with the amax it describes
             q.amax_method, q.amax_percentile = method, pct
