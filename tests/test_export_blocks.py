@@ -363,19 +363,27 @@ def test_prepared_model_exports_lints_and_matches_torch(plan_format, exporter):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="qdq.export_onnx still refuses 4-bit quantizers (_check_quantizers) and validate's "
-    "zero-point check wants INT8/FP8 zero points on every DequantizeLinear (lead's files)",
+    reason="qdq.export_onnx refuses 4-bit quantizers (onnx_export._check_quantizers) and "
+    "validate wants INT8/FP8 zero points on every DequantizeLinear and a DequantizeLinear on "
+    "every weighted op's activation (INT4 weight-only): the lead's files",
 )
-@pytest.mark.parametrize("plan_format", ["nvfp4"])
-def test_export_onnx_writes_the_tensorrt_form(plan_format, tmp_path):
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("plan_format", ["nvfp4", "mxfp8", "int4w"])
+def test_export_onnx_writes_the_tensorrt_form(plan_format, exporter, tmp_path):
     import qdq
+    from qdq.lint import lint
 
     m, x = _prepared(plan_format)
-    out = qdq.export_onnx(m, (x,), tmp_path / "m.onnx")
+    out = qdq.export_onnx(  # verified in ONNX Runtime through blocks_reference.runnable
+        m, (x,), tmp_path / "m.onnx", exporter=exporter, verify=True,
+        check_inputs=[torch.randn(7, 64)],
+    )  # fmt: skip
     saved = onnx.load(str(out.path))
-    assert not has_markers(saved) and saved.opset_import[0].version >= 23
+    assert not has_markers(saved)
     doc = json.loads(out.manifest_path.read_text())
-    assert {e["block_size"] for e in doc["quantizers"]} == {16}
+    assert doc["opset"] == {"nvfp4": 23, "mxfp8": 24, "int4w": 21}[plan_format]
+    report = lint(str(out.path), target="trt10.12-blackwell")
+    assert report.summary[f"{plan_format}_weighted_layers"] == 2
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])

@@ -161,7 +161,7 @@ def expand_blocks(model: Any) -> Any:
     del graph.node[:]
     graph.node.extend(out)
     graph.initializer.extend(new_inits)
-    _drop_unread(graph)
+    _drop_unread(graph, {i for m in markers for i in m.node.input})
     _set_domains(model, {m.fmt.name for m in markers})
     return model
 
@@ -447,18 +447,22 @@ def _np_dtype(elem: int) -> Any:
     return tensor_dtype_to_np_dtype(elem)
 
 
-def _drop_unread(graph: Any) -> None:
-    """Remove initializers and ``Constant`` nodes nothing reads any more (the float weights and
-    amax constants the markers read)."""
+def _drop_unread(graph: Any, candidates: set[str]) -> None:
+    """Remove the initializers and ``Constant`` nodes among ``candidates`` (the float weights and
+    amax constants the markers read) that nothing reads any more."""
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for n in graph.node:
         for a in n.attribute:
             for sub in [a.g, *a.graphs]:
                 read |= {i for sn in sub.node for i in sn.input}
-    keep = [i for i in graph.initializer if i.name in read]
+    keep = [i for i in graph.initializer if i.name in read or i.name not in candidates]
     del graph.initializer[:]
     graph.initializer.extend(keep)
-    nodes = [n for n in graph.node if n.op_type != "Constant" or any(o in read for o in n.output)]
+    nodes = [
+        n
+        for n in graph.node
+        if n.op_type != "Constant" or n.output[0] not in candidates or n.output[0] in read
+    ]
     if len(nodes) != len(graph.node):
         del graph.node[:]
         graph.node.extend(nodes)
