@@ -23,6 +23,22 @@ moves to INT8 on a GPU whose FP8 runs at half its INT8 rate (GeForce Ada). Where
 predicted as fast (Hopper, Blackwell, datacenter Ada: equal INT8 and FP8 peaks) the tensor keeps
 its planned format, which adds no format boundary.
 
+On a target with NVFP4 kernels (Blackwell and TensorRT 10.8+, issue 60; ``nvfp4=True``) each
+GEMM that can run NVFP4 (K a multiple of 16, N at least 16: rule F11) is measured in NVFP4 too
+(:mod:`qdq.accuracy.format_noise`), and a tensor every reader of which is such a GEMM (one
+Quantize per tensor, F14) runs NVFP4 when its NVFP4 SQNR is within :data:`MARGIN_DB` of the best
+format's on average over its readers: NVFP4 is the faster format on Blackwell's GEMMs (FP4 tensor
+cores at twice FP8's rate, half the bytes), so it takes a tie. NVFP4 measures about 17.4 dB on a
+Gaussian layer against FP8's 28.5 and INT8's 38, so by accuracy it wins only where the 8-bit
+formats lose too (a per-tensor amax far above the batch's values) and NVFP4 itself reaches about
+17 dB or more while one of them is at :data:`MIN_DB` (a layer under it in every format stays
+FP16): weights already on NVFP4's grid (a model trained for NVFP4) are the case seen. With
+``objective="speed"`` a tensor also runs NVFP4 when every reader measures at least
+:data:`NVFP4_MIN_DB` in NVFP4 (row rule T02): the floor sits 2.4 dB (noise 1.7x) under NVFP4's
+Gaussian figure, so it takes NVFP4 wherever its block scales behave as on well-behaved
+data and refuses a layer where they do not. A layer under :data:`MIN_DB` in every format it was
+measured in stays FP16, unless the speed objective chose NVFP4 for it by the floor.
+
 The measure is the layer's own noise, not the network's metric: cheap (one forward of one batch,
 no re-calibration) and the same quantity ``qdq debug`` reports per layer. INT8's noise on a
 tensor with outliers (a few values far above the rest: the activation outliers of transformers,
@@ -31,42 +47,70 @@ some depthwise-heavy ConvNets) is what FP8's logarithmic grid avoids.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import torch
 from torch import nn
 
+from qdq.accuracy.format_noise import (
+    Nvfp4Measure,
+    Nvfp4Outcome,
+    db,
+    inputs_seen,
+    noise,
+    nvfp4_gemm,
+    nvfp4_input_noise,
+    nvfp4_weight_noise,
+    weight_axes,
+    weight_noise,
+)
 from qdq.accuracy.format_time import TIME_TIE, faster, format_times, shape_of
-from qdq.calib.batches import expected_inputs, run_batch
 from qdq.config import Override
-from qdq.graph.plan import QuantPoint
-from qdq.quant import Quantizer, QuantMode, fake_quant
 
-__all__ = ["MARGIN_DB", "MIN_DB", "FormatChoice", "FormatRow", "choose_formats"]
+__all__ = [
+    "MARGIN_DB",
+    "MIN_DB",
+    "NVFP4_MIN_DB",
+    "OBJECTIVES",
+    "FormatChoice",
+    "FormatRow",
+    "choose_formats",
+]
 
 #: FP8 must beat INT8 by this many dB (its noise at most half INT8's) for a tensor to move
 MARGIN_DB = 3.0
 #: below this SQNR in both formats a layer is kept in FP16 (its quantization noise is 1 % of the
 #: signal's power or more)
 MIN_DB = 20.0
+#: ``objective="speed"``: a tensor runs NVFP4 where every reader measures at least this SQNR in
+#: NVFP4 (input and weight together). A Gaussian layer measures 17.4 dB (20.4 dB each tensor),
+#: heavy tails, uniform and outlier channels 17.1-18.5 dB (:mod:`.format_noise`): the floor is
+#: 2.4 dB (noise 1.7x) under the Gaussian figure, so it takes NVFP4 wherever its block scales
+#: behave as on such data and refuses a layer where they do not (a calibrated amax so far above
+#: the batch's values that its E4M3 block scales run subnormal). It is under MIN_DB: NVFP4's
+#: ordinary figure is, so a floor above 20 dB would choose NVFP4 nowhere but on 4-bit weights
+NVFP4_MIN_DB = 15.0
+#: what :func:`choose_formats` optimises: ``"speed"`` adds the NVFP4 floor (rule T02)
+OBJECTIVES = ("accuracy", "speed")
 
 
 @dataclass(frozen=True)
 class FormatRow:
-    """One weighted layer of a mixed plan that could run INT8 or FP8.
+    """One weighted layer of a mixed plan that could run INT8 or FP8 (or NVFP4).
 
     Attributes:
         layer: the layer (the plan's owner name).
         tensor: the input quantizer it shares with the other readers of its input.
         int8_db / fp8_db: the SQNR of its input and weight quantization together, in each format.
         planned: its format before the measure (F07: convolutions INT8, GEMMs FP8).
-        chosen: ``"int8"``, ``"fp8"`` or ``"fp16"``.
+        chosen: ``"int8"``, ``"fp8"``, ``"nvfp4"`` or ``"fp16"``.
         reason: one line.
         rule: what decided: ``"F07"`` (the measure), ``"T02"`` (equally accurate: the format
-            predicted faster, when a GPU was given).
+            predicted faster, when a GPU was given; NVFP4 above :data:`NVFP4_MIN_DB` with
+            ``objective="speed"``).
         int8_ms / fp8_ms: its predicted time in each format (``None``: not timed).
+        nvfp4_db: its SQNR in NVFP4 (``None``: not measured: a target without NVFP4 kernels, or
+            a layer that cannot run it).
     """
 
     layer: str
@@ -79,6 +123,7 @@ class FormatRow:
     rule: str = "F07"
     int8_ms: float | None = None
     fp8_ms: float | None = None
+    nvfp4_db: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +144,10 @@ class FormatChoice:
     unchanged: FormatChoice | None = field(default=None, repr=False, compare=False)
     #: the GPU the measured layers were timed on (rule T02; '' when none was given)
     timed_on: str = ""
+    #: whether the GEMMs were measured in NVFP4 too (a target with NVFP4 kernels)
+    nvfp4: bool = False
+    #: the objective the choice was made for (:data:`OBJECTIVES`)
+    objective: str = "accuracy"
 
     @property
     def changes(self) -> tuple[FormatRow, ...]:
@@ -111,11 +160,12 @@ class FormatChoice:
         to_fp8 = sum(r.planned == "int8" and r.chosen == "fp8" for r in by_noise)
         to_int8 = sum(r.planned == "fp8" and r.chosen == "int8" for r in by_noise)
         fp16 = sum(r.chosen == "fp16" for r in self.rows)
-        timed = [r for r in self.rows if r.rule == "T02"]
+        timed = [r for r in self.rows if r.rule == "T02" and r.chosen != "nvfp4"]
         return (
             f"{len(self.rows)} layers measured: {to_fp8} moved INT8 -> FP8, {to_int8} FP8 -> INT8 "
             f"(the other format better by >= {MARGIN_DB:g} dB on every reader of their input), "
-            f"{fp16} kept in FP16 (< {MIN_DB:g} dB in both formats)"
+            f"{fp16} kept in FP16 (< {MIN_DB:g} dB in {'every format' if self.nvfp4 else 'both formats'})"
+            + (self._nvfp4_summary() if self.nvfp4 else "")
             + (
                 f"; {len(self.followed)} attention products INT8 with them (no FP8 GEMM left)"
                 if self.followed
@@ -130,6 +180,17 @@ class FormatChoice:
             + (f"; {self.dropped}" if self.dropped else "")
         )
 
+    def _nvfp4_summary(self) -> str:
+        measured = sum(r.nvfp4_db is not None for r in self.rows)
+        tie = sum(r.chosen == "nvfp4" and r.rule != "T02" for r in self.rows)
+        floor = sum(r.chosen == "nvfp4" and r.rule == "T02" for r in self.rows)
+        return (
+            f"; {tie + floor} of {measured} NVFP4-capable GEMMs to NVFP4 ({tie} within "
+            f"{MARGIN_DB:g} dB of the best format"
+            + (f", {floor} at >= {NVFP4_MIN_DB:g} dB by --objective speed" if floor else "")
+            + ")"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the report's ``formats``)."""
         return {
@@ -139,6 +200,8 @@ class FormatChoice:
             "reformats": dict(self.reformats),
             "dropped": self.dropped,
             "timed_on": self.timed_on,
+            "nvfp4": self.nvfp4,
+            "objective": self.objective,
         }
 
     def mark(self, prepared: nn.Module) -> None:
@@ -161,18 +224,47 @@ class FormatChoice:
         object.__setattr__(prepared, "qdq_plan", replace(plan, points=points))
 
 
-def choose_formats(prepared: nn.Module, batch: Any, *, gpu: Any = None) -> FormatChoice:
+def choose_formats(
+    prepared: nn.Module,
+    batch: Any,
+    *,
+    gpu: Any = None,
+    nvfp4: bool = False,
+    objective: str = "accuracy",
+) -> FormatChoice:
     """Measure the INT8 convolutions of a calibrated mixed plan (rule F07) in INT8 and FP8 on one
     calibration ``batch``; return the layers that move and the overrides that move them (and,
     when any layer changes, :attr:`FormatChoice.unchanged` from the same measurement).
-    ``gpu`` (a :class:`~qdq.lint.speed.gpus.GPU`): a tensor equally accurate in both formats
-    takes the one its readers are predicted faster in (rule T02, the module docstring).
+
+    Args:
+        prepared: a model prepared by ``QuantConfig(format="mixed")`` and calibrated.
+        batch: one calibration batch (what the model's forward takes).
+        gpu: a :class:`~qdq.lint.speed.gpus.GPU`: a tensor equally accurate in INT8 and FP8 takes
+            the format its readers are predicted faster in (rule T02, the module docstring).
+        nvfp4: the target has NVFP4 kernels (Blackwell, TensorRT 10.8+): measure the GEMMs that
+            can run NVFP4 in it too, and move a tensor's readers to NVFP4 where it is within
+            :data:`MARGIN_DB` of the best format (``Override(format="nvfp4")``).
+        objective: ``"accuracy"`` or ``"speed"`` (NVFP4 also where every reader measures at
+            least :data:`NVFP4_MIN_DB` in it).
 
     Raises:
-        ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``.
+        ValueError: ``prepared`` is not a calibrated plan of ``QuantConfig(format="mixed")``, or
+            ``objective`` is not one of :data:`OBJECTIVES`.
+
+    Example:
+        >>> import qdq, torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+        >>> x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+        >>> prepared = qdq.prepare(net.eval(), (x[:1],), qdq.QuantConfig(format="mixed"))
+        >>> _ = qdq.calibrate(prepared, [x], show_progress=False)
+        >>> choice = choose_formats(prepared, x, nvfp4=True)
+        >>> sorted((r.layer, r.chosen, r.nvfp4_db is not None) for r in choice.rows)
+        [('0', 'int8', True), ('2', 'int8', True)]
     """
     import qdq
 
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     plan = qdq.plan_of(prepared)
     quantizers = qdq.quantizers_of(prepared)
     candidates = sorted(  # INT8 convs (F07) and FP8 GEMMs (F06 weights): both formats possible
@@ -187,45 +279,65 @@ def choose_formats(prepared: nn.Module, batch: Any, *, gpu: Any = None) -> Forma
     weights: dict[str, str] = {}  # layer -> its weight quantizer
     axes: dict[str, tuple[int | None, int | None]] = {}  # weight quantizer -> INT8, FP8 axis
     readers: dict[str, list[str]] = {}  # input quantizer -> every weighted layer reading it
+    ops: dict[str, str] = {}  # layer -> its op
+    owners = {p.name: p.owner for p in plan.points}
+    members: dict[str, frozenset[str]] = {}  # input quantizer -> the owners of its group
     for p in plan.points:
         group = plan.groups[p.group] if p.group is not None else None
         if group is None or not p.format_rule:
             continue
         if p.kind == "weight":
             weights[p.owner] = group.quantizer
-            axes[group.quantizer] = _weight_axes(p)
+            axes[group.quantizer] = weight_axes(p)
+            ops[p.owner] = p.op
         elif p.op in ("conv", "conv_transpose", "linear", "matmul"):
             reads[p.owner] = group.quantizer
             readers.setdefault(group.quantizer, []).append(p.owner)
+            members[group.quantizer] = frozenset(owners.get(m, m) for m in group.members)
     wanted = {reads[c] for c in candidates if c in reads} | {weights[c] for c in candidates}
     modules = (
         {} if gpu is None else {c: m for c in candidates if (m := _module(prepared, c)) is not None}
     )
     outputs: dict[str, tuple[int, ...]] = {}
-    seen = _inputs(prepared, {path: quantizers[path] for path in wanted}, batch, modules, outputs)
-    noise: dict[str, tuple[float, float]] = {}
+    seen = inputs_seen(prepared, {path: quantizers[path] for path in wanted}, batch, modules,
+                       outputs)  # fmt: skip
+    measured: dict[str, tuple[float, float]] = {}
+    fp4: dict[str, float] = {}  # layer -> its NVFP4 relative noise (the GEMMs that can run it)
     for layer in candidates:
         if layer not in reads or reads[layer] not in seen or weights[layer] not in seen:
             continue
         act, w = reads[layer], weights[layer]
-        a8, af = _noise(quantizers[act], seen[act])
-        w8, wf = _weight_noise(seen[w], *axes[w])
-        noise[layer] = (a8 + w8, af + wf)
+        a8, af = noise(quantizers[act], seen[act])
+        w8, wf = weight_noise(seen[w], *axes[w])
+        measured[layer] = (a8 + w8, af + wf)
+        red = nvfp4_gemm(ops.get(layer, ""), seen[act], seen[w], axes[w]) if nvfp4 else None
+        if red is not None:
+            fp4[layer] = nvfp4_input_noise(quantizers[act], seen[act]) + nvfp4_weight_noise(
+                seen[w], red
+            )
     times: dict[str, tuple[float, float]] = {}
     label = ""
     if gpu is not None:
         shapes = {
             layer: shape
-            for layer in noise
+            for layer in measured
             if (shape := shape_of(modules.get(layer), tuple(seen[reads[layer]].shape),
                                   tuple(seen[weights[layer]].shape), outputs.get(layer)))
         }  # fmt: skip
         times, label = format_times(shapes, gpu), str(gpu.label)
-    choice = _decide(plan, planned, readers, noise, change=True, times=times, gpu=label)
+    four = (
+        Nvfp4Measure(fp4, members, objective == "speed", MARGIN_DB, MIN_DB, NVFP4_MIN_DB)
+        if nvfp4
+        else None
+    )
+    choice = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label,
+                     nvfp4=four)  # fmt: skip
+    choice = replace(choice, nvfp4=nvfp4, objective=objective)
     if not choice.changes:
         return choice
-    unchanged = _decide(plan, planned, readers, noise, change=False, times=times, gpu=label)
-    return replace(choice, unchanged=unchanged)
+    unchanged = _decide(plan, planned, readers, measured, change=False, times=times, gpu=label,
+                        nvfp4=four)  # fmt: skip
+    return replace(choice, unchanged=replace(unchanged, nvfp4=nvfp4, objective=objective))
 
 
 def _module(prepared: nn.Module, owner: str) -> nn.Module | None:
@@ -245,10 +357,12 @@ def _decide(
     change: bool,
     times: dict[str, tuple[float, float]] | None = None,
     gpu: str = "",
+    nvfp4: Nvfp4Measure | None = None,
 ) -> FormatChoice:
     """The formats of the measured layers from their ``noise`` (INT8, FP8 relative noise) and,
     where both formats are equally accurate, their predicted ``times`` (INT8, FP8 ms) on ``gpu``;
-    ``change=False``: every layer left in its planned format (no move, no FP16)."""
+    ``nvfp4``: the NVFP4 measurement (a target with NVFP4 kernels); ``change=False``: every layer
+    left in its planned format (no move, no FP16)."""
     times = times or {}
     rows, overrides = [], []
     for tensor, layers in sorted(readers.items()):
@@ -256,7 +370,7 @@ def _decide(
         if not measured:
             continue
         blocked = [x for x in layers if x not in noise]  # a reader with no FP8 choice
-        gains = [_db(noise[x][1]) - _db(noise[x][0]) for x in measured]
+        gains = [db(noise[x][1]) - db(noise[x][0]) for x in measured]
         now = {planned[x] for x in measured}
         other = "int8" if now == {"fp8"} else "fp8"
         sign = 1.0 if other == "fp8" else -1.0  # the other format's gain, in dB
@@ -264,14 +378,21 @@ def _decide(
         better = mean >= MARGIN_DB
         free = not blocked and len(now) == 1  # the tensor can change format
         timed = _by_time(measured, times, other) if free and abs(mean) < MARGIN_DB else None
-        move = change and free and (better or timed == other)
+        four = nvfp4.outcome(tensor, measured, noise, blocked, free) if nvfp4 else Nvfp4Outcome()
+        move = change and free and not four.to and (better or timed == other)
         for x, gain in zip(measured, gains, strict=True):
-            i8, f8 = _db(noise[x][0]), _db(noise[x][1])
+            i8, f8 = db(noise[x][0]), db(noise[x][1])
             here, gain = planned[x], sign * gain
             ms = times.get(x)
             rule = "F07"
-            if max(i8, f8) < MIN_DB and change:
-                chosen, why = "fp16", f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8: below {MIN_DB:g}"
+            dbs = f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8" + (
+                f", {four.own[x]:.1f} dB in NVFP4" if x in four.own else ""
+            )
+            if change and four.to and x in four.keep:
+                chosen, why, rule = "nvfp4", four.why(x, i8, f8), four.rule(x)
+                overrides.append(Override(name=x, format="nvfp4"))
+            elif four.best(x, i8, f8) < MIN_DB and change:
+                chosen, why = "fp16", f"{dbs}: below {MIN_DB:g}"
                 overrides.append(Override(name=x, exclude=True))
             elif move:
                 chosen = other
@@ -280,12 +401,13 @@ def _decide(
                 else:
                     why, rule = _timed_why(i8, f8, other, ms, gpu, len(measured)), "T02"
                 overrides.append(Override(name=x, format=other))
-            elif not change and (max(i8, f8) < MIN_DB or (free and (better or timed == other))):
+            elif not change and (
+                four.best(x, i8, f8) < MIN_DB
+                or (free and (better or timed == other))
+                or (four.to and x in four.keep)
+            ):
                 chosen = here
-                why = (
-                    f"{i8:.1f} dB in INT8, {f8:.1f} dB in FP8, but a change of format would cost "
-                    "reformats at its format boundaries"
-                )
+                why = f"{dbs}, but a change of format would cost reformats at its format boundaries"
             elif blocked or len(now) > 1:  # a reader that cannot move, or one in the other format
                 chosen = here
                 stuck = blocked[0] if blocked else next(y for y in measured if planned[y] != here)
@@ -305,9 +427,12 @@ def _decide(
                         f"{ms[1]:.4f} ms FP8: within {TIME_TIE:.0%}), so its planned format, "
                         "which adds no format boundary"
                     )
+            if chosen != "nvfp4" and x in four.own and (no := four.not_why(x, chosen == "fp16")):
+                why += f"; {no}"
             i8_ms, f8_ms = (None, None) if ms is None else (round(ms[0], 5), round(ms[1], 5))
+            n4 = round(four.own[x], 2) if x in four.own else None
             rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why,
-                                  rule, i8_ms, f8_ms))  # fmt: skip
+                                  rule, i8_ms, f8_ms, n4))  # fmt: skip
     followed = _attention_follows(plan, planned, rows)
     overrides += [Override(name=owner, format="int8") for owner in followed]
     return FormatChoice(tuple(rows), tuple(overrides), followed, timed_on=gpu if times else "")
@@ -346,7 +471,7 @@ def _attention_follows(
     74). The INT8 placement already quantized these products, so INT8 runs them (P16)."""
     final = dict(planned)
     final.update({r.layer: r.chosen for r in rows})
-    if any(fmt == "fp8" for fmt in final.values()):
+    if any(fmt in ("fp8", "nvfp4") for fmt in final.values()):  # NVFP4 plans: FP8 attention
         return ()
     products = {
         p.owner
@@ -355,119 +480,3 @@ def _attention_follows(
         and p.spec is not None and p.spec.format == "fp8"
     }  # fmt: skip
     return tuple(sorted(products))
-
-
-def _inputs(
-    prepared: nn.Module,
-    quantizers: dict[str, Quantizer],
-    batch: Any,
-    modules: dict[str, nn.Module] | None = None,
-    outputs: dict[str, tuple[int, ...]] | None = None,
-) -> dict[str, torch.Tensor]:
-    """What each quantizer of ``quantizers`` reads on ``batch`` (its first call); the shape each
-    of ``modules`` writes (its first call) into ``outputs``."""
-    seen: dict[str, torch.Tensor] = {}
-    shapes = {} if outputs is None else outputs
-
-    def post(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-            if name not in shapes and isinstance(out, torch.Tensor):
-                shapes[name] = tuple(out.shape)
-
-        return hook
-
-    def hook(path: str) -> Any:
-        def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if path not in seen and isinstance(args[0], torch.Tensor):
-                seen[path] = args[0].detach().float().cpu()
-
-        return pre
-
-    handles = [q.register_forward_pre_hook(hook(p)) for p, q in quantizers.items()]
-    handles += [m.register_forward_hook(post(n)) for n, m in (modules or {}).items()]
-    was_training = prepared.training
-    try:
-        prepared.eval()
-        with torch.no_grad():
-            run_batch(prepared, batch, 0, expected_inputs(prepared))
-    finally:
-        for h in handles:
-            h.remove()
-        prepared.train(was_training)
-    return seen
-
-
-def _weight_axes(p: QuantPoint) -> tuple[int | None, int | None]:
-    """The axis of a weight point in INT8 and in FP8 (``None``: per tensor): its own in its
-    format; in the other, what the plan gives it there. An INT8 convolution (F07) would be FP8
-    per tensor (F06). FP8 GEMM weights per channel (``fp8_gemm_per_channel``) keep INT8's axis;
-    per tensor, INT8's is the output axis: 0 for a Linear, the last for a MatMul's parameter."""
-    assert p.spec is not None
-    axis = p.spec.axis
-    if p.spec.format == "int8":
-        return axis, None
-    if axis is not None:
-        return axis, axis
-    return (0 if p.op == "linear" else -1), None
-
-
-def _weight_noise(
-    x: torch.Tensor, int8_axis: int | None, fp8_axis: int | None
-) -> tuple[float, float]:
-    """The relative quantization noise (noise power over signal power) of a weight in INT8 and
-    in FP8, each at its abs-max along its axis (``None``: per tensor)."""
-    power = float(x.square().mean())
-    if power == 0.0:
-        return 0.0, 0.0
-    out = []
-    for fmt, axis in (("int8", int8_axis), ("fp8", fp8_axis)):
-        if axis is None or x.dim() < 2:
-            q = fake_quant(x, x.abs().max(), fmt=fmt)
-        else:
-            ax = axis % x.dim()
-            amax = x.abs().amax(dim=[d for d in range(x.dim()) if d != ax])
-            q = fake_quant(x, amax, axis=ax, fmt=fmt)
-        out.append(float((x - q).square().mean()) / power)
-    return out[0], out[1]
-
-
-def _noise(q: Quantizer, x: torch.Tensor) -> tuple[float, float]:
-    """The relative quantization noise (noise power over signal power) of an activation ``x`` by
-    ``q`` in INT8 and in FP8, whichever format ``q`` is: INT8 at its mse amax (the calibrated
-    one, or mse on INT8's grid from the same histogram) and FP8 at the abs-max of every
-    calibration batch."""
-    power = float(x.square().mean())
-    if power == 0.0 or q.mode is not QuantMode.QUANTIZE or not q.is_calibrated:
-        return 0.0, 0.0
-    top = _stat(q, "max", x.abs().max())
-    calibrated = q.amax.detach().float().cpu().reshape(())
-    int8 = fake_quant(x, calibrated if q.spec.format == "int8" else _int8_mse(q, top))
-    fp8 = fake_quant(x, top, fmt="fp8")
-    return float((x - int8).square().mean()) / power, float((x - fp8).square().mean()) / power
-
-
-def _stat(q: Quantizer, method: str, default: torch.Tensor) -> torch.Tensor:
-    """``q``'s calibrator's amax by ``method`` over every calibration batch (``default`` when it
-    kept no statistics)."""
-    try:
-        return q.calibrator.compute_amax(method).detach().float().cpu().reshape(())
-    except (ValueError, TypeError, AttributeError):
-        return default.reshape(())
-
-
-def _int8_mse(q: Quantizer, top: torch.Tensor) -> torch.Tensor:
-    """The amax INT8's mse would choose from an FP8 quantizer's histogram."""
-    from qdq.calib.methods import mse_amax
-
-    histogram = getattr(q.calibrator, "histogram", None)
-    if histogram is None:
-        return top
-    try:
-        counts, edges = histogram()
-    except ValueError:
-        return top
-    return torch.tensor(mse_amax(counts, edges, observed_max=float(top)), dtype=torch.float32)
-
-
-def _db(relative: float) -> float:
-    return math.inf if relative <= 0.0 else -10.0 * math.log10(relative)

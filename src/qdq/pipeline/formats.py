@@ -6,7 +6,10 @@ FP8), calibrates that plan on a few calibration batches, measures each INT8 conv
 quantization noise in INT8 and in FP8 (:func:`qdq.accuracy.formats.choose_formats`) and moves to
 FP8 the input tensors where INT8 loses; the job then runs with those overrides. With
 ``--objective speed`` the tensors equally accurate in both formats take the one predicted faster
-on the target's GPU (rule T02).
+on the target's GPU (rule T02). On a target with NVFP4 kernels (a Blackwell GPU named and
+TensorRT 10.8+: :func:`has_nvfp4`) the GEMMs that can run NVFP4 are measured in it too, and a
+tensor runs NVFP4 where it is within 3 dB of the best format, or with ``--objective speed`` where
+every reader measures at least ``NVFP4_MIN_DB`` in it (``Override(format="nvfp4")``).
 
 A move (or a layer left FP16) puts format boundaries into the graph: an INT8 layer cannot write the
 FP8 tensor its moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat
@@ -32,7 +35,14 @@ from qdq.pipeline.device import to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches
 from qdq.pipeline.stages import Stages
 
-__all__ = ["FORMAT_BATCHES", "method_label", "plan_config", "plan_format", "reformats"]
+__all__ = [
+    "FORMAT_BATCHES",
+    "has_nvfp4",
+    "method_label",
+    "plan_config",
+    "plan_format",
+    "reformats",
+]
 
 #: calibration batches the mixed plan's measurement calibrates on (its amax; the noise is
 #: measured on the first)
@@ -57,7 +67,8 @@ def plan_config(
     """The job's :class:`QuantConfig` for ``fmt``, and for ``"mixed"`` what was measured
     (``exporter`` and ``target``: the job's, for the reformat count of the moves; ``objective``
     ``"speed"``: equally accurate formats broken by the predicted time on the target's GPU, rule
-    T02)."""
+    T02; and on a target with NVFP4 kernels, :func:`has_nvfp4`, NVFP4 where every reader
+    measures at least ``NVFP4_MIN_DB`` in it)."""
     import qdq
     from qdq.lint import parse_target
 
@@ -71,7 +82,8 @@ def plan_config(
                 for b, _ in islice(batches(cal, size, static), FORMAT_BATCHES)]  # fmt: skip
         qdq.calibrate(prepared, some, show_progress=False)
         gpu = _target_gpu(target) if objective == "speed" else None
-        choice = choose_formats(prepared, some[0], gpu=gpu)
+        choice = choose_formats(prepared, some[0], gpu=gpu, nvfp4=has_nvfp4(target),
+                                objective=objective)  # fmt: skip
         kept = choice.unchanged
         if kept is not None:
             counts = {
@@ -112,6 +124,25 @@ def reformats(
         path = Path(tmp) / "plan.onnx"
         qdq.export_onnx(prepared, example, path, exporter=exporter, verify=False)
         return int(lint(path, target=target).summary["unfused_qdq"])
+
+
+def has_nvfp4(target: str) -> bool:
+    """Whether ``target`` runs NVFP4 GEMMs: TensorRT 10.8+ and a Blackwell GPU named (a target
+    naming no GPU may lack them, so a mixed plan does not choose NVFP4 there).
+
+    Example:
+        >>> has_nvfp4("trt10.8-blackwell"), has_nvfp4("trt10-hopper"), has_nvfp4("trt10.12")
+        (True, False, False)
+    """
+    from qdq.lint import parse_target
+    from qdq.lint.blocks import kernels_missing
+    from qdq.lint.formats import FORMATS
+
+    try:
+        t = parse_target(target)
+    except ValueError:  # not a target: the job's own check says so
+        return False
+    return kernels_missing(t, "nvfp4") == "" and bool(t.runs(FORMATS["nvfp4"].compute_capability))
 
 
 def method_label(calib: str | None) -> str:
