@@ -293,3 +293,63 @@ def test_margin_is_read_at_call_time(calibrated, monkeypatch) -> None:
     monkeypatch.setattr(formats, "MARGIN_DB", 0.0)
     rows = {r.layer: r for r in choose_formats(prepared, cal[0], nvfp4=True).rows}
     assert rows["embed"].chosen == "fp8" and rows["embed"].nvfp4_db < rows["embed"].fp8_db
+
+
+class PostNorm(nn.Module):
+    """A post-LayerNorm block (BERT's): the LayerNorm output feeds Q/K/V and the residual Add
+    fused into ``o``, so Q/K/V's Quantize is shared with that Add's skip (rule P03)."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.ln0, self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln0(x)
+        b, t, d = y.shape
+        q, k, v = (
+            m(y).view(b, t, self.heads, -1).transpose(1, 2) for m in (self.q, self.k, self.v)
+        )
+        a = (q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5).softmax(-1)
+        y = self.ln1(y + self.o((a @ v).transpose(1, 2).reshape(b, t, d)))
+        return self.ln2(y + self.fc2(torch.nn.functional.gelu(self.fc1(y))))
+
+
+def test_a_quantize_shared_with_a_residual_skip_runs_nvfp4_with_the_fused_gemm() -> None:
+    """F14/F15: Q/K/V's input is also the skip of the Add fused into ``o``: the tensor runs
+    NVFP4 when ``o`` does (the skip then reads float), and the planner agrees."""
+    torch.manual_seed(0)
+    net = PostNorm().eval()
+    cal = [torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    prepared = qdq.prepare(net, (cal[0][:1],), QuantConfig(format="mixed"))
+    plan = qdq.plan_of(prepared)
+    shared = next(g for g in plan.groups if "q:input" in g.members)
+    assert any(m.startswith("add") for m in shared.members)  # the residual skip
+    qdq.calibrate(prepared, cal, show_progress=False)
+    choice = choose_formats(prepared, cal[0], nvfp4=True, objective="speed")
+    assert {r.layer: r.chosen for r in choice.rows} == dict.fromkeys(
+        ("q", "k", "v", "o", "fc1", "fc2"), "nvfp4")  # fmt: skip
+    again = qdq.prepare(net, (cal[0][:1],), QuantConfig(format="mixed", overrides=choice.overrides))
+    formats_ = {n: q.spec.format for n, q in qdq.quantizers_of(again).items()}
+    assert all(f == "nvfp4" for n, f in formats_.items() if not n.startswith("matmul")), formats_
+
+
+def test_the_residual_skip_waits_for_its_gemm() -> None:
+    """Nvfp4Measure.outcomes: tensor ``t`` (readers a, b; its Quantize also read by the Add
+    fused into ``o``) runs NVFP4 only when ``o``'s tensor does."""
+    noise = {x: (_rel(40.0), _rel(30.0)) for x in ("a", "b", "o")}
+    readers = {"t": ["a", "b"], "u": ["o"]}
+    members = {"t": frozenset({"a", "b", "add"}), "u": frozenset({"o"})}
+    planned = dict.fromkeys(("a", "b", "o"), "fp8")
+    for o_db, runs in ((17.0, True), (14.0, False)):
+        four = {"a": _rel(17.0), "b": _rel(17.0), "o": _rel(o_db)}
+        m = Nvfp4Measure(four, members, True, MARGIN_DB, MIN_DB, NVFP4_MIN_DB, {"add": "o"})
+        out = m.outcomes(readers, noise, planned)
+        assert (out["t"].keep == ("a", "b")) is runs and (out["u"].keep == ("o",)) is runs
+        assert ("residual Add fused into o" in out["t"].blocker) is not runs
+    # an Add fused into no GEMM of the plan: F14 refuses outright
+    m = Nvfp4Measure(dict.fromkeys("abo", _rel(17.0)), members, True, MARGIN_DB, MIN_DB,
+                     NVFP4_MIN_DB)  # fmt: skip
+    assert "F14" in m.outcomes(readers, noise, planned)["t"].blocker

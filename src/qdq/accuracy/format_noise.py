@@ -29,6 +29,7 @@ scales turn subnormal). The GEMMs of ``tests/test_mixed_nvfp4.py``'s tiny transf
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "nvfp4_gemm",
     "nvfp4_input_noise",
     "nvfp4_weight_noise",
+    "residual_fusions",
     "stat",
     "weight_axes",
     "weight_noise",
@@ -234,6 +236,26 @@ def _int8_mse(q: Quantizer, top: torch.Tensor) -> torch.Tensor:
     return torch.tensor(mse_amax(counts, edges, observed_max=float(top)), dtype=torch.float32)
 
 
+def residual_fusions(points: Any, gemms: set[str]) -> dict[str, str]:
+    """Each residual Add whose skip is quantized (rule P03) -> the GEMM of ``gemms`` it fuses
+    into: the one its fused operand's point (skipped, P03) names as its branch."""
+    by_site: dict[str, list[QuantPoint]] = {}
+    for p in points:
+        if p.op == "add" and p.kind == "input" and p.rule == "P03":
+            by_site.setdefault(p.consumer, []).append(p)
+    out = {}
+    for site in by_site.values():
+        skipped = [p for p in site if p.decision == "skip"]
+        if len(site) != 2 or len(skipped) != 1:
+            continue
+        named = [
+            g for g in gemms if re.search(rf"(?<![\w.]){re.escape(g)}(?!\w|\.\w)", skipped[0].reason)
+        ]
+        if len(named) == 1:
+            out[skipped[0].owner] = named[0]
+    return out
+
+
 # ----------------------------------------------------------------- the NVFP4 choice per tensor
 @dataclass(frozen=True)
 class Nvfp4Measure:
@@ -246,6 +268,9 @@ class Nvfp4Measure:
         speed: ``objective="speed"``: the floor applies.
         margin / min_db / floor: the mixed plan's ``MARGIN_DB``, ``MIN_DB`` and
             ``NVFP4_MIN_DB``.
+        fused: a residual Add whose skip shares a tensor's Quantize -> the GEMM it fuses into
+            (:func:`residual_fusions`): the skip reads float beside that GEMM when it runs
+            NVFP4 (F15), so the tensor may run NVFP4 when that GEMM does.
     """
 
     noise: dict[str, float]
@@ -254,6 +279,39 @@ class Nvfp4Measure:
     margin: float
     min_db: float
     floor: float
+    fused: dict[str, str] = field(default_factory=dict)
+
+    def outcomes(
+        self,
+        readers: dict[str, list[str]],
+        noise: dict[str, tuple[float, float]],
+        planned: dict[str, str],
+    ) -> dict[str, Nvfp4Outcome]:
+        """:meth:`outcome` of every input tensor (``readers``: tensor -> its weighted readers;
+        ``noise``: the measured ones' INT8 and FP8 noise; ``planned``: their formats), then to a
+        fixed point: a tensor that shares its Quantize with a residual Add fused into a GEMM
+        runs NVFP4 only when that GEMM does."""
+        out = {}
+        for tensor, layers in readers.items():
+            measured = [x for x in layers if x in noise]
+            blocked = [x for x in layers if x not in noise]
+            free = not blocked and len({planned[x] for x in measured}) == 1
+            if measured:
+                out[tensor] = self.outcome(tensor, measured, noise, blocked, free)
+        while True:
+            nvfp4 = {x for o in out.values() for x in o.keep}
+            late = {
+                t: o for t, o in out.items() if o.keep and any(g not in nvfp4 for _, g in o.needs)
+            }
+            if not late:
+                return out
+            for t, o in late.items():
+                add, gemm = next((a, g) for a, g in o.needs if g not in nvfp4)
+                why = (
+                    f"its Quantize is also read by {add}, a residual Add fused into {gemm}, "
+                    "which does not run NVFP4 (F14, F15)"
+                )
+                out[t] = Nvfp4Outcome(own=o.own, blocker=why, measure=self)
 
     def outcome(
         self,
@@ -273,7 +331,9 @@ class Nvfp4Measure:
         if not own:
             return Nvfp4Outcome()
         missing = [x for x in measured if x not in self.noise]
-        shared = sorted(self.members.get(tensor, frozenset()) - set(measured))
+        others = self.members.get(tensor, frozenset()) - set(measured)
+        needs = tuple(sorted((a, self.fused[a]) for a in others if a in self.fused))
+        shared = sorted(a for a in others if a not in self.fused)
         blocker = (
             f"its input is also read by {blocked[0]}, which cannot change format with it"
             if blocked
@@ -298,7 +358,7 @@ class Nvfp4Measure:
         tie = fine if fine and mean4 >= ref[1] - self.margin else ()
         floor = self.speed and min(own.values()) >= self.floor
         keep = tuple(measured) if floor else tie
-        return Nvfp4Outcome(own, own, keep, tie, "", ref, mean4, self)
+        return Nvfp4Outcome(own, own, keep, tie, "", ref, mean4, self, needs)
 
 
 @dataclass(frozen=True)
@@ -313,6 +373,7 @@ class Nvfp4Outcome:
             the speed floor).
         blocker: why the tensor cannot run NVFP4 ('' when it can).
         ref: the better 8-bit format and its mean SQNR over the readers; ``mean4``: NVFP4's.
+        needs: ``(residual Add, GEMM)``: the tensor runs NVFP4 only if each GEMM does (F15).
     """
 
     own: dict[str, float] = field(default_factory=dict)
@@ -323,6 +384,7 @@ class Nvfp4Outcome:
     ref: tuple[str, float] = ("int8", 0.0)
     mean4: float = 0.0
     measure: Nvfp4Measure | None = None
+    needs: tuple[tuple[str, str], ...] = ()
 
     @property
     def to(self) -> bool:

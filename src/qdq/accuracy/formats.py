@@ -61,6 +61,7 @@ from qdq.accuracy.format_noise import (
     nvfp4_gemm,
     nvfp4_input_noise,
     nvfp4_weight_noise,
+    residual_fusions,
     weight_axes,
     weight_noise,
 )
@@ -325,10 +326,10 @@ def choose_formats(
                                   tuple(seen[weights[layer]].shape), outputs.get(layer)))
         }  # fmt: skip
         times, label = format_times(shapes, gpu), str(gpu.label)
+    fused = residual_fusions(plan.points, set(fp4))
+    speed = objective == "speed"
     four = (
-        Nvfp4Measure(fp4, members, objective == "speed", MARGIN_DB, MIN_DB, NVFP4_MIN_DB)
-        if nvfp4
-        else None
+        Nvfp4Measure(fp4, members, speed, MARGIN_DB, MIN_DB, NVFP4_MIN_DB, fused) if nvfp4 else None
     )
     choice = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label,
                      nvfp4=four)  # fmt: skip
@@ -365,6 +366,7 @@ def _decide(
     left in its planned format (no move, no FP16)."""
     times = times or {}
     rows, overrides = [], []
+    fours = nvfp4.outcomes(readers, noise, planned) if nvfp4 else {}
     for tensor, layers in sorted(readers.items()):
         measured = [x for x in layers if x in noise]
         if not measured:
@@ -378,7 +380,7 @@ def _decide(
         better = mean >= MARGIN_DB
         free = not blocked and len(now) == 1  # the tensor can change format
         timed = _by_time(measured, times, other) if free and abs(mean) < MARGIN_DB else None
-        four = nvfp4.outcome(tensor, measured, noise, blocked, free) if nvfp4 else Nvfp4Outcome()
+        four = fours.get(tensor, Nvfp4Outcome())
         move = change and free and not four.to and (better or timed == other)
         for x, gain in zip(measured, gains, strict=True):
             i8, f8 = db(noise[x][0]), db(noise[x][1])
