@@ -361,12 +361,6 @@ def test_prepared_model_exports_lints_and_matches_torch(plan_format, exporter):
     np.testing.assert_allclose(outs[0], want.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="qdq.export_onnx refuses 4-bit quantizers (onnx_export._check_quantizers) and "
-    "validate wants INT8/FP8 zero points on every DequantizeLinear and a DequantizeLinear on "
-    "every weighted op's activation (INT4 weight-only): the lead's files",
-)
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 @pytest.mark.parametrize("plan_format", ["nvfp4", "mxfp8", "int4w"])
 def test_export_onnx_writes_the_tensorrt_form(plan_format, exporter, tmp_path):

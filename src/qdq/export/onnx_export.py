@@ -100,6 +100,9 @@ def export_onnx(
         path: where to write the ``.onnx`` file.
         opset: ONNX opset, 13..21; default 17, or 19 when a quantizer is FP8 (``float8e4m3fn``
             Q/DQ exist from opset 19; an explicit lower opset is refused, naming the quantizer).
+            A graph with block-format quantizers is written at the first opset whose
+            ``DequantizeLinear`` takes their types: 21 (INT4), 23 (NVFP4), 24 (MXFP8); another
+            explicit opset is refused.
         dynamic_batch: make dimension 0 of every input and output dynamic.
         exporter: ``"dynamo"`` (torch.export based, the default in torch >= 2.9), ``"torchscript"``
             or ``"auto"`` (dynamo, falling back to TorchScript with a warning).
@@ -156,6 +159,9 @@ def export_onnx(
 
     plan = plan_of(prepared)
     fp8 = [n for n, q in quantizers_of(prepared).items() if q.spec.format == "fp8"]
+    file_opset = _block_opset(prepared, opset)
+    if file_opset is not None:  # the exporters run at the default; expand_blocks raises it
+        opset = None
     if opset is None:
         opset = FP8_MIN_OPSET if fp8 else DEFAULT_OPSET
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
@@ -239,7 +245,7 @@ def export_onnx(
         sidecar = sidecar if sidecar is not None and sidecar.exists() else None
         external = (sidecar.name, sha256_of_file(sidecar)) if sidecar is not None else None
         manifest = build_manifest(
-            plan, quantizers, model_proto, exporter=used, opset=opset,
+            plan, quantizers, model_proto, exporter=used, opset=file_opset or opset,
             onnx_file=target.name, onnx_sha256=sha256_of(data), onnx_external=external,
             qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
         ).encode("utf-8")  # fmt: skip
@@ -258,11 +264,41 @@ def export_onnx(
                 {target: staged, sidecar_for(target): sidecar, manifest_file: staged_manifest},
                 overwrite=overwrite,
             )
+    opset = file_opset or opset
     _log.info("exported %s with %s (opset %d) in %.2f s", target, used, opset, seconds)
     return ExportResult(
         target, manifest_file, used, opset, seconds, counts[0], counts[1], floored,
         sidecar_for(target) if sidecar is not None else None, dims,
     )  # fmt: skip
+
+
+def _block_opset(prepared: nn.Module, opset: object) -> int | None:
+    """The opset of a graph with block-format quantizers (21 INT4, 23 NVFP4, 24 MXFP8: the
+    first whose ``DequantizeLinear`` takes their types, :mod:`qdq.export.blocks_onnx`), or
+    ``None`` without them.
+
+    Raises:
+        ValueError: an explicit ``opset`` other than that one, naming a quantizer.
+    """
+    from qdq.export.blocks_onnx import required_opset
+
+    blocks = {
+        n: q.spec.format
+        for n, q in quantizers_of(prepared).items()
+        if q.spec.is_block and q.mode is QuantMode.QUANTIZE
+    }
+    if not blocks:
+        return None
+    need = required_opset(set(blocks.values()))[0]
+    if opset is not None and opset != need:
+        name, fmt = next(iter(blocks.items()))
+        raise ValueError(
+            f"quantizer {name!r} (and {len(blocks) - 1} more) is {fmt.upper()}: a graph with "
+            f"{', '.join(sorted(set(blocks.values())))} quantizers is written at opset {need} "
+            f"(the first whose DequantizeLinear takes their types), got opset={opset}; pass "
+            f"opset=None or {need}"
+        )
+    return need
 
 
 def _check_dynamic_dims(
@@ -392,7 +428,7 @@ def _check_quantizers(quantizers: dict[str, Quantizer]) -> dict[str, list[int]]:
         if q.mode is not QuantMode.QUANTIZE:
             continue
         check_amax_values(q.amax, what=f"quantizer {name!r} amax")
-        if q.spec.num_bits != 8:  # FP8 specs are 8 bits (QuantSpec)
+        if q.spec.num_bits != 8 and not q.spec.is_block:  # FP8 specs are 8 bits (QuantSpec)
             raise ValueError(
                 f"quantizer {name!r} uses {q.spec.num_bits} bits; ONNX INT8 Q/DQ needs 8"
             )

@@ -303,7 +303,11 @@ def node_scope(node: Any) -> str:
 def _quantizer_scopes(model: Any, quantizer_order: list[str] | None) -> dict[int, str]:
     """The quantizer path of every Q and DQ node."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    quantize = [  # a block quantizer's marker (qdq.quant.onnx_qdq.emit_block) is its one node
+        n
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" or (n.domain == "qdq.internal" and n.op_type == "BlockQDQ")
+    ]
     scopes: dict[int, str] = {}
     by_order = quantizer_order is not None and len(quantizer_order) == len(quantize)
     for i, node in enumerate(quantize):

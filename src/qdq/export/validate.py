@@ -56,6 +56,7 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
         leader = plan.point(group.leader)
         if leader.kind != "weight" or not group.quantizer:
             continue
+        weight_only = leader.spec is not None and leader.spec.format == "int4"
         dqs = [
             n
             for n in graph.node
@@ -69,7 +70,7 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
                 f"{leader.owner}: weight DequantizeLinear does not feed a Conv/Gemm/MatMul"
             )
             continue
-        for op in ops:
+        for op in ops if not weight_only else ():  # INT4 weight-only: a float activation
             data = _source(producers, op.input[0])
             if data is None or data.op_type != "DequantizeLinear":
                 problems.append(
@@ -107,8 +108,9 @@ def _check_zero_points(graph: Any, base_dir: str) -> None:
     from qdq.export.errors import ExportError
 
     inits = {i.name: i for i in graph.initializer}
+    block = _block_nodes(graph, inits)
     for n in graph.node:
-        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or n.name in block:
             continue
         if len(n.input) < 3 or n.input[2] not in inits:
             raise ExportError(
@@ -122,3 +124,32 @@ def _check_zero_points(graph: Any, base_dir: str) -> None:
         scale = numpy_helper.to_array(inits[n.input[1]], base_dir) if n.input[1] in inits else None
         if scale is None or not (scale > 0).all():
             raise ExportError(f"{n.name}: scale must be a positive constant initializer")
+
+
+def _block_nodes(graph: Any, inits: dict[str, Any]) -> set[str]:
+    """The Q/DQ nodes of block formats (:mod:`qdq.export.blocks_onnx`), which carry no zero
+    point: a blocked ``DequantizeLinear`` (``block_size``), one of 4-bit or E4M3-with-E8M0 data,
+    one reading the output of TensorRT's dynamic block quantize (domain ``trt``), and NVFP4's
+    scale ``DequantizeLinear`` (E4M3 block scales times the per-tensor scale) that another
+    ``DequantizeLinear`` reads as its scale."""
+    from onnx import TensorProto
+
+    four_bit = (TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT4E2M1)
+    producers = {o: n for n in graph.node for o in n.output}
+    found = set()
+    for n in graph.node:
+        if n.op_type != "DequantizeLinear" or not n.input:
+            continue
+        blocked = any(a.name == "block_size" and a.i > 0 for a in n.attribute)
+        data = inits.get(n.input[0])
+        src = producers.get(n.input[0])
+        if (
+            blocked
+            or (data is not None and data.data_type in four_bit)
+            or (src is not None and src.domain == "trt")
+        ):
+            found.add(n.name)
+            scale = producers.get(n.input[1]) if len(n.input) > 1 else None
+            if scale is not None and scale.op_type == "DequantizeLinear":
+                found.add(scale.name)
+    return found

@@ -35,8 +35,9 @@ GPUS = {
 }  # fmt: skip
 _SM = re.compile(r"^sm_?(\d+)(?:\.(\d))?$")
 # highest ONNX opset of the bundled parser, by first release (onnx-tensorrt docs/operators.md;
-# TensorRT ONNX opset guide): 8.6 -> 17, 10.0 -> 20, 11.x -> 25
-_MAX_OPSET = {(8, 6): 17, (10, 0): 20, (11, 0): 25}
+# TensorRT ONNX opset guide): 8.6 -> 17, 10.0 -> 20, 10.11 -> 23 (the 10.11 GA parser moved to
+# ONNX 1.18, whose opset is 23), 11.x -> 25 (the opset guide's TensorRT 11.x row)
+_MAX_OPSET = {(8, 6): 17, (10, 0): 20, (10, 11): 23, (11, 0): 25}
 #: the first TensorRT that scales FP8 GEMMs per channel, by compute capability (release notes:
 #: 10.6.0 "per-channel scaling for FP8 matrix multiplications on Hopper", 10.7.0 "on Ada"); no
 #: other GPU is documented

@@ -11,6 +11,8 @@ __all__ = ["check_format_target", "check_method", "check_options", "default_targ
 
 #: plan formats with block-scaled layers -> the linter's name of their format
 _BLOCK_PLANS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4w"}
+#: the opset a block plan's graph is written at (qdq.export.blocks_onnx.required_opset)
+_BLOCK_OPSETS = {"nvfp4": 23, "mxfp8": 24, "int4w": 21}
 
 
 def check_options(
@@ -75,14 +77,22 @@ def check_method(calib: str | None, fmt: str) -> str | None:
 
 
 def default_target(fmt: str) -> str:
-    """The linter's target when the job names none: ``trt10``, or a Blackwell GPU with
-    TensorRT 10.12 for a plan with FP4 or MX layers (the first that runs both).
+    """The linter's target when the job names none: ``trt10``; for NVFP4 a Blackwell GPU with
+    TensorRT 10.12 (FP4 kernels from 10.8, a parser reading opset 23 from 10.11); for MXFP8 a
+    B200 with TensorRT 11 (MX kernels from 10.12, opset 24's E8M0 scales read by 11.x); for
+    INT4 weight-only TensorRT 10.12 (kernels from 10.0, opset 21 read from 10.11).
 
     Example:
-        >>> default_target("int8"), default_target("nvfp4"), default_target("int4w")
-        ('trt10', 'trt10.12-blackwell', 'trt10')
+        >>> [default_target(f) for f in ("int8", "nvfp4", "mxfp8", "int4w")]
+        ['trt10', 'trt10.12-blackwell', 'trt11-b200', 'trt10.12']
     """
-    return "trt10.12-blackwell" if fmt in ("nvfp4", "mxfp8") else "trt10"
+    if fmt == "mxfp8":  # E8M0 scales: opset 24, read by TensorRT 11's parser
+        return "trt11-b200"
+    if fmt == "nvfp4":
+        return "trt10.12-blackwell"
+    if fmt == "int4w":  # INT4 kernels from 10.0, a parser reading opset 21 from 10.11
+        return "trt10.12"
+    return "trt10"
 
 
 def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
@@ -146,6 +156,18 @@ def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
             f"format={fmt!r}: {err}; choose a target that has them (trt10.8-blackwell, "
             "trt10.12-b200, trt11-b200) or another format"
         ) from None
+    need = _BLOCK_OPSETS[fmt]
+    if t.max_opset is not None and t.max_opset < need:
+        raise ValueError(
+            f"format={fmt!r} exports its block DequantizeLinear at opset {need} (the first whose "
+            f"types it needs), which the ONNX parser of target {target!r} does not read (it reads "
+            f"up to opset {t.max_opset}): target TensorRT "
+            + (
+                "10.11 or newer (trt10.12-blackwell, trt11-b200)"
+                if need <= 23
+                else "11 (trt11-b200)"
+            )
+        )
     if fmt == "int4w" or t.strongly_typed or t.flags & {"fp8", "best"}:
         return None
     return (*sorted(t.flags), "fp8")

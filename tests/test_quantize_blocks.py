@@ -1,0 +1,117 @@
+"""``qdq quantize --format nvfp4|mxfp8|int4w`` end to end (issue 60): the plan's block formats,
+the export in TensorRT's forms at the opset its types need, ONNX Runtime (through the exact
+reference of :mod:`qdq.backends.blocks_reference`) agreeing with the torch fake-quant model, the
+linter's format counts, the report's block sizes, ``--max-drop``; targets without the kernels or
+whose parser cannot read the opset refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qdq.cli.main import main
+from qdq.pipeline import quantize
+
+pytest.importorskip("onnxruntime")
+
+MODEL_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        '''A pre-norm MLP block with a residual, and a head: three GEMMs (K 32, 64, 32).'''
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.norm = nn.LayerNorm(32)
+            self.fc1 = nn.Linear(32, 64)
+            self.fc2 = nn.Linear(64, 32)
+            self.head = nn.Linear(32, 16)
+
+        def forward(self, x):
+            x = x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+            return self.head(x)
+
+
+    def build():
+        return Block().eval()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("blockjob")
+    model = root / "block.py"
+    model.write_text(MODEL_PY)
+    data = root / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((48, 8, 32)).astype(np.float32))
+    return model, data
+
+
+@pytest.mark.parametrize(
+    ("fmt", "opset", "target", "quantizers", "lint_field"),
+    [
+        ("nvfp4", 23, "trt10.12-blackwell", {"nvfp4": 6}, "nvfp4_weighted_layers"),
+        ("mxfp8", 24, "trt11-b200", {"mxfp8": 6}, "mxfp8_weighted_layers"),
+        ("int4w", 21, "trt10.12", {"int4": 3}, "int4w_weighted_layers"),
+    ],
+)
+def test_block_job_end_to_end(files, tmp_path: Path, fmt, opset, target, quantizers, lint_field):
+    model, data = files
+    out = tmp_path / fmt
+    res = quantize(f"{model}:build", str(data), out=out, format=fmt, ptq="none",
+                   show_progress=False)  # fmt: skip
+    report = res.report
+    assert report["settings"]["format"] == quantizers
+    assert report["settings"]["opset"] == opset
+    assert report["settings"]["target"] == target
+    # the exported ONNX in ONNX Runtime agrees with the fake-quant model
+    ort_fq, torch_fq = report["int8"], report["int8_torch"]
+    assert ort_fq["cosine_mean"] == pytest.approx(torch_fq["cosine_mean"], abs=1e-4)
+    assert ort_fq["cosine_mean"] > 0.9
+    assert report["lint"][lint_field] == 3
+    sizes = {q["path"]: q["block_size"] for q in report["quantizers"]}
+    assert sizes["fc1.weight_quantizer"] == {"nvfp4": 16, "mxfp8": 32, "int4w": 32}[fmt]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["opset"] == opset
+    page = (out / "report.html").read_text()
+    assert f"{fmt.replace('w', '').upper()}/" in page  # the plan table's format and block size
+
+
+def test_block_formats_from_the_cli_and_refused_targets(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "cli"
+    code = main(["quantize", "--model", f"{model}:build", "--data", str(data), "--out", str(out),
+                 "--format", "nvfp4", "--recipe", "none", "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert "opset 23" in capsys.readouterr().out
+    for fmt, target, why in [
+        ("nvfp4", "trt10-hopper", "NVFP4 needs TensorRT 10.8"),
+        ("nvfp4", "trt10.12-ada", "needs a Blackwell GPU"),
+        ("nvfp4", "trt10.8-blackwell", "reads up to opset 20"),
+        ("mxfp8", "trt10.12-blackwell", "reads up to opset 23"),
+        ("int4w", "trt10", "reads up to opset 20"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            quantize(f"{model}:build", str(data), out=tmp_path / "x", format=fmt, target=target)
+        assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="optimises a per-tensor grid"):
+        quantize(f"{model}:build", str(data), out=tmp_path / "y", format="nvfp4", calib="mse")
+
+
+def test_block_max_drop_fallback_keeps_the_format(files, tmp_path: Path) -> None:
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "f", format="nvfp4", ptq="none",
+                   max_drop=0.0, show_progress=False)  # fmt: skip
+    fb = res.report["fallback"]
+    assert fb is not None and fb["max_drop"] == 0.0
+    kept = {q["format"] for q in res.report["quantizers"]}
+    assert kept <= {"nvfp4"}
