@@ -51,7 +51,7 @@ from qdq.ptq.awq import InputGram, awq_clip_amax, output_error
 from qdq.ptq.report import StepReport
 from qdq.quant import QuantMode, quantizer_mode
 from qdq.quant.block_quantizer import BlockQuantizer
-from qdq.quant.blocks import block_fake_quant
+from qdq.quant.blocks import block_amax, block_fake_quant
 
 __all__ = ["AwqClip", "AwqClipRow", "awq_clip"]
 
@@ -248,31 +248,29 @@ def _reduction_axis(q: BlockQuantizer) -> int | None:
 
 
 def _search(layer: _Layer, grid: Sequence[float], sweeps: int) -> AwqClipRow:
+    """The clip search of one layer, on the device of its inputs; the quantizer's amax set."""
     q, gram, weight = layer.quantizer, layer.gram, layer.weight
     assert gram is not None and weight is not None
     red = _reduction_axis(q)
     assert red is not None
-    transposed = red == 0  # [in, out]: search on W^T, amax transposed back
-    w = (weight.T if transposed else weight).to(torch.float32)
-    fmt = q.block_format
-    ax = -1 if fmt.block_size is not None else 0
     h = gram.gram
-    before = q.amax.detach().to(torch.float32).cpu()
-    before = before.T if transposed and fmt.block_size is not None else before
-    found = awq_clip_amax(w.cpu(), h, fmt, ax, grid=grid, sweeps=sweeps)
-    wc = w.cpu()
-    e_before = output_error(wc, block_fake_quant(wc, fmt, before, ax), h)
-    e_found = output_error(wc, block_fake_quant(wc, fmt, found, ax), h)
-    better = e_found < e_before
-    rows_dim = better[:, None] if found.dim() == 2 else better
-    amax = torch.where(rows_dim, found, before)
+    fmt = q.block_format
+    blocked = fmt.block_size is not None
+    flip = red == 0 and blocked  # a weight [in, out] blocked along 0: amax [in/bs, out]
+    w = (weight.T if red == 0 else weight).to(device=h.device, dtype=torch.float32)
+    ax = -1 if blocked else 0
+    before = q.amax.detach().to(device=h.device, dtype=torch.float32)
+    before = before.T if flip else before
+    found = awq_clip_amax(w, h, fmt, ax, grid=grid, sweeps=sweeps)
+    e_before = output_error(w, block_fake_quant(w, fmt, before, ax), h)
+    e_found = output_error(w, block_fake_quant(w, fmt, found, ax), h)
+    better = e_found < e_before  # per row: the search only where it beats the amax held
+    amax = torch.where(better[:, None] if blocked else better, found, before)
     err = torch.where(better, e_found, e_before)
-    bmax = w.abs().cpu().unflatten(-1, (-1, fmt.block_size)).amax(-1) if fmt.block_size else (
-        w.abs().cpu().amax(1))  # fmt: skip
-    clipped = float((amax < bmax).float().mean())
-    q.set_amax(amax.T.contiguous() if transposed and fmt.block_size is not None else amax)
+    clipped = float((amax < block_amax(w, fmt, ax)).float().mean())
+    q.set_amax(amax.T.contiguous() if flip else amax)
     q.amax_method = "awq"
-    signal = float(output_error(torch.zeros_like(wc), wc, h).sum())
+    signal = float(output_error(torch.zeros_like(w), w, h).sum())
     return AwqClipRow(
         name=q.name,
         quantizer=layer.path,
