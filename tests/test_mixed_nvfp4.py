@@ -353,3 +353,34 @@ def test_the_residual_skip_waits_for_its_gemm() -> None:
     m = Nvfp4Measure(dict.fromkeys("abo", _rel(17.0)), members, True, MARGIN_DB, MIN_DB,
                      NVFP4_MIN_DB)  # fmt: skip
     assert "F14" in m.outcomes(readers, noise, planned)["t"].blocker
+
+
+def test_the_job_drops_the_nvfp4_changes_alone_when_they_cost_reformats(monkeypatch) -> None:
+    """The linter predicts more unfused Q/DQ with the NVFP4 changes (an NVFP4 Q/K/V whose output
+    an FP8 attention product quantizes: a format boundary), none with the 8-bit ones: the job
+    keeps the 8-bit changes (the choice without NVFP4) and says why."""
+    import qdq.pipeline.formats as stage
+    from qdq.pipeline.inputs import ForwardInputs
+    from qdq.pipeline.stages import Stages
+
+    counted: list[tuple[str, ...]] = []
+
+    def fake(model, example, config, batch, exporter, target):  # type: ignore[no-untyped-def]
+        counted.append(tuple(sorted(o.name for o in config.overrides if o.format == "nvfp4")))
+        return 9 if counted[-1] else 5
+
+    monkeypatch.setattr(stage, "reformats", fake)
+    net, cal = _model(), torch.cat(_batches())
+    config, choice = stage.plan_config(
+        Stages(None), net, (cal[:1],), cal, ForwardInputs("tensor"), size=4, static=False,
+        device="cpu", fmt="mixed", exporter="torchscript", target="trt10.12-blackwell",
+        objective="speed")  # fmt: skip
+    assert choice is not None and len(counted) == 3 and counted[0] and not any(counted[1:])
+    assert choice.reformats == {"with changes": 9, "without": 5, "without NVFP4": 5}
+    assert (
+        "the 8 NVFP4 change(s) dropped" in choice.dropped and "5 with the other" in choice.dropped
+    )
+    assert "nvfp4" not in {o.format for o in config.overrides}
+    rows = {r.layer: r for r in choice.rows}
+    assert rows["q"].chosen == "int8" and rows["q"].nvfp4_db is not None  # the 8-bit move stays
+    assert ("q", "int8") in {(o.name, o.format) for o in config.overrides}

@@ -249,7 +249,9 @@ def residual_fusions(points: Any, gemms: set[str]) -> dict[str, str]:
         if len(site) != 2 or len(skipped) != 1:
             continue
         named = [
-            g for g in gemms if re.search(rf"(?<![\w.]){re.escape(g)}(?!\w|\.\w)", skipped[0].reason)
+            g
+            for g in gemms
+            if re.search(rf"(?<![\w.]){re.escape(g)}(?!\w|\.\w)", skipped[0].reason)
         ]
         if len(named) == 1:
             out[skipped[0].owner] = named[0]

@@ -145,6 +145,9 @@ class FormatChoice:
     unchanged: FormatChoice | None = field(default=None, repr=False, compare=False)
     #: the GPU the measured layers were timed on (rule T02; '' when none was given)
     timed_on: str = ""
+    #: the same measurement decided without NVFP4 (INT8/FP8/FP16 only): the plan a job keeps
+    #: when the NVFP4 changes alone cost reformats; ``None`` when no layer chose NVFP4
+    without_nvfp4: FormatChoice | None = field(default=None, repr=False, compare=False)
     #: whether the GEMMs were measured in NVFP4 too (a target with NVFP4 kernels)
     nvfp4: bool = False
     #: the objective the choice was made for (:data:`OBJECTIVES`)
@@ -338,7 +341,14 @@ def choose_formats(
         return choice
     unchanged = _decide(plan, planned, readers, measured, change=False, times=times, gpu=label,
                         nvfp4=four)  # fmt: skip
-    return replace(choice, unchanged=replace(unchanged, nvfp4=nvfp4, objective=objective))
+    unchanged = replace(unchanged, nvfp4=nvfp4, objective=objective)
+    eight = None
+    if any(r.chosen == "nvfp4" for r in choice.rows):
+        eight = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label)
+        n4 = {r.layer: r.nvfp4_db for r in choice.rows}
+        rows = tuple(replace(r, nvfp4_db=n4.get(r.layer)) for r in eight.rows)
+        eight = replace(eight, rows=rows, nvfp4=nvfp4, objective=objective, unchanged=unchanged)
+    return replace(choice, unchanged=unchanged, without_nvfp4=eight)
 
 
 def _module(prepared: nn.Module, owner: str) -> nn.Module | None:

@@ -18,7 +18,10 @@ unfused Q/DQ besides INT8's 25, at the squeeze-excitation Mul/Add layers that wr
 INT8). So when any layer changed, the plan is exported with the changes and without them (one
 calibration batch each; the amax do not change the graph) and the linter counts the unfused Q/DQ of
 both: the changes stay only when they cost no reformat more (``FormatChoice.reformats``,
-``dropped``).
+``dropped``). When NVFP4 changes are among them and the whole set costs more, the other changes
+alone (``FormatChoice.without_nvfp4``) are counted too and kept when they cost no more: an NVFP4
+Q/K/V projection whose output an FP8 attention product quantizes is a format boundary (the
+linter's F05), which should not undo an INT8 move that costs nothing.
 """
 
 from __future__ import annotations
@@ -93,7 +96,24 @@ def plan_config(
                 "without": reformats(model, example, replace(config, overrides=kept.overrides),
                                      some[0], exporter, target),
             }  # fmt: skip
-            if counts["with changes"] > counts["without"]:
+            eight = choice.without_nvfp4 if counts["with changes"] > counts["without"] else None
+            if eight is not None:  # the NVFP4 changes may be what costs
+                counts["without NVFP4"] = (
+                    reformats(model, example, replace(config, overrides=eight.overrides), some[0],
+                              exporter, target)
+                    if eight.changes
+                    else counts["without"]  # no other change: the plan without any
+                )  # fmt: skip
+            if eight is not None and counts["without NVFP4"] <= counts["without"]:
+                n4 = sum(r.chosen == "nvfp4" for r in choice.rows)
+                why = (
+                    f"the {n4} NVFP4 change(s) dropped: the linter predicts "
+                    f"{counts['with changes']} unfused Q/DQ (reformats) with them, "
+                    f"{counts['without NVFP4']} with the other changes alone, "
+                    f"{counts['without']} without any"
+                )
+                choice = replace(eight, reformats=counts, dropped=why)
+            elif counts["with changes"] > counts["without"]:
                 why = (
                     f"the {len(choice.changes)} change(s) dropped: the linter predicts "
                     f"{counts['with changes']} unfused Q/DQ (reformats) with them, "
