@@ -64,7 +64,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ("int4w", 21, "trt10.12", {"int4": 3}, "int4w_weighted_layers"),
     ],
 )
-def test_block_job_end_to_end(files, tmp_path: Path, fmt, opset, target, quantizers, lint_field):
+def test_block_job_end_to_end(
+    files, tmp_path: Path, capsys, fmt, opset, target, quantizers, lint_field
+):
     model, data = files
     out = tmp_path / fmt
     res = quantize(f"{model}:build", str(data), out=out, format=fmt, ptq="none",
@@ -84,6 +86,21 @@ def test_block_job_end_to_end(files, tmp_path: Path, fmt, opset, target, quantiz
     assert manifest["opset"] == opset
     page = (out / "report.html").read_text()
     assert f"{fmt.replace('w', '').upper()}/" in page  # the plan table's format and block size
+    # qdq parity plans the model again in the recorded formats: per layer, every activation
+    # quantizer's Q/DQ equals torch's bit for bit, and no code differs beyond a rounding flip
+    capsys.readouterr()
+    code = main(["parity", str(out / "model.qdq.onnx"), "--model", f"{model}:build",
+                 "--data", str(data), "--json"])  # fmt: skip
+    assert code == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    if fmt == "int4w":
+        assert layers == {}  # weight-only: no activation quantizer
+    else:
+        assert sorted(layers) == ["fc1.input_quantizer", "fc2.input_quantizer",
+                                  "head.input_quantizer"]  # fmt: skip
+        for row in layers.values():
+            assert row["elements"] > 0 and row["qdq_mismatches"] == 0
+            assert row["unexplained_codes"] == 0
 
 
 def test_block_formats_from_the_cli_and_refused_targets(files, tmp_path, capsys) -> None:

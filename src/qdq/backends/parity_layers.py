@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from qdq.quant import Quantizer, fake_quant, scale_from_amax
+from qdq.quant import BlockQuantizer, Quantizer, fake_quant, scale_from_amax
+from qdq.quant.blocks import block_scales
+from qdq.quant.blocks_fp4 import e8m0_scale
 from qdq.quant.primitives import FP8_MAX
 
 __all__ = [
@@ -145,6 +147,8 @@ def fold(
 ) -> LayerParity:
     """Fold every call site of quantizer ``path`` in one batch into its running statistics."""
     lp = old or LayerParity(0.0, 1.0, 0, 0)
+    if isinstance(q, BlockQuantizer):
+        return _fold_block(lp, q, sites, by_name, free, isolated, path)
     free_out = list(free.outputs.get(path, []))
     iso_in = list(isolated.inputs.get(path, []))
     for pre_name, value_name in sites:
@@ -177,6 +181,74 @@ def fold(
             else:
                 lp = _isolated(lp, q, ours_pre, pre, scale)
     return lp
+
+
+def _fold_block(
+    lp: LayerParity,
+    q: BlockQuantizer,
+    sites: list[tuple[str, str]],
+    by_name: dict[str, np.ndarray],
+    free: Recorder,
+    isolated: Recorder,
+    path: str,
+) -> LayerParity:
+    """:func:`fold` for a block-format activation quantizer (NVFP4, MXFP8). Its scales are the
+    blocks' own, computed at run time from the tensor itself, so a "code" is compared as the
+    dequantized value, bitwise; a value whose block scale moved because the block's largest
+    element crossed a rounding boundary differs with no gap of its own, and counts as a flip."""
+    free_out = list(free.outputs.get(path, []))
+    iso_in = list(isolated.inputs.get(path, []))
+    for pre_name, value_name in sites:
+        pre = np.ascontiguousarray(by_name[pre_name], dtype=np.float32)
+        value = np.ascontiguousarray(by_name[value_name], dtype=np.float32)
+        theirs = q.fake_quant_value(torch.from_numpy(pre)).numpy()
+        exact = int((theirs.view(np.int32) != value.view(np.int32)).sum())
+        lp = replace(lp, qdq_mismatches=lp.qdq_mismatches + exact)
+        ours = _take(free_out, value.shape)
+        if ours is not None:
+            ours = np.ascontiguousarray(ours, dtype=np.float32)
+            codes = ours.view(np.int32) != value.view(np.int32)
+            lp = replace(
+                lp,
+                max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
+                cosine=min(lp.cosine, cosine(ours, value)),
+                differing_codes=lp.differing_codes + int(codes.sum()),
+                elements=lp.elements + codes.size,
+            )
+        ours_pre = _take(iso_in, pre.shape)
+        if ours_pre is not None:
+            ours_pre = np.ascontiguousarray(ours_pre, dtype=np.float32)
+            mine = q.fake_quant_value(torch.from_numpy(ours_pre)).numpy()
+            differ = mine.view(np.int32) != theirs.view(np.int32)
+            gap = np.abs(ours_pre - pre)
+            unexplained = differ & (gap >= EXPLAINED_FRACTION * _block_step(q, pre))
+            lp = replace(
+                lp,
+                isolated_codes=lp.isolated_codes + int(differ.sum()),
+                unexplained_codes=lp.unexplained_codes + int(unexplained.sum()),
+                isolated_max_abs_diff=max(lp.isolated_max_abs_diff, float(gap.max(initial=0.0))),
+            )
+    return lp
+
+
+def _block_step(q: BlockQuantizer, x: np.ndarray) -> np.ndarray:
+    """The quantization step at each element of ``x`` in ``q``'s block format: the element
+    grid's spacing around ``|x| / s`` (E2M1: 0.5 below 2, 1 below 4, 2 above; E4M3: ``2**(e-3)``,
+    ``2**-9`` below ``2**-6``) times the element's block scale ``s``."""
+    t = torch.from_numpy(x)
+    axis = q.spec.axis if q.spec.axis is not None else -1
+    fmt = q.block_format
+    sb, gs = block_scales(t, fmt, q._amax_arg(), axis, check_amax=False)
+    s = sb * gs if gs is not None else e8m0_scale(sb) if fmt.element == "e4m3" else sb
+    size = fmt.block_size or 1
+    scale = s.repeat_interleave(size, dim=axis).numpy().astype(np.float64)
+    mag = np.abs(x.astype(np.float64)) / scale
+    if fmt.element == "e2m1":
+        spacing = np.where(mag < 2, 0.5, np.where(mag < 4, 1.0, 2.0))
+    else:
+        exponent = np.floor(np.log2(np.maximum(np.minimum(mag, FP8_MAX), 2.0**-6)))
+        spacing = np.ldexp(1.0, (exponent - 3).astype(np.int64))
+    return spacing * scale
 
 
 def _isolated(
@@ -277,7 +349,8 @@ def _scale(q: Quantizer, ndim: int) -> np.ndarray:
 
 def with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -> Any:
     """A copy of ``model`` that also outputs, for every activation quantizer, the tensor entering
-    its QuantizeLinear and the tensor leaving its DequantizeLinear."""
+    its QuantizeLinear (a block format's: TensorRT's dynamic block quantize) and the tensor
+    leaving its DequantizeLinear."""
     import onnx
 
     extended = onnx.ModelProto()
@@ -288,13 +361,20 @@ def with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -
         for n in extended.graph.node
         if n.op_type == "QuantizeLinear" and n.output and n.input  # malformed: ORT says why
     }
+    # a block format's activation: TensorRT's dynamic block quantize, its values' output read
+    # by the quantizer's last DequantizeLinear (qdq.export.blocks_onnx)
+    dynamic = {
+        n.output[0]: n
+        for n in extended.graph.node
+        if n.domain == "trt" and n.op_type.endswith("DynamicQuantize") and n.output and n.input
+    }
     for node in extended.graph.node:
         if node.op_type != "DequantizeLinear" or "/" not in node.name or not node.output:
             continue
         path, _, tail = node.name.rpartition("/")
         if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):
             continue  # weights, and the per-consumer copies ("....1") of a DequantizeLinear
-        q = quantize.get(node.input[0]) if node.input else None
+        q = (quantize.get(node.input[0]) or dynamic.get(node.input[0])) if node.input else None
         if q is None:
             continue
         taps.setdefault(path, []).append((q.input[0], node.output[0]))

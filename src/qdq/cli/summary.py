@@ -82,6 +82,9 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             if lint.get("fp8_weighted_layers")
             else ""
         )
+        for key, label in (("nvfp4", "NVFP4"), ("mxfp8", "MXFP8"), ("int4w", "INT4 weight-only")):
+            if lint.get(f"{key}_weighted_layers"):
+                fp8 += f", {label} {lint[f'{key}_weighted_layers']}/{lint['weighted_layers']}"
         print(
             f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
             f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs)"
