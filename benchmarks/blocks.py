@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -70,14 +71,15 @@ def repair(model: Any) -> dict[str, int]:
     ``Gemm`` weights, ``transB=1``: axis 0 written, the scale ``[out, in / 128]``) the axis is
     the other one. Its ``trt::TRT_MXFP8DequantizeLinear`` (E8M0 scales typed ``UINT8``,
     ``output_dtype`` FLOAT16 in an FP32 graph) becomes ``DequantizeLinear`` (``axis``,
-    ``block_size``) with the same scale bytes typed ``FLOAT8E8M0`` (opset 23). The ``Cast`` to
-    FLOAT16/BFLOAT16 its NVFP4 exporter puts before each GEMM of an FP32 graph (the GEMM's output
-    still declared float32, the bias ``Add`` float32: ill-typed) is removed. Nothing else
-    changes."""
+    ``block_size``) with the same scale bytes typed ``FLOAT8E8M0`` (opset 23). In a graph whose
+    inputs, outputs and initializers hold no FLOAT16/BFLOAT16, every ``Cast`` to those is removed
+    (its readers read its input): its NVFP4 exporter casts both inputs of each GEMM (the GEMM's
+    output still declared float32, the bias ``Add`` float32: ill-typed), its attention export one
+    input of the score scaling ``Div``. Nothing else changes."""
     from onnx import TensorProto
 
     g = model.graph
-    done = {"trt_domain_qdq": 0, "gemm_axis": 0, "mxfp8_dequantize": 0, "gemm_casts": 0}
+    done = {"trt_domain_qdq": 0, "gemm_axis": 0, "mxfp8_dequantize": 0, "half_casts": 0}
     inits = {i.name: i for i in g.initializer}
     for n in g.node:
         if n.domain == "trt" and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
@@ -98,15 +100,17 @@ def repair(model: Any) -> dict[str, int]:
         for x in n.input:
             consumers.setdefault(x, []).append(n)
     half = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    drop = [n for n in g.node if n.op_type == "Cast"
-            and any(a.name == "to" and a.i in half for a in n.attribute)
-            and n.output[0].endswith(("_f16", "_bf16"))
-            and all(c.op_type in ("MatMul", "Gemm") for c in consumers.get(n.output[0], []))]  # fmt: skip
+    typed = [*g.input, *g.output]
+    fp32_graph = not any(i.data_type in half for i in g.initializer) and not any(
+        v.type.tensor_type.elem_type in half for v in typed
+    )
+    drop = [n for n in g.node if fp32_graph and n.op_type == "Cast"
+            and any(a.name == "to" and a.i in half for a in n.attribute)]  # fmt: skip
     for n in drop:
         for c in consumers.get(n.output[0], []):
             c.input[:] = [n.input[0] if x == n.output[0] else x for x in c.input]
         g.node.remove(n)
-    done["gemm_casts"] = len(drop)
+    done["half_casts"] = len(drop)
     need = 23 if done["mxfp8_dequantize"] else 21 if done["trt_domain_qdq"] else 0
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
@@ -407,6 +411,15 @@ def aims(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _why(run_: dict[str, Any]) -> str:
+    """A run's figure, or its error without ONNX Runtime's prefix, cut to 160 characters."""
+    if "error" not in run_:
+        return _fig(run_)
+    text = re.sub(r"^onnxruntime\S*: \[ONNXRuntimeError\] : \d+ : \w+ : ", "", run_["error"])
+    text = re.sub(r"^Load model from \S+ failed:", "", text)
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
 def row_notes(rec: dict[str, Any], formats: list[str], peers: list[str]) -> list[str]:
     """One line per tool of a row: settings, verdicts, seconds, errors, ModelOpt's ops."""
     out = [f"- **{rec['row']}** ({rec['note']}; {rec['calibration_samples']} calibration / "
@@ -422,7 +435,7 @@ def row_notes(rec: dict[str, Any], formats: list[str], peers: list[str]) -> list
                 f"report {_fig(t) if t.get('metric') is not None else t.get('report_error')}",
             ]
             for key, run_ in (t.get("onnx") or {}).items():
-                what.append(f"{key}: {_fig(run_) if 'error' not in run_ else run_['error']}")
+                what.append(f"{key}: {_why(run_)}")
             out.append(f"  - qdq {fmt}: " + "; ".join(what))
         elif t:
             out.append(f"  - qdq {fmt}: FAILED: {'killed' if t['killed'] else t.get('error')}")
@@ -436,7 +449,9 @@ def row_notes(rec: dict[str, Any], formats: list[str], peers: list[str]) -> list
             out.append(f"  - {key}: not run: {t['not_run']}")
             continue
         q, ex = t.get("quantizers") or {}, t.get("export") or {}
-        what = [f"{t.get('config')}", f"kernel {t.get('kernel')}",
+        shipped = t.get("cpu_as_is_error")
+        what = [f"{t.get('config')}",
+                f"kernel {t.get('kernel')}" + (f" (as shipped: {shipped})" if shipped else ""),
                 f"{q.get('enabled')} of {q.get('inserted')} quantizers",
                 f"quantize {t.get('quantize_s')} s"]  # fmt: skip
         if ex.get("error"):
@@ -455,7 +470,7 @@ def row_notes(rec: dict[str, Any], formats: list[str], peers: list[str]) -> list
             what.append(f"ONNX opsets {done.get('opsets')}, ops {trt}, initializers "
                         f"{done.get('initializer_dtypes')}")  # fmt: skip
         for k, run_ in (t.get("onnx") or {}).items():
-            what.append(f"{k}: {_fig(run_) if 'error' not in run_ else run_['error']}")
+            what.append(f"{k}: {_why(run_)}")
         lint = t.get("lint") or {}
         if lint:
             what.append(
