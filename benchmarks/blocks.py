@@ -71,7 +71,7 @@ def repair(model: Any) -> dict[str, int]:
     ``Gemm`` weights, ``transB=1``: axis 0 written, the scale ``[out, in / 128]``) the axis is
     the other one. Its ``trt::TRT_MXFP8DequantizeLinear`` (E8M0 scales typed ``UINT8``,
     ``output_dtype`` FLOAT16 in an FP32 graph) becomes ``DequantizeLinear`` (``axis``,
-    ``block_size``) with the same scale bytes typed ``FLOAT8E8M0`` (opset 23). In a graph whose
+    ``block_size``) with the same scale bytes typed ``FLOAT8E8M0`` (opset 24). In a graph whose
     inputs, outputs and initializers hold no FLOAT16/BFLOAT16, every ``Cast`` to those is removed
     (its readers read its input): its NVFP4 exporter casts both inputs of each GEMM (the GEMM's
     output still declared float32, the bias ``Add`` float32: ill-typed), its attention export one
@@ -111,10 +111,10 @@ def repair(model: Any) -> dict[str, int]:
             c.input[:] = [n.input[0] if x == n.output[0] else x for x in c.input]
         g.node.remove(n)
     done["half_casts"] = len(drop)
-    need = 23 if done["mxfp8_dequantize"] else 21 if done["trt_domain_qdq"] else 0
+    need = 24 if done["mxfp8_dequantize"] else 21 if done["trt_domain_qdq"] else 0
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
-            o.version = max(o.version, need)  # blocked DQ: 21; E8M0 scales: 23
+            o.version = max(o.version, need)  # blocked DQ: 21; E8M0 scales: 24
     return done
 
 
