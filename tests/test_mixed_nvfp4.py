@@ -1,7 +1,9 @@
 """``format="mixed"`` on a target with NVFP4 kernels (issue 60): the GEMMs that can run NVFP4 are
-measured in it too and a tensor runs NVFP4 where it is within 3 dB of the best format (the
-faster one takes a tie), or with ``objective="speed"`` where every reader measures at least
-``NVFP4_MIN_DB``; a target without NVFP4 kernels keeps today's choice.
+measured in it too and a tensor runs NVFP4 where it is as accurate as the better 8-bit format
+(``NVFP4_MARGIN_DB``, 0 dB: the faster format takes a tie), or with ``objective="speed"`` where
+every reader measures at least ``NVFP4_MIN_DB``; a target without NVFP4 kernels keeps today's
+choice. The tie mechanism is exercised on the tiny transformer with the margin set to 3 dB
+(``wide_margin``): there its ``embed`` is 1.7 dB behind FP8, so the default keeps it FP8.
 
 The tiny transformer: an input projection ``embed`` whose weights sit on NVFP4's grid (a model
 fine-tuned for NVFP4) and whose input had a planted spike in one calibration batch (the per-tensor
@@ -28,6 +30,13 @@ from qdq.config import Override
 from qdq.pipeline.formats import has_nvfp4
 
 SPIKE = 6e4
+
+WIDE = 3.0  # the tie margin the mechanism tests use (the default is 0 dB)
+
+
+@pytest.fixture
+def wide_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(formats, "NVFP4_MARGIN_DB", WIDE)
 
 
 class TinyTransformer(nn.Module):
@@ -91,14 +100,14 @@ def _expected(choice: FormatChoice, speed: bool) -> dict[str, str]:
         fine = [r for r in rows if max(r.int8_db, r.fp8_db, r.nvfp4_db) >= MIN_DB]
         mean = lambda key, rs: sum(getattr(r, key) for r in rs) / len(rs)  # noqa: E731
         tie = bool(fine) and mean("nvfp4_db", fine) >= max(
-            mean("int8_db", fine), mean("fp8_db", fine)) - MARGIN_DB  # fmt: skip
+            mean("int8_db", fine), mean("fp8_db", fine)) - formats.NVFP4_MARGIN_DB  # fmt: skip
         floor = speed and min(r.nvfp4_db for r in rows) >= NVFP4_MIN_DB
         for r in rows:
             out[r.layer] = "nvfp4" if floor or (tie and r in fine) else "8-bit/fp16"
     return out
 
 
-def test_accuracy_objective_takes_nvfp4_only_where_as_accurate(calibrated) -> None:
+def test_accuracy_objective_takes_nvfp4_only_where_as_accurate(calibrated, wide_margin) -> None:
     net, prepared, cal = calibrated
     choice = choose_formats(prepared, cal[0], nvfp4=True)
     rows = {r.layer: r for r in choice.rows}
@@ -111,7 +120,7 @@ def test_accuracy_objective_takes_nvfp4_only_where_as_accurate(calibrated) -> No
     # the planted spike: FP8 runs out of range, NVFP4's block scales do not; within the margin
     e = rows["embed"]
     assert e.chosen == "nvfp4" and e.rule == "F07" and "within 3 dB of FP8" in e.reason
-    assert e.nvfp4_db >= e.fp8_db - MARGIN_DB and e.fp8_db >= MIN_DB and e.int8_db < MIN_DB
+    assert e.nvfp4_db >= e.fp8_db - WIDE and e.fp8_db >= MIN_DB and e.int8_db < MIN_DB
     # the others measurably prefer an 8-bit format (NVFP4 > 10 dB behind), Q/K/V together
     for x in ("q", "k", "v", "o", "fc1", "fc2", "head"):
         r = rows[x]
@@ -145,7 +154,7 @@ def test_accuracy_objective_takes_nvfp4_only_where_as_accurate(calibrated) -> No
         assert torch.isfinite(again(cal[0])).all()
 
 
-def test_speed_objective_takes_nvfp4_above_the_floor(calibrated) -> None:
+def test_speed_objective_takes_nvfp4_above_the_floor(calibrated, wide_margin) -> None:
     _, prepared, cal = calibrated
     choice = choose_formats(prepared, cal[0], nvfp4=True, objective="speed")
     rows = {r.layer: r for r in choice.rows}
@@ -200,7 +209,7 @@ def test_has_nvfp4_names_blackwell_and_trt10_8(target: str, has: bool) -> None:
     assert has_nvfp4(target) is has
 
 
-def test_the_job_measures_nvfp4_on_a_blackwell_target_only(monkeypatch) -> None:
+def test_the_job_measures_nvfp4_on_a_blackwell_target_only(monkeypatch, wide_margin) -> None:
     """plan_config: trt10-hopper passes nvfp4=False (today's plan), trt10.12-blackwell True and
     keeps the NVFP4 change when the linter counts no more reformats with it."""
     import qdq.pipeline.formats as stage
@@ -287,12 +296,16 @@ def test_which_gemms_can_run_nvfp4(op, x, w, axes, red) -> None:
     assert nvfp4_gemm(op, torch.zeros(x), torch.zeros(w), axes) == red
 
 
-def test_margin_is_read_at_call_time(calibrated, monkeypatch) -> None:
-    """MARGIN_DB patched to 0: embed is 1.7 dB behind FP8, so it stays FP8."""
+def test_default_margin_never_takes_a_less_accurate_nvfp4(calibrated) -> None:
+    """The default NVFP4_MARGIN_DB (0): embed is 1.7 dB behind FP8, so it stays FP8 and no
+    layer of the tiny transformer runs NVFP4 by accuracy."""
     _, prepared, cal = calibrated
-    monkeypatch.setattr(formats, "MARGIN_DB", 0.0)
-    rows = {r.layer: r for r in choose_formats(prepared, cal[0], nvfp4=True).rows}
+    assert formats.NVFP4_MARGIN_DB == 0.0
+    choice = choose_formats(prepared, cal[0], nvfp4=True)
+    rows = {r.layer: r for r in choice.rows}
     assert rows["embed"].chosen == "fp8" and rows["embed"].nvfp4_db < rows["embed"].fp8_db
+    assert "less accurate than FP8" in rows["embed"].reason
+    assert not any(r.chosen == "nvfp4" for r in choice.rows)
 
 
 class PostNorm(nn.Module):

@@ -427,8 +427,9 @@ class Nvfp4Outcome:
         if fp16:
             return f"{here}: under the {m.floor:g} dB floor too" if m.speed else ""
         fmt, ref = self.ref
+        short = "less accurate than" if m.margin == 0 else f"not within {m.margin:g} dB of"
         return (
-            f"{here}: not within {m.margin:g} dB of {fmt.upper()} on its input's readers "
+            f"{here}: {short} {fmt.upper()} on its input's readers "
             f"({self.mean4:.1f} vs {ref:.1f} dB on average)"
             + (f" nor >= {m.floor:g} dB on each" if m.speed else "")
         )
