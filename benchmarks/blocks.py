@@ -206,9 +206,25 @@ def onnx_figure(t: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
 
 
 # ------------------------------------------------------------------------------------------- qdq
+def format_args(a: argparse.Namespace, fmt: str) -> argparse.Namespace:
+    """``a`` with the target of ``fmt``: ``--target`` when given, else the one qdq's job takes
+    for the format (``qdq.pipeline.options.default_target``: MXFP8's opset-24 E8M0 scales need
+    TensorRT 11's parser, NVFP4 a Blackwell TensorRT 10.12, INT8 and FP8 a Blackwell too, so
+    the rows compare on one GPU)."""
+    if a.target is not None:
+        return a
+    from qdq.pipeline.options import default_target
+
+    plan = {"int4": "int4w", "int4_awq": "int4w"}.get(fmt, fmt)
+    target = default_target(plan) if plan in ("nvfp4", "mxfp8", "int4w") else "trt10.12-blackwell"
+    return argparse.Namespace(**{**vars(a), "target": target})
+
+
 def run_qdq_format(row: Row, fmt: str, a: argparse.Namespace, work: Path,
                    meta: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """``fp8.run_qdq`` for ``fmt``, and for a block format its export run here."""
+    """``fp8.run_qdq`` for ``fmt`` on its target (:func:`format_args`), and for a block format
+    its export run here."""
+    a = format_args(a, fmt)
     try:
         t = run_qdq(row, fmt, a, work)
     except (KeyError, TypeError) as err:  # a report without a figure: read what it has
@@ -235,7 +251,9 @@ def qdq_figure(t: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
 # -------------------------------------------------------------------------------------- modelopt
 def run_modelopt(row: Row, fmt: str, a: argparse.Namespace, work: Path,
                  meta: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """ModelOpt in ``fmt`` on the row: its torch figures, its export run and linted."""
+    """ModelOpt in ``fmt`` on the row: its torch figures, its export run and linted (on the
+    target qdq's job takes for that format: :func:`format_args`)."""
+    a = format_args(a, fmt)
     if not Path(a.peer_python).exists():
         return {"not_run": f"no {a.peer_python} (build the peer environment: benchmarks/README.md)"}
     job = work / "job.json"
@@ -280,7 +298,7 @@ def run_row(row: Row, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Every tool on one row; the row's record."""
     start = time.perf_counter()
     rec: dict[str, Any] = {"row": row.name, "note": row.note, "model": model_spec(row),
-                           "date": time.strftime("%Y-%m-%d %H:%M"), "target": a.target,
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "target": a.target or "per format",
                            "qdq_commit": commit(a.qdq_src),
                            "load_before": round(os.getloadavg()[0], 2), "tools": {}}  # fmt: skip
     log(f"{row.name}: prep (data, FP32 reference)")
@@ -499,7 +517,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="merge each row's record into this JSON")
     p.add_argument("--text", type=Path, help="write the tables of every row in --json here")
     p.add_argument("--timeout", type=float, default=1800.0, help="per tool run, seconds")
-    p.add_argument("--target", default="trt10.12-blackwell", help="qdq's TensorRT target")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="qdq's TensorRT target for every format (default: each format's own, as qdq "
+        "quantize picks it: trt10.12-blackwell, MXFP8 trt11-b200, INT4w trt10.12)",
+    )
     p.add_argument("--qdq-python", default=sys.executable, help="python that runs qdq")
     p.add_argument("--qdq-src", default=str(HERE.parent / "src"), help="qdq's src directory")
     p.add_argument("--peer-python", default="/tmp/peers/bin/python", help="ModelOpt's python")
