@@ -75,6 +75,9 @@ def test_block_job_end_to_end(
     assert report["settings"]["format"] == quantizers
     assert report["settings"]["opset"] == opset
     assert report["settings"]["target"] == target
+    assert report["settings"]["method"] == (
+        "max (INT4 weights)" if fmt == "int4w" else "max (NVFP4/MXFP8 per-tensor amax)"
+    )
     # the exported ONNX in ONNX Runtime agrees with the fake-quant model
     ort_fq, torch_fq = report["int8"], report["int8_torch"]
     assert ort_fq["cosine_mean"] == pytest.approx(torch_fq["cosine_mean"], abs=1e-4)

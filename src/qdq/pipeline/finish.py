@@ -195,7 +195,7 @@ def export_and_measure(
                 "recipe": "none" if ptq is None else ptq["recipe"],
                 "qat_epochs": 0 if qat is None else qat[0]["epochs"],
                 "max_drop": None if fallback is None else fallback.max_drop,
-                "method": method_label(s.calib),
+                "method": method_label(s.calib, plan_format(prepared)),
                 "format": plan_format(prepared),
                 "format_choice": s.format_choice,
                 "percentile": s.percentile,

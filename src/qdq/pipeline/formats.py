@@ -26,6 +26,7 @@ linter's F05), which should not undo an INT8 move that costs nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from itertools import islice
 from typing import Any
@@ -165,10 +166,29 @@ def has_nvfp4(target: str) -> bool:
     return kernels_missing(t, "nvfp4") == "" and bool(t.runs(FORMATS["nvfp4"].compute_capability))
 
 
-def method_label(calib: str | None) -> str:
+def method_label(calib: str | None, formats: Iterable[str] = ("fp8", "int8")) -> str:
     """The calibration method as the job prints it (``None``: each quantizer's own, the default
-    of an FP8 plan)."""
-    return calib if calib is not None else "max (FP8) / mse (INT8)"
+    of a plan that is not INT8 only: max for FP8 layers and for the per-tensor amax of NVFP4 and
+    MXFP8 ones, max for INT4 weights, mse for INT8 ones; ``formats``: those in the plan).
+
+    Example:
+        >>> method_label(None), method_label("mse"), method_label(None, {"nvfp4": 6, "fp8": 2})
+        ('max (FP8) / mse (INT8)', 'mse', 'max (FP8) / max (NVFP4/MXFP8 per-tensor amax)')
+    """
+    if calib is not None:
+        return calib
+    present = set(formats)
+    parts = [
+        label
+        for fmts, label in (
+            (("fp8",), "max (FP8)"),
+            (("nvfp4", "mxfp8"), "max (NVFP4/MXFP8 per-tensor amax)"),
+            (("int4",), "max (INT4 weights)"),
+            (("int8",), "mse (INT8)"),
+        )
+        if present & set(fmts)
+    ]
+    return " / ".join(parts) or "max"
 
 
 def plan_format(prepared: nn.Module) -> dict[str, int]:

@@ -39,7 +39,7 @@ from qdq.calib.parts import CalibrationParts
 from qdq.config import QuantConfig
 from qdq.pipeline.budget import Budget
 from qdq.pipeline.device import to_device
-from qdq.pipeline.formats import method_label
+from qdq.pipeline.formats import method_label, plan_format
 from qdq.pipeline.improve import PtqOptions, improver
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches, num_samples, take
 from qdq.pipeline.stages import Stages
@@ -579,7 +579,8 @@ def _calibrated(
                                percentile=percentile)  # fmt: skip
             total = sum(map(len, parts))
             st.detail = (
-                f"{method_label(calib)} on {samples} samples (one histogram pass over all {total} batches, "
+                f"{method_label(calib, plan_format(prepared))} on {samples} samples (one histogram "
+                f"pass over all {total} batches, "
                 f"each fold's share kept apart){note}"
             )
         else:
@@ -590,5 +591,6 @@ def _calibrated(
                 percentile=percentile,
                 show_progress=show_progress,
             )
-            st.detail = f"{method_label(calib)} on {samples} samples (one histogram pass){note}"
+            label = method_label(calib, plan_format(prepared))
+            st.detail = f"{label} on {samples} samples (one histogram pass){note}"
     return prepared, equalized, collected
