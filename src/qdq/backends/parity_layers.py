@@ -165,14 +165,7 @@ def fold(
         lp = replace(lp, qdq_mismatches=lp.qdq_mismatches + exact)
         ours = _take(free_out, value.shape)
         if ours is not None:
-            codes = _codes(ours, scale, q) != _codes(value, scale, q)
-            lp = replace(
-                lp,
-                max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
-                cosine=min(lp.cosine, cosine(ours, value)),
-                differing_codes=lp.differing_codes + int(codes.sum()),
-                elements=lp.elements + codes.size,
-            )
+            lp = _free_running(lp, ours, value, _codes(ours, scale, q) != _codes(value, scale, q))
         ours_pre = _take(iso_in, pre.shape)
         if ours_pre is not None:
             ours_pre = ours_pre.astype(np.float32)
@@ -181,6 +174,20 @@ def fold(
             else:
                 lp = _isolated(lp, q, ours_pre, pre, scale)
     return lp
+
+
+def _free_running(
+    lp: LayerParity, ours: np.ndarray, value: np.ndarray, codes: np.ndarray
+) -> LayerParity:
+    """``lp`` with one free-running call site: torch's output ``ours`` against ORT's ``value``
+    (``codes``: the elements whose code differs)."""
+    return replace(
+        lp,
+        max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
+        cosine=min(lp.cosine, cosine(ours, value)),
+        differing_codes=lp.differing_codes + int(codes.sum()),
+        elements=lp.elements + codes.size,
+    )
 
 
 def _fold_block(
@@ -207,14 +214,7 @@ def _fold_block(
         ours = _take(free_out, value.shape)
         if ours is not None:
             ours = np.ascontiguousarray(ours, dtype=np.float32)
-            codes = ours.view(np.int32) != value.view(np.int32)
-            lp = replace(
-                lp,
-                max_abs_diff=max(lp.max_abs_diff, float(np.abs(ours - value).max(initial=0.0))),
-                cosine=min(lp.cosine, cosine(ours, value)),
-                differing_codes=lp.differing_codes + int(codes.sum()),
-                elements=lp.elements + codes.size,
-            )
+            lp = _free_running(lp, ours, value, ours.view(np.int32) != value.view(np.int32))
         ours_pre = _take(iso_in, pre.shape)
         if ours_pre is not None:
             ours_pre = np.ascontiguousarray(ours_pre, dtype=np.float32)

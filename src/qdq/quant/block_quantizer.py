@@ -213,16 +213,7 @@ class BlockQuantizer(Quantizer):
             return self.amax.clone()
         if m not in _PER_TENSOR_METHODS:
             m = "max"  # entropy/mse would optimise the INT8 grid, not the block format's
-        if m == "percentile" and percentile is None:
-            percentile = self.calib.percentile
-        try:
-            amax = self.calibrator.compute_amax(m, percentile=percentile)
-        except CalibrationError as err:
-            raise CalibrationError(f"quantizer {self.name!r}: {err}") from None
-        self.set_amax(amax)
-        self.amax_method = m
-        self.amax_percentile = float(percentile) if m == "percentile" and percentile else None
-        return self.amax.clone()
+        return super().load_calib_amax(m, percentile=percentile)
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
