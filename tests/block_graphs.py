@@ -7,6 +7,12 @@ Read from NVIDIA/Model-Optimizer (commit 5a4242f): ``modelopt/torch/quantization
 as the scale of ``DequantizeLinear(w_f4, block_size=16, axis=-1)``, then Transpose and a Cast to
 FP16 in front of the MatMul). The INT4 weight-only form is ``DequantizeLinear(INT4, scale,
 axis=0, block_size)`` read by a MatMul whose activation is float (opset 21).
+
+ModelOpt 0.47's real MXFP8 exports (measured on its ViT and BERT exports, issue 60) are opset 20
+with ``trt::TRT_MXFP8DequantizeLinear`` for activations and weights, its E8M0 scales typed UINT8
+(the exponent byte, bias 127) and ``output_dtype`` FLOAT16 (``modelopt/onnx/export/
+mxfp8_exporter.py``: ``compute_scales``, ``post_process``); its INT4 export leaves
+``trt::DequantizeLinear`` at opset 20 (``export_int4``).
 """
 
 from __future__ import annotations
@@ -89,6 +95,49 @@ class Builder:
         self.node("MatMul", [f"{p}.xq", f"{p}.wt"], [f"{p}.y"], f"{p}.matmul")
         return f"{p}.y"
 
+    def modelopt_mx_act(self, x: str, p: str, axis: int = -1) -> str:
+        """ModelOpt 0.47's MXFP8 activation: ``TRT_MXFP8DynamicQuantize``, then
+        ``trt::TRT_MXFP8DequantizeLinear`` of its E4M3 values and UINT8 exponents."""
+        self.nodes.append(
+            helper.make_node(
+                "TRT_MXFP8DynamicQuantize", [x], [f"{p}.x8", f"{p}.se"], name=f"{p}.dynq",
+                domain="trt", axis=axis, block_size=32, output_dtype=TensorProto.FLOAT8E4M3FN,
+            )
+        )  # fmt: skip
+        self.nodes.append(
+            helper.make_node(
+                "TRT_MXFP8DequantizeLinear", [f"{p}.x8", f"{p}.se"], [f"{p}.xq"],
+                name=f"{p}.act_dq", domain="trt", axis=axis, block_size=32,
+                output_dtype=TensorProto.FLOAT16,
+            )
+        )  # fmt: skip
+        return f"{p}.xq"
+
+    def modelopt_mx_weight(self, p: str, dims: list[int], axis: int = -1) -> str:
+        """ModelOpt 0.47's MXFP8 weight: an E4M3 initializer and UINT8 exponent bytes (127: a
+        scale of 1) blocked by 32 along ``axis``, read by ``trt::TRT_MXFP8DequantizeLinear``."""
+        ax = axis % len(dims)
+        w = self.init(f"{p}.weight", TensorProto.FLOAT8E4M3FN, dims, 1.0)
+        sdims = [d // 32 if i == ax else d for i, d in enumerate(dims)]
+        s = self.init(f"{p}.weight_quantizer/scale", TensorProto.UINT8, sdims, 127)
+        self.nodes.append(
+            helper.make_node(
+                "TRT_MXFP8DequantizeLinear", [w, s], [f"{p}.wq"], name=f"{p}.w_dq", domain="trt",
+                axis=axis, block_size=32, output_dtype=TensorProto.FLOAT16,
+            )
+        )  # fmt: skip
+        return f"{p}.wq"
+
+    def modelopt_mxfp8_linear(self, x: str, p: str, n: int, k: int) -> str:
+        """``x @ W.T + b`` as ModelOpt 0.47 exports an MXFP8 Linear (opset 20, domain ``trt``)."""
+        xq = self.modelopt_mx_act(x, p)
+        wq = self.modelopt_mx_weight(p, [n, k])
+        self.node("Transpose", [wq], [f"{p}.wt"], f"{p}.transpose", perm=[1, 0])
+        self.node("MatMul", [xq, f"{p}.wt"], [f"{p}.mm"], f"{p}.matmul")
+        b = self.init(f"{p}.bias", TensorProto.FLOAT, [n], 0.0)
+        self.node("Add", [f"{p}.mm", b], [f"{p}.y"], f"{p}.add")
+        return f"{p}.y"
+
     def int4w_linear(self, x: str, p: str, n: int, k: int, block: int = 32) -> str:
         """An INT4 weight-only MatMul: ``W [k, n]`` blocked along k, a float activation."""
         w = self.init(f"{p}.w_int4", TensorProto.INT4, [k, n], 1.0)
@@ -127,6 +176,38 @@ def mxfp8_mlp(hidden: int = 64, width: int = 32) -> Any:
     b.node("Relu", [h], ["act"], "relu")
     y = b.mxfp8_linear("act", "fc2", width, hidden)
     return b.model([2, 8, width], y, 24)
+
+
+def modelopt_mxfp8_mlp(hidden: int = 64, width: int = 32) -> Any:
+    """ModelOpt 0.47's MXFP8 export of ``Linear(width, hidden) -> ReLU -> Linear(hidden,
+    width)``: ``trt::TRT_MXFP8DequantizeLinear`` with UINT8 exponent scales, opset 20."""
+    b = Builder()
+    h = b.modelopt_mxfp8_linear("x", "fc1", hidden, width)
+    b.node("Relu", [h], ["act"], "relu")
+    y = b.modelopt_mxfp8_linear("act", "fc2", width, hidden)
+    return b.model([2, 8, width], y, 20)
+
+
+def modelopt_mxfp8_conv() -> Any:
+    """A 3x3 convolution in ModelOpt's MXFP8 form (TensorRT has no MX convolution), blocked
+    along the input channels."""
+    b = Builder()
+    xq = b.modelopt_mx_act("x", "conv", axis=1)
+    wq = b.modelopt_mx_weight("conv", [32, 64, 3, 3], axis=1)
+    b.node("Conv", [xq, wq], ["y"], "conv", pads=[1, 1, 1, 1])
+    return b.model([1, 64, 8, 8], "y", 20)
+
+
+def modelopt_int4w_mlp(hidden: int = 64, width: int = 32, block: int = 32) -> Any:
+    """:func:`int4w_mlp` as ModelOpt 0.47 writes it: ``trt::DequantizeLinear`` at opset 20."""
+    b = Builder()
+    h = b.int4w_linear("x", "fc1", hidden, width, block)
+    b.node("Relu", [h], ["act"], "relu")
+    y = b.int4w_linear("act", "fc2", width, hidden, block)
+    for n in b.nodes:
+        if n.op_type == "DequantizeLinear":
+            n.domain = "trt"
+    return b.model([2, 8, width], y, 20)
 
 
 def int4w_mlp(hidden: int = 64, width: int = 32, block: int = 32) -> Any:

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from block_graphs import Builder, int4w_mlp, mxfp8_mlp, nvfp4_conv, nvfp4_mlp
+from block_graphs import (
+    Builder,
+    int4w_mlp,
+    modelopt_int4w_mlp,
+    modelopt_mxfp8_conv,
+    modelopt_mxfp8_mlp,
+    mxfp8_mlp,
+    nvfp4_conv,
+    nvfp4_mlp,
+)
 from qdq.lint import lint, parse_target
 from qdq.lint.blocks import require_kernels
 
@@ -36,6 +45,70 @@ def test_mxfp8_and_int4_weight_only_layers():
     assert set(_weighted(w4).values()) == {"int4w"}
     assert w4.summary["int4w_weighted_layers"] == 2
     assert "P01" not in w4.rules()  # a float activation is the weight-only form, not half a Q/DQ
+
+
+@pytest.mark.parametrize("target", ["trt10.12-blackwell", "trt11-b200"])
+def test_modelopt_trt_mxfp8_dequantize_is_mxfp8(target):
+    """ModelOpt 0.47's MXFP8 form: trt::TRT_MXFP8DequantizeLinear, UINT8 exponents, opset 20."""
+    report = lint(modelopt_mxfp8_mlp(), target=target)
+    assert set(_weighted(report).values()) == {"mxfp8"} and len(_weighted(report)) == 2
+    assert report.summary["mxfp8_weighted_layers"] == 2
+    assert {"fc1.matmul", "fc2.matmul"} <= set(report.block_layers["mxfp8"])
+    # not an unknown operator (V16), not an unquantized model (L01), no block-rule finding
+    assert not report.rules() & {"L01", "V16", "V03", "V09", "M01", "M02", "M03", "M04"}
+    assert "MXFP8 weighted layers 2/2" in report.format()
+
+
+def test_modelopt_trt_mxfp8_refused_on_hopper_m02():
+    report = lint(modelopt_mxfp8_mlp(), target="trt10.12-hopper")
+    assert "M02" in report.rules("ERROR"), report.format()
+    (nodes,) = [f.nodes for f in report.findings if f.rule == "M02"]
+    assert {"fc1.act_dq", "fc1.w_dq", "fc2.act_dq", "fc2.w_dq"} <= set(nodes)  # the trt DQs too
+    assert "M02" in lint(modelopt_mxfp8_mlp(), target="trt10.8-blackwell").rules("ERROR")
+
+
+def test_modelopt_trt_mxfp8_convolution_m01():
+    report = lint(modelopt_mxfp8_conv(), target="trt10.12-blackwell")
+    conv = next(ly for ly in report.layers if ly.name == "conv")
+    assert conv.input_precision == "fp16" and "no MXFP8 convolution" in conv.reason
+    assert report.summary["mxfp8_weighted_layers"] == 0
+    assert report.rules("WARN") == {"M01"}
+
+
+def test_modelopt_trt_mxfp8_exponent_bytes_are_scales():
+    """UINT8 E8M0 bytes: 0 is 2**-127 (a positive scale), 255 is NaN (V03)."""
+    from onnx import numpy_helper
+
+    model = modelopt_mxfp8_mlp()
+    scale = next(i for i in model.graph.initializer if i.name == "fc1.weight_quantizer/scale")
+    value = numpy_helper.to_array(scale).copy()
+    value[0, 0] = 0
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    assert "V03" not in lint(model, target="trt10.12-blackwell").rules()
+    value[0, 0] = 255
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    report = lint(model, target="trt10.12-blackwell")
+    assert [f.nodes for f in report.findings if f.rule == "V03"] == [("fc1.w_dq",)]
+
+
+def test_modelopt_trt_mxfp8_blocked_axis_m03_and_block_size_m04():
+    b = Builder()
+    y = b.modelopt_mxfp8_linear("x", "fc", 32, 64)
+    w_dq = next(n for n in b.nodes if n.name == "fc.w_dq")
+    next(a for a in w_dq.attribute if a.name == "block_size").i = 16  # 64 = 4 blocks of 16
+    report = lint(b.model([2, 64], y, 20), target="trt10.12-blackwell")
+    assert [f.nodes for f in report.findings if f.rule == "M04"] == [("fc.w_dq",)]
+    b = Builder()
+    y = b.modelopt_mxfp8_linear("x", "fc", 32, 48)  # 48: 1.5 blocks of 32
+    report = lint(b.model([2, 48], y, 20), target="trt10.12-blackwell")
+    assert [f.nodes for f in report.findings if f.rule == "M03"] == [("fc.w_dq",)]
+
+
+def test_modelopt_trt_dequantize_int4_weight_only():
+    report = lint(modelopt_int4w_mlp(), target="trt10.12-blackwell")
+    assert set(_weighted(report).values()) == {"int4w"}
+    assert report.summary["int4w_weighted_layers"] == 2
+    assert not report.rules() & {"L01", "V16", "P01"}
 
 
 def test_4bit_convolution_runs_float_k01():

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qdq.lint.formats import INT8
+from qdq.lint.formats import INT8, is_dequantize
 from qdq.lint.graph import COPY_OPS, LintGraph
 
 __all__ = ["Attention", "attention_cores", "find_attention"]
@@ -86,7 +86,7 @@ def _from_scores(g: LintGraph, scores: Any) -> Attention | None:
     if len(quantizers) != 1 or g.float_uses(probs):
         return None
     (q,) = quantizers
-    dqs = [c for c in g.consumers.get(q.output[0], []) if c.op_type == "DequantizeLinear"]
+    dqs = [c for c in g.consumers.get(q.output[0], []) if is_dequantize(c)]
     if len(dqs) != 1:
         return None
     (dq,) = dqs

@@ -26,7 +26,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.formats import BLOCK_FORMATS, DYNAMIC_QUANTIZE, FORMATS, INT4W, block_attrs
+from qdq.lint.formats import (
+    BLOCK_FORMATS,
+    DYNAMIC_QUANTIZE,
+    FORMATS,
+    INT4W,
+    block_attrs,
+    is_dequantize,
+)
 
 if TYPE_CHECKING:
     from qdq.lint.graph import LintGraph
@@ -96,8 +103,7 @@ def check_blocks(g: LintGraph, t: Target) -> list[Finding]:
     nodes = [
         n
         for n in g.nodes
-        if (n.op_type == "DequantizeLinear" or n.op_type in DYNAMIC_QUANTIZE)
-        and g.qdq_format(n) in BLOCK_FORMATS
+        if (is_dequantize(n) or n.op_type in DYNAMIC_QUANTIZE) and g.qdq_format(n) in BLOCK_FORMATS
     ]
     if not nodes:
         return []

@@ -17,10 +17,14 @@ exports (``modelopt/torch/quantization/export_onnx.py``, ``modelopt/onnx/export/
   float32 per-tensor scale; activations through ``trt::TRT_FP4DynamicQuantize`` (block 16), whose
   two outputs (E2M1 values, E4M3 block scales) are read by the same two ``DequantizeLinear``.
 * MXFP8: ``DequantizeLinear(block_size=32)`` of E4M3 values with ``FLOAT8E8M0`` scales (opset
-  24), activations through ``trt::TRT_MXFP8DynamicQuantize`` (block 32).
+  24), activations through ``trt::TRT_MXFP8DynamicQuantize`` (block 32). ModelOpt 0.47 writes
+  its MXFP8 export at opset 20 with ``trt::TRT_MXFP8DequantizeLinear`` (an operator TensorRT's
+  parser builds) for weights and activations, its E8M0 scales typed ``UINT8`` (the exponent
+  byte, bias 127): :func:`is_dequantize` reads it as a DequantizeLinear in MXFP8.
 * INT4 weight-only: an ``INT4`` weight initializer read by ``DequantizeLinear(block_size, axis)``
   (opset 21; per channel without ``block_size``) in front of a MatMul/Gemm whose activation is
-  float.
+  float. ModelOpt writes it as ``trt::DequantizeLinear`` (at opset 20), which has the op type of
+  ONNX's and is read the same.
 
 Example:
     >>> FORMATS["fp8"].min_opset, FORMATS["fp8"].compute_capability
@@ -47,8 +51,12 @@ __all__ = [
     "MXFP8",
     "NVFP4",
     "QUANTIZED",
+    "TRT_DEQUANTIZE",
     "QuantFormat",
+    "dequantize_scale",
     "dtype_format",
+    "is_dequantize",
+    "is_qdq",
     "is_quantized",
     "qdq_format",
 ]
@@ -130,6 +138,10 @@ QUANTIZED = frozenset(FORMATS)
 BLOCK_FORMATS = frozenset({NVFP4, MXFP8, INT4W})
 #: TensorRT's dynamic block quantize operators (domain ``trt``): activation -> (values, scales)
 DYNAMIC_QUANTIZE = {"TRT_FP4DynamicQuantize": NVFP4, "TRT_MXFP8DynamicQuantize": MXFP8}
+#: TensorRT's own DequantizeLinear operators (domain ``trt``, built by its parser) -> the block
+#: format they read: ModelOpt's MXFP8 export (E4M3 values, E8M0 scales typed UINT8)
+TRT_DEQUANTIZE = {"TRT_MXFP8DequantizeLinear": MXFP8}
+_E8M0_BIAS = 127
 
 #: numpy dtype names of quantized tensors (as ``onnx.numpy_helper`` returns them) -> format
 _DTYPE_FORMATS = {"int8": INT8, "float8_e4m3fn": FP8, "int4": INT4W, "float4_e2m1fn": NVFP4}
@@ -139,6 +151,45 @@ def dtype_format(dtype_name: str) -> str:
     """The format of a quantized tensor of numpy dtype ``dtype_name`` (INT8 unless FP8 E4M3FN,
     INT4 or FP4 E2M1)."""
     return _DTYPE_FORMATS.get(dtype_name, INT8)
+
+
+def is_dequantize(node: Any) -> bool:
+    """Whether ``node`` is a DequantizeLinear to the linter: ONNX's, the ``trt::DequantizeLinear``
+    of ModelOpt's INT4 export (the same op type) or ``trt::TRT_MXFP8DequantizeLinear``
+    (:data:`TRT_DEQUANTIZE`). Every rule that follows a DequantizeLinear asks this.
+
+    Example:
+        >>> from onnx import helper
+        >>> mx = helper.make_node("TRT_MXFP8DequantizeLinear", ["w", "s"], ["y"], domain="trt")
+        >>> is_dequantize(mx), is_dequantize(helper.make_node("QuantizeLinear", ["x", "s"], ["q"]))
+        (True, False)
+    """
+    return node.op_type == "DequantizeLinear" or (
+        node.domain == "trt" and node.op_type in TRT_DEQUANTIZE
+    )
+
+
+def is_qdq(node: Any) -> bool:
+    """A QuantizeLinear or a DequantizeLinear (:func:`is_dequantize`)."""
+    return node.op_type == "QuantizeLinear" or is_dequantize(node)
+
+
+def dequantize_scale(node: Any, scale: np.ndarray) -> np.ndarray:
+    """The float32 scale a Q/DQ node multiplies by, from its constant scale input: ``scale``
+    itself, or ``2**(byte - 127)`` for the ``UINT8`` E8M0 exponents of a
+    ``trt::TRT_MXFP8DequantizeLinear`` (byte 255: NaN).
+
+    Example:
+        >>> from onnx import helper
+        >>> mx = helper.make_node("TRT_MXFP8DequantizeLinear", ["w", "s"], ["y"], domain="trt")
+        >>> dequantize_scale(mx, np.array([127, 0, 255], np.uint8)).tolist()[:2]
+        [1.0, 5.877471754111438e-39]
+    """
+    value = np.asarray(scale)
+    if node.domain == "trt" and node.op_type in TRT_DEQUANTIZE and value.dtype == np.uint8:
+        exp = np.minimum(value.astype(np.int32), 254) - _E8M0_BIAS
+        return np.where(value == 255, np.float32(np.nan), np.ldexp(np.float32(1.0), exp))
+    return value.astype(np.float32)
 
 
 def is_quantized(precision: str | None) -> bool:
@@ -169,7 +220,7 @@ def qdq_format(
         zp = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         if zp in const:
             return dtype_format(const[zp].dtype.name)
-        if node.op_type != "DequantizeLinear":
+        if not is_dequantize(node):
             return INT8
         src = node.input[0]
         if src in const:
@@ -190,8 +241,9 @@ def block_format(
 
     A dynamic quantize node and the DequantizeLinear nodes reading it are in its format; a
     DequantizeLinear of an ``FLOAT4E2M1`` or ``INT4`` initializer is NVFP4 or INT4 weight-only,
-    one with ``FLOAT8E8M0`` scales MXFP8; with ``consumers``, a DequantizeLinear whose output
-    is only the scale of block-format DequantizeLinear nodes is in their format.
+    one with ``FLOAT8E8M0`` scales MXFP8, a ``trt::TRT_MXFP8DequantizeLinear`` MXFP8; with
+    ``consumers``, a DequantizeLinear whose output is only the scale of block-format
+    DequantizeLinear nodes is in their format.
 
     Example:
         >>> from onnx import helper
@@ -202,7 +254,9 @@ def block_format(
     """
     if node.domain == "trt" and node.op_type in DYNAMIC_QUANTIZE:
         return DYNAMIC_QUANTIZE[node.op_type]
-    if node.op_type != "DequantizeLinear" or not node.input:
+    if node.domain == "trt" and node.op_type in TRT_DEQUANTIZE:
+        return TRT_DEQUANTIZE[node.op_type]
+    if not is_dequantize(node) or not node.input:
         return ""
     src = producer.get(node.input[0])
     if src is not None and src.domain == "trt" and src.op_type in DYNAMIC_QUANTIZE:
@@ -216,7 +270,7 @@ def block_format(
         return MXFP8
     readers = consumers.get(node.output[0], []) if consumers is not None and node.output else []
     if readers and all(
-        r.op_type == "DequantizeLinear" and list(r.input[1:2]) == [node.output[0]] for r in readers
+        is_dequantize(r) and list(r.input[1:2]) == [node.output[0]] for r in readers
     ):
         formats = {block_format(r, const, producer) for r in readers}
         if len(formats) == 1 and (fmt := formats.pop()):
@@ -226,7 +280,8 @@ def block_format(
 
 def block_attrs(node: Any) -> tuple[int, int]:
     """``(axis, block_size)`` of a DequantizeLinear or dynamic quantize node (``block_size`` 0:
-    not blocked; ``axis`` defaults to 1 for DequantizeLinear, -1 for the dynamic quantizers)."""
+    not blocked; ``axis`` defaults to 1 for ONNX's DequantizeLinear, -1 for TensorRT's block
+    operators, as ModelOpt's exporters default it)."""
     attrs = {a.name: a.i for a in node.attribute if a.name in ("axis", "block_size")}
-    default = -1 if node.op_type in DYNAMIC_QUANTIZE else 1
+    default = -1 if node.op_type in DYNAMIC_QUANTIZE or node.op_type in TRT_DEQUANTIZE else 1
     return attrs.get("axis", default), attrs.get("block_size", 0)

@@ -34,7 +34,7 @@ import numpy as np
 from qdq.lint.attention import attention_cores
 from qdq.lint.blocks import block_no_kernel
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.formats import FORMATS, FP8
+from qdq.lint.formats import FORMATS, FP8, is_qdq
 
 if TYPE_CHECKING:
     from qdq.lint.graph import LintGraph
@@ -101,7 +101,7 @@ def check_fp8(g: LintGraph, t: Target) -> list[Finding]:
         g: the indexed graph.
         t: the target (its GPU decides F01 and F06 on GEMMs; its flags F07).
     """
-    qdq = [n for n in g.nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    qdq = [n for n in g.nodes if is_qdq(n)]
     fp8 = [n for n in qdq if g.qdq_format(n) == FP8]
     if not fp8:
         return []

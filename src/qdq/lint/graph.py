@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from qdq.lint.formats import FORMATS, INT8, qdq_format
+from qdq.lint.formats import FORMATS, INT8, dequantize_scale, is_dequantize, qdq_format
 
 __all__ = ["EPILOGUE_OPS", "WEIGHTED_OPS", "LintGraph", "QInput", "topological_order"]
 
@@ -23,7 +23,7 @@ EPILOGUE_OPS = frozenset(
 COPY_OPS = frozenset(
     {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
 )
-_CONST_THROUGH = COPY_OPS | {"QuantizeLinear", "DequantizeLinear"}
+_CONST_THROUGH = COPY_OPS | {"QuantizeLinear"}  # and every DequantizeLinear (is_dequantize)
 # data movement a DequantizeLinear propagates forward across (rule P10, TensorRT's
 # VanillaSwapWithFollowingQ): a Slice/Split of a Q/DQ'd tensor is an INT8 operand of its reader,
 # e.g. the upstream QuantLSTM's ``[x | h]`` and ``[w_ih | w_hh]``, quantized once and split in two
@@ -100,7 +100,11 @@ class LintGraph:
             return known
         walked = [tensor]
         node = self.producer.get(tensor)
-        while node is not None and node.op_type in _CONST_THROUGH and node.input:
+        while (
+            node is not None
+            and (node.op_type in _CONST_THROUGH or is_dequantize(node))
+            and node.input
+        ):
             tensor = node.input[0]
             if tensor in self._is_const or len(walked) > len(self.nodes):  # (a cycle)
                 break
@@ -129,11 +133,13 @@ class LintGraph:
         return found
 
     def _describe(self, dq: Any) -> QInput | None:
-        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+        if dq is None or not is_dequantize(dq) or len(dq.input) < 2:
             return None
         q = self.producer.get(dq.input[0])
         scale = self.const.get(dq.input[1])
-        values = tuple(float(v) for v in np.asarray(scale).flatten()) if scale is not None else ()
+        values = (
+            tuple(float(v) for v in dequantize_scale(dq, scale).flat) if scale is not None else ()
+        )
         fmt = self.qdq_format(dq)
         if q is None or q.op_type != "QuantizeLinear":
             return QInput(dq.input[0], values, None, dq, fmt)  # pre-quantized constant (DQ-only)
@@ -158,7 +164,7 @@ class LintGraph:
             if q.op_type != "QuantizeLinear":
                 continue
             for dq in _once(self.consumers.get(q.output[0], [])):
-                if dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+                if not is_dequantize(dq) or len(dq.input) < 2:
                     continue
                 scale = tuple(
                     float(v) for v in np.asarray(self.const.get(dq.input[1], [])).flatten()
@@ -331,7 +337,7 @@ class LintGraph:
             return False
         for q in readers:
             dqs = self.consumers.get(q.output[0], []) if q.op_type == "QuantizeLinear" else []
-            if not dqs or any(dq.op_type != "DequantizeLinear" for dq in dqs):
+            if not dqs or any(not is_dequantize(dq) for dq in dqs):
                 return False
             for dq in dqs:
                 cuts = self.consumers.get(dq.output[0], [])
@@ -348,7 +354,7 @@ class LintGraph:
         node = self.producer.get(tensor)
         while node is not None and (node.op_type in COPY_OPS or node.op_type in _DQ_FORWARD):
             node = self.producer.get(node.input[0])
-        return node if node is not None and node.op_type == "DequantizeLinear" else None
+        return node if node is not None and is_dequantize(node) else None
 
     def backbone(self, tensor: str) -> Any:
         """The weighted op whose epilogue chain ends in ``tensor`` (each step read only by the

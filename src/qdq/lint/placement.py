@@ -7,7 +7,7 @@ from typing import Any
 
 from qdq.lint.attention import attention_cores
 from qdq.lint.findings import INFO, WARN, Finding
-from qdq.lint.formats import FORMATS
+from qdq.lint.formats import FORMATS, is_dequantize
 from qdq.lint.graph import COPY_OPS, EPILOGUE_OPS, LintGraph
 from qdq.lint.guard import Guard
 from qdq.lint.residual import both_conv_branches, fusible, is_residual, residual_add
@@ -73,7 +73,7 @@ def _node_rules(g: LintGraph, node: Any) -> list[Finding]:
         )
     elif op == "Pad":
         out.extend(_pad(g, node))
-    elif op == "DequantizeLinear":
+    elif is_dequantize(node):
         out.extend(_dangling_dq(g, node))
     elif op == "QuantizeLinear" and node.input[0] in g.inputs:
         out.append(
@@ -442,7 +442,8 @@ def _dangling_dq(g: LintGraph, node: Any) -> list[Finding]:
                 WARN,
                 (name,),
                 f"{name}: DequantizeLinear feeds only "
-                f"{sorted({r.op_type for r in readers})}, which have no INT8 path",
+                f"{sorted({r.op_type for r in readers})}, which have no "
+                f"{FORMATS[g.qdq_format(node)].label} path",
                 "standalone Dequantize layer",
                 "remove this Q/DQ pair",
                 _SRC,
@@ -454,14 +455,14 @@ def _dangling_dq(g: LintGraph, node: Any) -> list[Finding]:
 def _silu_behind_one_q(g: LintGraph, sigmoid: Any) -> bool:
     """Sigmoid(DQ(q)) multiplied by another DQ of the same QuantizeLinear ``q`` (SiLU, T08c)."""
     dq = g.producer.get(sigmoid.input[0])
-    if dq is None or dq.op_type != "DequantizeLinear":
+    if dq is None or not is_dequantize(dq):
         return False
     for mul in g.consumers.get(sigmoid.output[0], []):
         if mul.op_type != "Mul":
             continue
         other = [i for i in mul.input if i != sigmoid.output[0]]
         src = g.producer.get(other[0]) if other else None
-        if src is not None and src.op_type == "DequantizeLinear" and src.input[0] == dq.input[0]:
+        if src is not None and is_dequantize(src) and src.input[0] == dq.input[0]:
             return True
     return False
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.attention import Attention, attention_cores
-from qdq.lint.formats import DYNAMIC_QUANTIZE, FORMATS, INT8
+from qdq.lint.formats import DYNAMIC_QUANTIZE, FORMATS, INT8, is_qdq
 from qdq.lint.fp8 import no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph, QInput
 from qdq.lint.guard import Guard
@@ -38,8 +38,7 @@ from qdq.lint.layer import PLUGIN, PredictedLayer
 from qdq.lint.structure import is_custom_op
 
 __all__ = ["PLUGIN", "PredictedLayer", "int8_capable", "predict_layers", "quantized_skips"]
-_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
-_SKIP = COPY_OPS | _QDQ | {"Shape", "Constant", "Cast"}
+_SKIP = COPY_OPS | {"Shape", "Constant", "Cast"}  # and every Q/DQ (is_qdq)
 _EPILOGUE = frozenset(
     {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSwish", "HardSigmoid", "Sigmoid"}
 )
@@ -103,7 +102,7 @@ class _Predictor:
         for core in self._safe("attention", [], [], lambda: attention_cores(g)):
             self.attention[id(core.scores)] = core
             self.absorbed.update(id(m) for m in core.members[1:])
-            self.internal.update(id(m) for m in core.members if m.op_type in _QDQ)
+            self.internal.update(id(m) for m in core.members if is_qdq(m))
         # a weighted op on build-time tensors only is folded by the builder: no engine layer
         weighted = [n for n in g.nodes if g.weighted(n) and id(n) not in self.shape_nodes]
         chains = {id(n): self._safe("epilogue", [n], ([], ""), self._chain_of, n) for n in weighted}
@@ -127,6 +126,7 @@ class _Predictor:
             elif (
                 id(n) in self.absorbed
                 or n.op_type in _SKIP
+                or is_qdq(n)
                 or id(n) in self.shape_nodes
                 or _dynamic_quantize(n)  # a standalone quantize layer (_with_standalone_qdq)
             ):
@@ -439,7 +439,7 @@ class _Predictor:
                     PredictedLayer(name, (name,), "qdq", self.fp, fmt, why)
                 )
                 continue
-            if n.op_type not in _QDQ or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
+            if not is_qdq(n) or (n.op_type == "QuantizeLinear" and g.is_const(n.input[0])):
                 continue
             reason = self._safe("standalone Q/DQ", [n], "", self._standalone, n)
             if reason:

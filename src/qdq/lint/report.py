@@ -14,7 +14,7 @@ import numpy as np
 
 from qdq.lint.blocks import check_blocks
 from qdq.lint.findings import ERROR, INFO, WARN, Finding, exit_code
-from qdq.lint.formats import FORMATS, FP8, INT4W, MXFP8, NVFP4
+from qdq.lint.formats import FORMATS, FP8, INT4W, MXFP8, NVFP4, is_dequantize, is_qdq
 from qdq.lint.fp8 import check_fp8, no_kernel
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.guard import Guard
@@ -50,7 +50,7 @@ SUMMARY_KEYS = (
 _BLOCK_KEYS = ((NVFP4, "nvfp4_weighted_layers"), (MXFP8, "mxfp8_weighted_layers"),
                (INT4W, "int4w_weighted_layers"))  # fmt: skip
 
-_SKIP_OPS = COPY_OPS | {"QuantizeLinear", "DequantizeLinear", "Shape", "Constant", "Cast"}
+_SKIP_OPS = COPY_OPS | {"Shape", "Constant", "Cast"}  # and every Q/DQ (is_qdq)
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def _strong_typing(g: LintGraph, floats: list[Any]) -> list[Finding]:
     heads = [
         g.producer[o]
         for o in g.outputs
-        if o in g.producer and g.producer[o].op_type not in _SKIP_OPS
+        if o in g.producer and g.producer[o].op_type not in _SKIP_OPS and not is_qdq(g.producer[o])
     ]
     fp32 = floats + [h for h in heads if h not in floats]
     if fp32 and dtypes.get(TensorProto.FLOAT16, 0) == 0:
@@ -384,7 +384,7 @@ def _strong_typing(g: LintGraph, floats: list[Any]) -> list[Finding]:
     fp32_dq = [
         n
         for n in g.nodes
-        if n.op_type == "DequantizeLinear"
+        if is_dequantize(n)
         and n.input[1] in g.const
         and g.const[n.input[1]].dtype.name == "float32"
         and not g.is_const(n.input[0])

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.findings import ERROR, WARN, Finding
+from qdq.lint.formats import DYNAMIC_QUANTIZE, TRT_DEQUANTIZE
 from qdq.lint.graph import LintGraph
 
 __all__ = ["check_structure", "is_custom_op"]
@@ -95,8 +96,9 @@ def _cycles(g: LintGraph) -> list[Finding]:
 
 
 #: operators of domain ``trt`` that TensorRT's ONNX parser builds itself (no plugin): the dynamic
-#: block quantizers of NVFP4 and MXFP8 and the ``trt::DequantizeLinear`` of ModelOpt's INT4 export
-_TRT_OPS = frozenset({"TRT_FP4DynamicQuantize", "TRT_MXFP8DynamicQuantize", "DequantizeLinear"})
+#: block quantizers of NVFP4 and MXFP8, ``trt::TRT_MXFP8DequantizeLinear`` and the
+#: ``trt::DequantizeLinear`` of ModelOpt's INT4 export (onnx-tensorrt ``onnxOpImporters.cpp``)
+_TRT_OPS = frozenset({*DYNAMIC_QUANTIZE, *TRT_DEQUANTIZE, "DequantizeLinear"})
 
 
 def is_custom_op(node: Any) -> bool:

@@ -19,7 +19,10 @@ from qdq.lint.formats import (
     FP8,
     INT8,
     block_attrs,
+    dequantize_scale,
     dtype_format,
+    is_dequantize,
+    is_qdq,
     qdq_format,
 )
 from qdq.lint.guard import Guard
@@ -120,7 +123,7 @@ def check_validity(
                 )
             )
             continue
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        if is_qdq(node):
             has_qdq = True
             name = node.name or (node.output[0] if node.output else node.op_type)
             out.extend(
@@ -184,8 +187,7 @@ def _format_opsets(g: _Graph) -> list[Finding]:
         nodes = [
             n.name or n.output[0]
             for n in g.graph.node
-            if n.op_type in ("QuantizeLinear", "DequantizeLinear")
-            and qdq_format(n, g.const, g.producers, g.consumers) == fmt
+            if is_qdq(n) and qdq_format(n, g.const, g.producers, g.consumers) == fmt
         ]
         if nodes and g.opset < need:
             label = FORMATS[fmt].label
@@ -209,7 +211,7 @@ def _prequantized_weights(g: _Graph) -> list[Finding]:
     found = [
         (n.name or n.output[0], dtype_format(g.const[n.input[0]].dtype.name))
         for n in g.graph.node
-        if n.op_type == "DequantizeLinear"
+        if is_dequantize(n)
         and n.input[0] in g.const
         and g.const[n.input[0]].dtype.name in ("int8", "float8_e4m3fn")
         and qdq_format(n, g.const, g.producers, g.consumers) in (INT8, FP8)  # (not MXFP8/NVFP4)
@@ -243,7 +245,7 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
     # scale, or the scales a dynamic block quantizer writes (TensorRT builds both)
     made_by = g.producers.get(node.input[1]) if len(node.input) > 1 else None
     computed = made_by is not None and (
-        made_by.op_type == "DequantizeLinear" or made_by.op_type in DYNAMIC_QUANTIZE
+        is_dequantize(made_by) or made_by.op_type in DYNAMIC_QUANTIZE
     )
     if (scale is None and not computed) or (zp_name and zp is None):
         out.append(
@@ -310,7 +312,7 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                 )
             )
     if scale is not None:
-        scale = np.asarray(scale, dtype=np.float32)  # (E8M0 scales compare only as float)
+        scale = dequantize_scale(node, scale)  # (E8M0 scales, UINT8 exponents, compare as float)
         bad = int(np.sum(~(scale > 0)))  # catches <= 0 and NaN
         if scale.size == 0 or bad:
             out.append(
@@ -325,7 +327,7 @@ def _check_qdq(g: _Graph, node: Any) -> list[Finding]:
                     _SRC,
                 )
             )
-    if node.op_type == "DequantizeLinear":
+    if is_dequantize(node):
         src = g.const.get(node.input[0])
         if src is not None and src.dtype == np.int32:
             out.append(
@@ -387,7 +389,7 @@ def _check_per_channel(g: _Graph, node: Any, name: str, scale: np.ndarray) -> li
                 _SRC,
             )
         )
-    if node.op_type == "DequantizeLinear":
+    if is_dequantize(node):
         for consumer in g.consumers.get(node.output[0], []):
             out.extend(_check_weight_axis(g, consumer, node, name, axis))
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdq.lint.findings import ERROR, INFO, WARN, Finding
-from qdq.lint.formats import FORMATS, INT8
+from qdq.lint.formats import FORMATS, INT8, is_qdq
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.predict import PredictedLayer, int8_capable, quantized_skips
 from qdq.lint.target import Target
@@ -24,8 +24,7 @@ def build_rules(
     the predicted layers."""
     out: list[Finding] = []
     has_qdq = any(  # INT8 Q/DQ (an FP8 one without --fp8 is F07)
-        n.op_type in ("QuantizeLinear", "DequantizeLinear") and g.qdq_format(n) == INT8
-        for n in g.nodes
+        is_qdq(n) and g.qdq_format(n) == INT8 for n in g.nodes
     )
     if not t.strongly_typed and has_qdq and not t.flags & {"int8", "best"}:
         out.append(
