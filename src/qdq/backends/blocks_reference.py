@@ -21,6 +21,19 @@ which:
   ratio, so the estimate's rounding never shows; clamped to [-127, 127]) and
   ``e4m3(x / 2**e)``.
 
+TensorRT Model Optimizer's own forms (ModelOpt 0.47, at opset 20) are read too:
+
+* ``trt::TRT_MXFP8DequantizeLinear(x, s)`` (its MXFP8 weights and activations) becomes the same
+  ``x · scale`` with ``scale = 2**(byte - 127)`` for its ``UINT8`` E8M0 exponent bytes (decoded
+  with ``numpy.ldexp``: exact, ``2**-127`` a float32 subnormal, byte 255 NaN), or the
+  ``2**e`` the rewritten ``TRT_MXFP8DynamicQuantize`` writes;
+* ``trt::DequantizeLinear`` (its INT4 weights, blocked at opset 20 where ONNX's takes no
+  ``block_size``) becomes ``x · scale`` the same way, the INT4 initializer decoded to float32.
+
+Their output has the type the graph declares for it (ModelOpt declares float32 where its
+``output_dtype`` attribute says FLOAT16), else ``output_dtype``, else float32; an ``E4M3·2**k``
+value is exact in either float type within its range.
+
 INT4 ``DequantizeLinear`` (native in ONNX Runtime) and every other node are left as they are.
 The values equal :func:`qdq.quant.blocks.block_fake_quant` bit for bit on finite inputs (ties,
 saturation, zero blocks, E4M3 block-scale rounding, E8M0 powers of two: tests/test_export_blocks.py);
@@ -44,12 +57,18 @@ __all__ = ["for_session", "needs_reference", "runnable"]
 
 _TRT = "trt"
 _FP4_DYN, _MX_DYN = "TRT_FP4DynamicQuantize", "TRT_MXFP8DynamicQuantize"
-_FLOAT, _E4M3, _E2M1, _E8M0 = 1, 17, 23, 24  # TensorProto element types
+#: TensorRT's DequantizeLinear operators (domain ``trt``) in ModelOpt's exports
+_MX_DQ, _TRT_DQ = "TRT_MXFP8DequantizeLinear", "DequantizeLinear"
+_TRT_OPS = (_FP4_DYN, _MX_DYN, _MX_DQ, _TRT_DQ)
+_FLOAT, _UINT8, _FLOAT16, _BFLOAT16 = 1, 2, 10, 16  # TensorProto element types
+_E4M3, _E2M1, _E8M0 = 17, 23, 24
 _DECODED = (_E2M1, _E8M0)
+_E8M0_BIAS = 127
 
 
 def needs_reference(model: Any) -> bool:
-    """Whether ``model`` holds TensorRT's dynamic block quantize ops or FP4/E8M0 initializers.
+    """Whether ``model`` holds TensorRT's block operators (domain ``trt``: dynamic block quantize,
+    ``TRT_MXFP8DequantizeLinear``, ``DequantizeLinear``) or FP4/E8M0 initializers.
 
     Example:
         >>> from onnx import helper
@@ -57,7 +76,7 @@ def needs_reference(model: Any) -> bool:
         False
     """
     graph = model.graph
-    return any(n.domain == _TRT and n.op_type in (_FP4_DYN, _MX_DYN) for n in graph.node) or any(
+    return any(n.domain == _TRT and n.op_type in _TRT_OPS for n in graph.node) or any(
         i.data_type in _DECODED for i in graph.initializer
     )
 
@@ -83,7 +102,11 @@ def runnable(model: Any) -> Any:
 
     Raises:
         ValueError: a dynamic quantize or blocked DequantizeLinear whose input rank is unknown
-            and whose axis is not -1, or a block scale whose shape does not fit.
+            and whose axis is not -1, a block scale whose shape does not fit its values (ModelOpt's
+            INT4 ``Gemm`` weights, ``transB=1``, are written with the other axis), a
+            ``trt::DequantizeLinear`` with a zero point, or a ``TRT_MXFP8DequantizeLinear``
+            scale that is neither E8M0 exponents (``UINT8`` or ``FLOAT8E8M0``) in an
+            initializer nor a ``TRT_MXFP8DynamicQuantize`` output.
     """
     import onnx
 
@@ -104,12 +127,19 @@ def runnable(model: Any) -> Any:
         for o in n.output
     }
     rewrite = [n for n in graph.node if _is_block_dq(n, inits, dynamic_out)]
+    dims = {name: list(i.dims) for name, i in inits.items()}
+    for n in rewrite:  # (before any initializer is decoded)
+        _check_trt_dq(n, inits, dynamic_out)
+        _check_blocks(n, dims)
+    declared = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.output]}
+    exponents = {n.input[1] for n in rewrite if _mx_exponents(n, inits)}
     decode = {
         n.input[i] for n in rewrite for i in (0, 1) if len(n.input) > i and n.input[i] in inits
-    }
+    } - exponents
     decode |= {name for name, i in inits.items() if i.data_type in _DECODED}
     for name in decode:
         inits[name].CopyFrom(_decoded(inits[name]))
+    scales = {name: _exponent_scale(b, inits[name]) for name in sorted(exponents)}
     targets = {id(n) for n in rewrite}
     out: list[Any] = []
     for n in graph.node:
@@ -120,13 +150,17 @@ def runnable(model: Any) -> Any:
             _mx_dynamic(b, n, _rank_of(n, ranks))
         elif id(n) in targets:
             rank = ranks.get(n.input[0]) or _rank_from(producers.get(n.input[0]), ranks)
-            _dequantize(b, n, rank)
+            scale = scales.get(n.input[1], n.input[1])
+            _dequantize(b, n, rank, scale, _out_type(n, declared))
         else:
             b.nodes = [n]
         out.extend(b.nodes)
     del graph.node[:]
     graph.node.extend(out)
-    graph.initializer.extend(b.inits)
+    read = {x for n in out for x in n.input}
+    keep_inits = [i for i in graph.initializer if i.name not in exponents or i.name in read]
+    del graph.initializer[:]  # (the exponent bytes, now decoded, unless another node reads them)
+    graph.initializer.extend([*keep_inits, *b.inits])
     keep = [o for o in m.opset_import if o.domain != _TRT]
     del m.opset_import[:]
     m.opset_import.extend(keep)
@@ -135,6 +169,8 @@ def runnable(model: Any) -> Any:
 
 
 def _is_block_dq(n: Any, inits: dict[str, Any], dynamic_out: set[str]) -> bool:
+    if n.domain == _TRT and n.op_type in (_MX_DQ, _TRT_DQ):
+        return True  # TensorRT's own: ONNX Runtime has no kernel for the domain
     if n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx"):
         return False
     x = inits.get(n.input[0])
@@ -144,6 +180,67 @@ def _is_block_dq(n: Any, inits: dict[str, Any], dynamic_out: set[str]) -> bool:
         or (x is not None and x.data_type in (_E2M1, _E4M3))
         or (s is not None and s.data_type == _E8M0)
     )
+
+
+def _mx_exponents(n: Any, inits: dict[str, Any]) -> bool:
+    """Whether ``n`` is a ``TRT_MXFP8DequantizeLinear`` whose scale is ``UINT8`` exponent bytes."""
+    s = inits.get(n.input[1]) if len(n.input) > 1 else None
+    return n.domain == _TRT and n.op_type == _MX_DQ and s is not None and s.data_type == _UINT8
+
+
+def _exponent_scale(b: _Builder, t: Any) -> str:
+    """A float32 initializer ``2**(byte - 127)`` (NaN for 255) for E8M0 exponent bytes ``t``."""
+    from onnx import numpy_helper
+
+    byte = numpy_helper.to_array(t).astype(np.int32)
+    value = np.ldexp(np.float32(1.0), np.minimum(byte, 254) - _E8M0_BIAS)  # exact, float32
+    name = b.name(f"{t.name}_e8m0")
+    b.inits.append(numpy_helper.from_array(np.where(byte == 255, np.float32(np.nan), value), name))
+    return name
+
+
+def _check_trt_dq(n: Any, inits: dict[str, Any], dynamic_out: set[str]) -> None:
+    """Refuse a TensorRT DequantizeLinear this reference cannot decode exactly."""
+    if n.domain != _TRT:
+        return
+    if n.op_type == _TRT_DQ and len(n.input) > 2 and n.input[2]:
+        raise ValueError(f"{n.name}: trt::DequantizeLinear with a zero point ({n.input[2]!r})")
+    s = inits.get(n.input[1])
+    exponents = s is not None and s.data_type in (_UINT8, _E8M0)
+    if n.op_type == _MX_DQ and not exponents and n.input[1] not in dynamic_out:
+        raise ValueError(
+            f"{n.name}: TRT_MXFP8DequantizeLinear scale {n.input[1]!r} is neither E8M0 "
+            "exponents (UINT8 or FLOAT8E8M0) in an initializer nor a TRT_MXFP8DynamicQuantize "
+            "output"
+        )
+
+
+def _check_blocks(n: Any, dims: dict[str, list[int]]) -> None:
+    """A blocked DequantizeLinear's scale shape fits its values (both initializers), whole blocks."""
+    a = _attrs(n)
+    block = int(a.get("block_size", 0))
+    x, s = dims.get(n.input[0]), dims.get(n.input[1]) if len(n.input) > 1 else None
+    if not block or x is None or s is None:
+        return
+    ax = int(a.get("axis", -1 if n.op_type == _MX_DQ else 1)) % max(len(x), 1)
+    want = [d // block if i == ax else d for i, d in enumerate(x)]
+    if len(s) != len(x) or x[ax] % block or s != want:
+        raise ValueError(
+            f"{n.name}: block scale {s} does not fit values {x} blocked by {block} along axis "
+            f"{ax} (want {want}, whole blocks)"
+        )
+
+
+def _out_type(n: Any, declared: dict[str, int]) -> int:
+    """The float type a TensorRT DequantizeLinear's output has: declared, else ``output_dtype``,
+    else float32 (float32 for ONNX's, as before)."""
+    if n.domain != _TRT:
+        return _FLOAT
+    floats = (_FLOAT, _FLOAT16, _BFLOAT16)
+    if declared.get(n.output[0]) in floats:
+        return declared[n.output[0]]
+    attr = int(_attrs(n).get("output_dtype", _FLOAT))
+    return attr if attr in floats else _FLOAT
 
 
 def _decoded(t: Any) -> Any:
@@ -247,23 +344,30 @@ def _blocked_shape(b: _Builder, xt: str) -> str:
     return b.op("Concat", head, b.const([-1], np.int64), axis=0)
 
 
-def _dequantize(b: _Builder, n: Any, rank: int | None) -> None:
-    """``x · scale`` for a DequantizeLinear, the scale repeated over its block or broadcast."""
+def _dequantize(b: _Builder, n: Any, rank: int | None, scale: str, to: int) -> None:
+    """``x · scale`` for a DequantizeLinear, the scale repeated over its block or broadcast (a
+    scalar, or one per channel along ``axis``), cast to ``to`` when that is not float32."""
     a = _attrs(n)
-    x, s, out = n.input[0], n.input[1], n.output[0]
+    x, out = n.input[0], n.output[0]
+    final = out if to == _FLOAT else None
     block = int(a.get("block_size", 0))
+    axis = int(a.get("axis", -1 if n.op_type == _MX_DQ else 1))
     x = b.op("Cast", x, to=_FLOAT)
-    s = b.op("Cast", s, to=_FLOAT)
+    s = b.op("Cast", scale, to=_FLOAT)
     if not block:
-        b.op("Mul", x, s, out=out)  # per tensor (a scalar scale): NVFP4's DequantizeLinear(sb, gs)
-        return
-    axis = int(a.get("axis", 1))
-    xt, inverse = _layout(b, x, axis, rank, n.name)
-    st, _ = _layout(b, s, axis, rank, n.name)
-    xb = b.op("Reshape", xt, b.const([-1, block], np.int64))
-    sb = b.op("Reshape", st, b.const([-1, 1], np.int64))
-    y = b.op("Reshape", b.op("Mul", xb, sb), b.op("Shape", xt))
-    _restore(b, y, inverse, out)
+        if rank is not None and rank > 1:  # s [C] along axis, or a scalar (NVFP4's DQ(sb, gs))
+            ax = axis % rank
+            s = b.op("Reshape", s, b.const([1] * ax + [-1] + [1] * (rank - ax - 1), np.int64))
+        y = b.op("Mul", x, s, out=final)
+    else:
+        xt, inverse = _layout(b, x, axis, rank, n.name)
+        st, _ = _layout(b, s, axis, rank, n.name)
+        xb = b.op("Reshape", xt, b.const([-1, block], np.int64))
+        sb = b.op("Reshape", st, b.const([-1, 1], np.int64))
+        y = b.op("Reshape", b.op("Mul", xb, sb), b.op("Shape", xt))
+        y = _restore(b, y, inverse, final)
+    if to != _FLOAT:
+        b.op("Cast", y, to=to, out=out)
 
 
 def _blocks(b: _Builder, n: Any, rank: int | None, size: int) -> tuple[str, Any, str, str]:
