@@ -135,3 +135,24 @@ def test_block_max_drop_fallback_keeps_the_format(files, tmp_path: Path) -> None
     assert fb is not None and fb["max_drop"] == 0.0
     kept = {q["format"] for q in res.report["quantizers"]}
     assert kept <= {"nvfp4"}
+
+
+def test_int4w_job_runs_the_awq_clip_search_unless_recipe_none(files, tmp_path: Path) -> None:
+    model, data = files
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "awq", format="int4w",
+                   show_progress=False)  # fmt: skip
+    report = res.report
+    assert "int4_clip" in report["timings_s"]
+    clip = report["ptq"]["awq_clip"]
+    assert [r["name"] for r in clip["rows"]] == ["fc1:weight", "fc2:weight", "head:weight"]
+    assert all(r["sqnr_after_db"] >= r["sqnr_before_db"] for r in clip["rows"])
+    assert report["ptq"]["steps"].startswith("AWQ clip (INT4 weights)")
+    manifest = json.loads((tmp_path / "awq" / "manifest.json").read_text())
+    assert {q["method"] for q in manifest["quantizers"]} == {"awq"}
+    assert report["int8"]["cosine_mean"] == pytest.approx(report["int8_torch"]["cosine_mean"],
+                                                          abs=1e-4)  # fmt: skip
+    none = quantize(f"{model}:build", str(data), out=tmp_path / "none", format="int4w",
+                    ptq="none", show_progress=False)  # fmt: skip
+    assert "int4_clip" not in none.report["timings_s"]
+    # the search keeps each row's amax only where it lowers the layer's output error in-sample
+    assert report["int8"]["cosine_mean"] >= none.report["int8"]["cosine_mean"] - 1e-3

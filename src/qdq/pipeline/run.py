@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,7 +46,7 @@ from qdq.pipeline.finish import (
     export_and_measure,
     written_by_rank0,
 )
-from qdq.pipeline.formats import plan_config
+from qdq.pipeline.formats import int4_clip, plan_config
 from qdq.pipeline.headline import kind_refused
 from qdq.pipeline.improve import PtqOptions, QatOptions, run_qat
 from qdq.pipeline.inputs import (
@@ -336,13 +338,21 @@ def quantize(
                                                  percentile, exporter, opset, target, size,
                                                  static)  # fmt: skip
         float_model, calib_batches = done.float_model, done.batches
+        improve = done.improve
+        if not (isinstance(ptq, PtqOptions) and not ptq.active):  # --recipe none: no PTQ step
+            clip, clipped = int4_clip(stages, prepared, calib_batches, show_progress)
+            if clip is not None:  # the fallback's re-plans clip their INT4 weights too
+                improve = _then(improve, clip)
+                before = (done.ptq or {}).get("steps", "none")
+                steps = "AWQ clip (INT4 weights)" + ("" if before == "none" else f" after {before}")
+                done = replace(done, ptq={**(done.ptq or {}), "steps": steps, "awq_clip": clipped})
         fallback = None
         if max_drop is not None:
             with stages("fallback") as st:
                 fallback = fallback_search(source, float_model, qdata, example, prepared, calib_batches,
                                      max_drop, calib, percentile, exporter, target, size, static,
                                      show_progress,
-                                     done.improve, config)  # fmt: skip
+                                     improve, config)  # fmt: skip
                 prepared = fallback.model
                 st.detail = (
                     f"{len(fallback.fallback)} op(s) kept in float, metric "
@@ -406,3 +416,16 @@ def quantize(
 
 def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def _then(
+    first: Callable[[nn.Module], Any] | None, second: Callable[[nn.Module], Any]
+) -> Callable[[nn.Module], None]:
+    """``first`` (when there is one), then ``second``, on a prepared model."""
+
+    def both(model: nn.Module) -> None:
+        if first is not None:
+            first(model)
+        second(model)
+
+    return both
