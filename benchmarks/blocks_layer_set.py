@@ -1,0 +1,71 @@
+"""qdq's block formats on ModelOpt's layer set (issue 60): the ``vit`` row of ``blocks.py`` like for
+like with ModelOpt's default configs, which quantize only ``nn.Linear`` modules (the MLPs and the
+head: 25 GEMMs) and leave torchvision's ``MultiheadAttention`` projections, the attention products
+and the patch convolution float. qdq's plans quantize those too (49 of 50 weighted layers), so
+``blocks.py``'s table compares more quantized layers against fewer; this script excludes them
+(``Override(exclude=True)``) and scores qdq's torch fake-quant model (equal to its export in ONNX
+Runtime, ``blocks.py``) on the same samples.
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/blocks_layer_set.py WORK [FORMAT ...]`` with
+``WORK`` a ``blocks.py`` work directory of the ``vit`` row (its ``calib.npz`` / ``eval.npz``;
+formats default ``mxfp8 nvfp4 int4w``). Prints top-1 agreement and mean cosine with FP32;
+asserts nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import qdq
+from qdq.config import Override, QuantConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_models
+
+#: ModelOpt's default configs quantize nn.Linear modules only: these stay float
+MODELOPT_FLOAT = (
+    Override(op="matmul", exclude=True),  # attention products
+    Override(module_type=torch.nn.MultiheadAttention, exclude=True),  # in/out projections
+    Override(regex="conv_proj", exclude=True),  # the patch convolution
+)
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    formats = sys.argv[2:] or ["mxfp8", "nvfp4", "int4w"]
+    cal = torch.from_numpy(next(iter(np.load(work / "calib.npz").values())))
+    ev = torch.from_numpy(next(iter(np.load(work / "eval.npz").values())))
+    model = fp8_models.build(fp8_models.ROWS["vit"])
+
+    def outputs(m: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([m(ev[i : i + 32]) for i in range(0, len(ev), 32)])
+
+    ref = outputs(model)
+    print("format  quantizers                     top-1    cosine   (vs FP32, eval samples)")
+    for fmt in formats:
+        prepared = qdq.prepare(model, (cal[:1],), QuantConfig(format=fmt, overrides=MODELOPT_FLOAT))
+        qdq.calibrate(
+            prepared, [cal[i : i + 8] for i in range(0, len(cal), 8)], show_progress=False
+        )
+        if fmt == "int4w":  # as qdq quantize does (stage int4_clip)
+            from qdq.ptq.awq_model import awq_clip
+
+            awq_clip(
+                prepared, [cal[i : i + 8] for i in range(0, len(cal), 8)], num_batches=2, sweeps=0
+            )
+        counts: dict[str, int] = {}
+        for q in qdq.quantizers_of(prepared).values():
+            counts[q.spec.format] = counts.get(q.spec.format, 0) + 1
+        out = outputs(prepared)
+        cos = torch.nn.functional.cosine_similarity(out, ref, dim=1).mean().item()
+        top1 = (out.argmax(1) == ref.argmax(1)).float().mean().item()
+        print(f"{fmt:7s} {counts!s:30s} {top1:.4f}   {cos:.5f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
