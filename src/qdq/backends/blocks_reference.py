@@ -285,18 +285,13 @@ class _Builder:
     """Nodes and constants of the rewrite, with fresh names."""
 
     def __init__(self, taken: set[str]) -> None:
+        from qdq.export.blocks_onnx import FreshNames
+
         self.taken = taken
+        self.name = FreshNames(taken)  # a fresh name from a base: base, base_1, ...
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self._consts: dict[tuple[str, bytes], str] = {}
-
-    def name(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
 
     def const(self, value: Any, dtype: Any = np.float32) -> str:
         from onnx import numpy_helper

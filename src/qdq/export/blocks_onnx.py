@@ -83,6 +83,7 @@ __all__ = [
     "MX_DYNAMIC",
     "OPSETS",
     "TRT_DOMAIN",
+    "FreshNames",
     "expand_blocks",
     "has_markers",
     "required_opset",
@@ -136,7 +137,7 @@ def expand_blocks(model: Any) -> Any:
     consts = _constants(graph)
     ranks, types = _tensor_info(model)
     taken = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
-    names = _Names(taken)
+    names = FreshNames(taken)
     replaced: dict[int, list[Any]] = {}
     new_inits: list[Any] = []
     for m in markers:
@@ -248,7 +249,15 @@ def _amax(m: _Marker, consts: dict[str, np.ndarray]) -> torch.Tensor | None:
     return torch.from_numpy(np.asarray(consts[name], dtype=np.float32).copy())
 
 
-class _Names:
+class FreshNames:
+    """Fresh tensor and node names of a graph being rewritten: ``base``, else ``base_1``, ...
+
+    Example:
+        >>> names = FreshNames({"w"})
+        >>> names("w"), names("w"), names("s")
+        ('w_1', 'w_2', 's')
+    """
+
     def __init__(self, taken: set[str]) -> None:
         self.taken = taken
 
@@ -266,7 +275,7 @@ def _neg(axis: int, rank: int | None) -> int:
 
 
 def _weight(
-    m: _Marker, value: np.ndarray, amax: torch.Tensor | None, names: _Names
+    m: _Marker, value: np.ndarray, amax: torch.Tensor | None, names: FreshNames
 ) -> tuple[list[Any], list[Any]]:
     """Pre-quantized initializers and their DequantizeLinear nodes for a constant weight."""
     import ml_dtypes
@@ -345,7 +354,7 @@ def _weight(
     return nodes, inits
 
 
-def _cast_back(nodes: list[Any], out: str, dtype: Any, name: str, names: _Names) -> None:
+def _cast_back(nodes: list[Any], out: str, dtype: Any, name: str, names: FreshNames) -> None:
     from onnx import helper
     from onnx.helper import np_dtype_to_tensor_dtype
 
@@ -356,7 +365,7 @@ def _cast_back(nodes: list[Any], out: str, dtype: Any, name: str, names: _Names)
 
 
 def _dynamic(
-    m: _Marker, amax: torch.Tensor | None, rank: int | None, elem: int, names: _Names
+    m: _Marker, amax: torch.Tensor | None, rank: int | None, elem: int, names: FreshNames
 ) -> tuple[list[Any], list[Any]]:
     """TensorRT's dynamic block quantize (NVFP4, MXFP8), or Q/DQ (INT4), for a run-time tensor."""
     from onnx import helper, numpy_helper

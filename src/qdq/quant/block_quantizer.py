@@ -221,11 +221,7 @@ class BlockQuantizer(Quantizer):
         mode = self._mode
         if mode is QuantMode.BYPASS:
             return x
-        if not x.is_floating_point():
-            raise ValueError(
-                f"quantizer {self.name!r}: only floating-point tensors are quantized, got "
-                f"dtype {x.dtype}; exclude this point or set its mode to 'bypass'"
-            )
+        self._check_float(x)
         if mode is QuantMode.CALIBRATE:
             if self.role == "weight":
                 self._seen_weight = x.detach()

@@ -317,14 +317,7 @@ class Quantizer(PtqState, KeptState):
         mode = self._mode
         if mode is QuantMode.BYPASS:
             return x
-        if not x.is_floating_point():
-            # ValueError, not TypeError: inside Tensor.__mul__ and the like, torch turns a
-            # TypeError into "unsupported operand type(s)", which hides this message
-            raise ValueError(
-                f"quantizer {self.name!r}: only floating-point tensors are quantized, got "
-                f"dtype {x.dtype} (a mask or an index?); exclude this point or set its mode "
-                "to 'bypass'"
-            )
+        self._check_float(x)
         if mode is QuantMode.QUANTIZE:
             if current_exporter() is not None:
                 return self._export_qdq(x)
@@ -376,6 +369,17 @@ class Quantizer(PtqState, KeptState):
         if not torch.compiler.is_compiling():  # dynamo would guard on the kept copy
             self._keep_weight(key, out)
         return out
+
+    def _check_float(self, x: torch.Tensor) -> None:
+        """Refuse a tensor that is not floating point (a mask or an index reaching a quantizer)."""
+        if not x.is_floating_point():
+            # ValueError, not TypeError: inside Tensor.__mul__ and the like, torch turns a
+            # TypeError into "unsupported operand type(s)", which hides this message
+            raise ValueError(
+                f"quantizer {self.name!r}: only floating-point tensors are quantized, got "
+                f"dtype {x.dtype} (a mask or an index?); exclude this point or set its mode "
+                "to 'bypass'"
+            )
 
     def _fake_quant_eager(self, x: torch.Tensor) -> torch.Tensor:
         """``QUANTIZE`` with a fixed amax outside ``torch.compile`` and tracing: the forward's
