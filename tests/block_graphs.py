@@ -134,7 +134,7 @@ class Builder:
         wq = self.modelopt_mx_weight(p, [n, k])
         self.node("Transpose", [wq], [f"{p}.wt"], f"{p}.transpose", perm=[1, 0])
         self.node("MatMul", [xq, f"{p}.wt"], [f"{p}.mm"], f"{p}.matmul")
-        b = self.init(f"{p}.bias", TensorProto.FLOAT, [n], 0.0)
+        b = self.init(f"{p}.bias", TensorProto.FLOAT16, [n], 0.0)  # the FP16 MatMul's type
         self.node("Add", [f"{p}.mm", b], [f"{p}.y"], f"{p}.add")
         return f"{p}.y"
 

@@ -35,6 +35,7 @@ from typing import Any
 from qdq.lint.speed.gpus import GPU
 
 __all__ = [
+    "BLOCK_MATH",
     "COMPUTE_OPS",
     "OPS",
     "CostLayer",
@@ -50,9 +51,15 @@ __all__ = [
 COMPUTE_OPS = ("conv", "deconv", "gemm", "attention")
 OPS = (*COMPUTE_OPS, "pointwise", "pool", "reduce", "softmax", "norm", "reformat", "qdq",
        "concat", "copy", "noop", "other")  # fmt: skip
-#: bytes per value of each precision
+#: bytes per value of each precision; the block formats of the linter (issue 60) with their
+#: block scales: NVFP4 one E4M3 per 16 values, MXFP8 one E8M0 per 32, INT4 weight-only one
+#: 16-bit scale per block of 128 (the largest block qdq writes; its activations are float)
 ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0,
-                 "fp4": 0.5, "int4": 0.5, "int32": 4.0, "int64": 8.0, "bool": 1.0, "uint8": 1.0}  # fmt: skip
+                 "fp4": 0.5, "int4": 0.5, "int32": 4.0, "int64": 8.0, "bool": 1.0, "uint8": 1.0,
+                 "nvfp4": 0.5 + 1 / 16, "mxfp8": 1.0 + 1 / 32, "int4w": 0.5 + 2 / 128}  # fmt: skip
+#: K08: the tensor-core math of a block-scaled GEMM: NVFP4 at the FP4 rate, MXFP8 at the FP8
+#: rate, INT4 weight-only at FP16 (its kernels widen the weights in the main loop)
+BLOCK_MATH = {"nvfp4": "fp4", "mxfp8": "fp8", "int4w": "fp16"}
 _CUDNN_TILE = 128  # the output tile of cuDNN's i8816 kernels
 _SPLIT_K_MIN = 256  # the shortest reduction chunk of a split-K GEMM
 _SIMT_SPEEDUP = {"fp32": 1.0, "tf32": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0, "fp8": 2.0}
@@ -165,13 +172,15 @@ class LayerTime:
 
 
 def math_precision(precision: str, gpu: GPU) -> str:
-    """The precision a layer's math runs at on ``gpu``: FP32 runs TF32 where the GPU has it.
+    """The precision a layer's math runs at on ``gpu``: FP32 runs TF32 where the GPU has it; a
+    block format runs its :data:`BLOCK_MATH` precision.
 
     Raises:
         UnsupportedPrecisionError: ``gpu`` has no kernels of ``precision``.
     """
     if precision == "fp32":  # K01
         return "tf32" if gpu.peak("tf32") else "fp32"
+    precision = BLOCK_MATH.get(precision, precision)  # K08
     if gpu.peak(precision) is None:
         raise UnsupportedPrecisionError(
             f"{gpu.label} (compute capability {gpu.compute_capability[0]}."

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from qdq.lint.formats import is_quantized
+from qdq.lint.formats import DYNAMIC_QUANTIZE, INT4W, is_quantized
 from qdq.lint.graph import COPY_OPS, LintGraph
 from qdq.lint.layer import PLUGIN, PredictedLayer
 from qdq.lint.speed.cost import ELEMENT_BYTES, CostLayer
@@ -228,6 +228,8 @@ class _Builder:
         return out
 
     def _read_precision(self, ly: PredictedLayer, members: list[Any], m: Any, k: int) -> str:
+        if ly.input_precision == INT4W:  # weight-only: the activation is read in float
+            return self.fp
         if ly.kind == "weighted" and not (m is members[0] and k == 0):
             return ly.output_precision  # a fused residual Add reads in the output's precision
         if ly.kind == "attention" and m.op_type != "MatMul":
@@ -240,9 +242,11 @@ class _Builder:
         return [
             o
             for m in members
-            for o in m.output
+            # a dynamic block quantize's block scales are in its values' bytes per value
+            for o in (m.output[:1] if m.domain == "trt" and m.op_type in DYNAMIC_QUANTIZE
+                      else m.output)
             if o and (o in g.outputs or any(id(c) not in ids for c in g.consumers.get(o, [])))
-        ]
+        ]  # fmt: skip
 
     def _source_of(self, ly: PredictedLayer, tensor: str, precision: str, slot: int) -> int | None:
         """The index of the layer (or reformat) the layer reads ``tensor`` from; adds a reformat
@@ -488,8 +492,9 @@ def _bytes(precision: str) -> float:
 
 
 def _is_q_type(elem: int) -> bool:
-    """INT8/UINT8/FP8 element types (the quantized tensors between Q and DQ)."""
-    return elem in (2, 3, 17, 18, 19, 20)
+    """INT8/UINT8/FP8/INT4/UINT4/FP4/E8M0 element types (the quantized tensors between Q and DQ,
+    and block scales)."""
+    return elem in (2, 3, 17, 18, 19, 20, 21, 22, 23, 24)
 
 
 def _onnx_bytes(elem: int) -> float:
