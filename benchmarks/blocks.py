@@ -40,6 +40,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +313,12 @@ def run_row(row: Row, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     rec.update({k: meta[k] for k in ("calibration_samples", "evaluation_samples", "metric_name",
                                      "fp32_metric", "params_M")})  # fmt: skip
     for fmt in a.formats:
-        log(f"{row.name}: qdq quantize --format {fmt}")
-        rec["tools"][fmt] = run_qdq_format(row, fmt, a, work, meta)
+        if fmt in a.qdq_from.get(row.name, {}):
+            rec["tools"][fmt] = a.qdq_from[row.name][fmt]
+            rec["qdq_from"] = str(a.qdq_from_path)
+        else:
+            log(f"{row.name}: qdq quantize --format {fmt}")
+            rec["tools"][fmt] = run_qdq_format(row, fmt, a, work, meta)
     for fmt in a.peer_formats:
         key = f"modelopt-{fmt}"
         if key in a.peers_from.get(row.name, {}):
@@ -529,6 +534,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers-from", type=Path,
                    help="take ModelOpt's records from this JSON (an earlier run of this script "
                    "on the same rows and data) instead of running it")  # fmt: skip
+    p.add_argument("--qdq-from", type=Path,
+                   help="take qdq's records from this JSON (an earlier run of this script on the "
+                   "same rows and data) instead of running it")  # fmt: skip
     p.add_argument("--work", type=Path, help="keep every row's files here (default: temporary)")
     p.add_argument("--eval-samples", type=int, help="evaluation samples of every row (smoke runs)")
     p.add_argument("--stage", choices=("prep", "runnable"), help=argparse.SUPPRESS)
@@ -539,14 +547,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a = rows_and_src(p, p.parse_args(argv), ROWS)
     a.formats = _listed(p, a.formats, (*FORMATS, "mixed"), "--formats")
     a.peer_formats = _listed(p, a.peer_formats, PEER_FORMATS, "--peer-formats")
-    a.peers_from_path, a.peers_from = a.peers_from, {}
-    if a.peers_from_path is not None:
-        if not a.peers_from_path.is_file():
-            p.error(f"--peers-from {a.peers_from_path}: no such file")
-        rows = json.loads(a.peers_from_path.read_text(encoding="utf-8")).get("rows", {})
-        a.peers_from = {name: {k: v for k, v in rec.get("tools", {}).items()
-                               if k.startswith("modelopt-")} for name, rec in rows.items()}  # fmt: skip
+    a.peers_from_path = a.peers_from
+    a.peers_from = _records(p, a.peers_from, "--peers-from", lambda k: k.startswith("modelopt-"))
+    a.qdq_from_path = a.qdq_from
+    a.qdq_from = _records(p, a.qdq_from, "--qdq-from", lambda k: not k.startswith("modelopt-"))
     return a
+
+
+def _records(
+    p: argparse.ArgumentParser, path: Path | None, flag: str, keep: Callable[[str], bool]
+) -> dict[str, dict[str, Any]]:
+    """The tool records of an earlier run's JSON, per row, of the tools ``keep`` takes."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        p.error(f"{flag} {path}: no such file")
+    rows = json.loads(path.read_text(encoding="utf-8")).get("rows", {})
+    return {name: {k: v for k, v in rec.get("tools", {}).items() if keep(k)}
+            for name, rec in rows.items()}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -333,7 +333,7 @@ def aims(recs: list[dict[str, Any]]) -> list[str]:
             out.append(f"| {rec['row']} | no FP8 result | — | {mixed_aim(rec)} |")
             continue
         drop = 100 * (rec["fp32_metric"] - fp8["metric"])
-        if rec["row"] in ("vit", "swin", "bert", "distilbert"):
+        if rec["row"] in ("vit", "swin", "bert", "distilbert", "gpt2"):
             ok = fp8["cosine"] >= 0.999
             first = f"cosine {fp8['cosine']:.5f} ≥ 0.999: {'yes' if ok else 'no'}"
         elif rec["metric_name"] == "cosine":

@@ -16,6 +16,10 @@ weights (nothing is downloaded):
 * ``bert`` / ``distilbert``: sequence classifiers (3 labels, SDPA attention) from their configs
   (``tests/models/real.py``'s ``_hf_config``) at BERT-mini's width (hidden 256, 4 heads, FFN
   1024; BERT 4 layers, DistilBERT 6), 128 random tokens of which 32-128 are real (64 / 128);
+* ``gpt2``: ``transformers`` GPT-2 as a sequence classifier (3 labels, SDPA attention, no KV
+  cache) at the same width (hidden 256, 4 heads, FFN 1024, 4 layers); its projections are
+  ``Conv1D`` (``torch.addmm(b, x, W)`` with ``W`` stored ``[in, out]``); the token ids alone,
+  padded with 0 (its ``pad_token_id``: the classifier reads the last real token), 64 / 128;
 * ``unet``: diffusers ``UNet2DModel`` (``tests/models/real.py``'s ``unet2d_tiny``: 2 levels of
   32 and 64 channels, self-attention at 16x16) as a denoiser ``(sample, timestep) -> noise``, on
   32x32 photo crops in [-1, 1] noised at a random DDPM step (linear betas 1e-4..0.02; 64 / 128);
@@ -53,6 +57,8 @@ ROWS: dict[str, Row] = {
                 note="BERT classifier, 4 layers, hidden 256, 128 random tokens"),
     "distilbert": Row("distilbert", "distilbert", "npz", 64, 128,
                       note="DistilBERT classifier, 6 layers, hidden 256, 128 random tokens"),
+    "gpt2": Row("gpt2", "gpt2", "npz", 64, 128,
+                note="GPT-2 classifier, 4 layers, hidden 256, Conv1D projections, 128 tokens"),
     "unet": Row("unet", "unet", "npz", 64, 128,
                 note="diffusers UNet2DModel denoiser (32/64 channels, attention at 16x16), "
                 "noised 32x32 photo crops"),
@@ -121,6 +127,20 @@ def distilbert() -> nn.Module:
     return _encoder("distilbert", 6)
 
 
+def gpt2() -> nn.Module:
+    """GPT-2 sequence classifier (4 layers, hidden 256, 3 labels), random weights, no KV cache."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=256, n_layer=4, n_head=4, n_inner=1024,
+                                     n_positions=TOKENS, vocab_size=VOCAB, num_labels=3,
+                                     pad_token_id=0, use_cache=False)  # fmt: skip
+    model = transformers.GPT2ForSequenceClassification._from_config(
+        config, attn_implementation="sdpa"
+    )
+    return model.eval()
+
+
 def unet() -> nn.Module:
     """The diffusers pixel UNet of ``tests/models/real.py`` (``unet2d_tiny``) as a denoiser."""
     from models.real import BENCH_ARCHS
@@ -154,6 +174,8 @@ def write_data(row: Row, path: Path) -> None:
     n = (row.calib or 0) + (row.evaluate or 0)
     if row.name in ("bert", "distilbert"):
         arrays = tokens(n, TOKENS, VOCAB, seed=0)
+    elif row.name == "gpt2":  # its second parameter is past_key_values: the ids alone
+        arrays = {"input_ids": tokens(n, TOKENS, VOCAB, seed=0)["input_ids"]}
     elif row.name == "unet":
         arrays = noised_crops(n, seed=0)
     else:
