@@ -112,7 +112,17 @@ def test_block_formats_from_the_cli_and_refused_targets(files, tmp_path, capsys)
     code = main(["quantize", "--model", f"{model}:build", "--data", str(data), "--out", str(out),
                  "--format", "nvfp4", "--recipe", "none", "--no-progress"])  # fmt: skip
     assert code == 0
-    assert "opset 23" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "opset 23" in printed
+    # the quantized model is named by its format, not INT8; the engine time is priced in FP4
+    assert "Q/DQ (ONNX Runtime)" in printed and "  NVFP4 vs FP32 (output 0): " in printed
+    assert "  INT8 " not in printed.split("predicted TensorRT")[0]
+    report = json.loads((out / "report.json").read_text())
+    gemms = [ly for ly in report["latency"]["layers"] if ly["type"] == "gemm"]
+    assert gemms and {ly["precision"] for ly in gemms} == {"nvfp4"}
+    assert report["latency"]["unsized"] == []
+    page = (out / "report.html").read_text()
+    assert "NVFP4 vs FP32" in page and "INT8 vs FP32" not in page
     for fmt, target, why in [
         ("nvfp4", "trt10-hopper", "NVFP4 needs TensorRT 10.8"),
         ("nvfp4", "trt10.12-ada", "needs a Blackwell GPU"),

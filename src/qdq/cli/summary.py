@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qdq.pipeline.report import format_label
+
 __all__ = ["print_summary"]
 
 
@@ -18,39 +20,42 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
     """The human summary of a report: metric, coverage, lint, timings, files."""
     name = r["metric_name"]
     fp32, int8 = r["fp32_metric"], r["int8_metric"]
+    label = format_label((r.get("settings") or {}).get("format"))
     print(
-        f"{name}: FP32 {fp32:.4f} (torch)  INT8 {int8:.4f} (exported ONNX in ONNX Runtime; "
+        f"{name}: FP32 {fp32:.4f} (torch)  {label} {int8:.4f} (exported ONNX in ONNX Runtime; "
         f"{_figure_delta(name, int8 - fp32)})"
     )
     top = r.get("headline")
     if top:
         print(f"  headline: {top['text']}")
     for d in r["fp32"].get("degenerate") or []:
-        print(f"  WARNING: FP32 {d['name']} {d['problem']}: {d['detail']}; the INT8 figures "
+        print(f"  WARNING: FP32 {d['name']} {d['problem']}: {d['detail']}; the {label} figures "
               f"{'mean nothing' if d['headline'] else 'of that output mean nothing'}")  # fmt: skip
     if r.get("per_image"):
         print("  per-image detection lists: calibrated, evaluated and exported at batch 1")
     i8 = r["int8"]
     agree = "" if i8["top1_agreement"] is None else f"top-1 agreement {i8['top1_agreement']:.4f}, "
     print(
-        f"  INT8 vs FP32 (output 0): {agree}cosine mean {i8['cosine_mean']:.6f} "
+        f"  {label} vs FP32 (output 0): {agree}cosine mean {i8['cosine_mean']:.6f} "
         f"(min {i8['cosine_min']:.6f}); torch fake-quant {r['int8_torch']['metric']:.4f}"
     )
-    _print_outputs(r.get("outputs") or [])
+    _print_outputs(r.get("outputs") or [], label)
     figures = i8.get("figures")
     if figures:
         fp32_figures = r["fp32"]["figures"]
         pairs = ", ".join(f"{k} {fp32_figures[k]:.4g} → {v:.4g}" for k, v in figures.items())
-        print(f"  {r['metric_name']} figures, FP32 → INT8: {pairs}")
+        print(f"  {r['metric_name']} figures, FP32 → {label}: {pairs}")
     methods = r.get("calibration_methods")
     if methods:
-        print(f"  {'method':<11}{'INT8 (torch)':>13}{'drop':>8}{'agree':>8}{'cosine':>10}")
+        head = f"{label} (torch)"
+        width = max(13, len(head) + 1)
+        print(f"  {'method':<11}{head:>{width}}{'drop':>8}{'agree':>8}{'cosine':>10}")
         scale = 1 if name == "psnr" else 100  # the drop in dB, else in points
         for m, s in methods.items():
             ag = "-" if s["top1_agreement"] is None else f"{s['top1_agreement']:.4f}"
             mark = "  <- exported" if m == r["settings"]["method"] else ""
             print(
-                f"  {m:<11}{s['metric']:>13.4f}{scale * (s['metric'] - fp32):>+8.2f}{ag:>8}"
+                f"  {m:<11}{s['metric']:>{width}.4f}{scale * (s['metric'] - fp32):>+8.2f}{ag:>8}"
                 f"{s['cosine_mean']:>10.5f}{mark}"
             )
     ptq = r.get("ptq")
@@ -82,9 +87,9 @@ def print_summary(r: dict[str, Any], out_dir: str) -> None:
             if lint.get("fp8_weighted_layers")
             else ""
         )
-        for key, label in (("nvfp4", "NVFP4"), ("mxfp8", "MXFP8"), ("int4w", "INT4 weight-only")):
+        for key, shown in (("nvfp4", "NVFP4"), ("mxfp8", "MXFP8"), ("int4w", "INT4 weight-only")):
             if lint.get(f"{key}_weighted_layers"):
-                fp8 += f", {label} {lint[f'{key}_weighted_layers']}/{lint['weighted_layers']}"
+                fp8 += f", {shown} {lint[f'{key}_weighted_layers']}/{lint['weighted_layers']}"
         print(
             f"predicted TensorRT INT8 coverage: {lint['int8_weighted_layers']}/"
             f"{lint['weighted_layers']} weighted layers ({lint['int8_flops_percent']}% of FLOPs)"
@@ -142,13 +147,13 @@ def _print_budget(b: dict[str, Any] | None) -> None:
         print(line)
 
 
-def _print_outputs(rows: list[dict[str, Any]]) -> None:
+def _print_outputs(rows: list[dict[str, Any]], label: str) -> None:
     """One line per output tensor when there are several (the headline's marked ``*``)."""
     if len(rows) < 2:
         return
     from qdq.pipeline.outputs import describe
 
-    print(f"  every output, INT8 (ONNX Runtime) vs FP32 ({len(rows)} tensors):")
+    print(f"  every output, {label} (ONNX Runtime) vs FP32 ({len(rows)} tensors):")
     for row in rows:
         print(f"  {'*' if row['headline'] else ' '} {describe(row)}")
 

@@ -274,10 +274,13 @@ def measure(
     names: Sequence[str] | None,
     show: bool,
     qat: tuple[dict[str, Any], nn.Module] | None,
+    label: str = "INT8",
 ) -> Measured:
     """The ``fp32_eval`` and ``int8_eval`` stages on batch-major outputs: FP32 in torch, the
     export in ONNX Runtime, ``prepared`` in torch fake-quant (and QAT's PTQ model ``qat[1]``,
-    whose metric goes to ``qat[0]``), each on ``qdata.evaluation`` in batches of ``size``.
+    whose metric goes to ``qat[0]``), each on ``qdata.evaluation`` in batches of ``size``;
+    ``label`` names the quantized model in progress bars and the stage's line
+    (:func:`qdq.pipeline.report.format_label`).
     FP32's outputs are kept whole when a task metric scores every one, else only the first."""
     every, task, targets = qdata.metric is not None, qdata.metric, qdata.targets
     with stages("fp32_eval") as st:
@@ -304,7 +307,7 @@ def measure(
             qdata.evaluation,
             size,
             static=static,
-            desc="INT8 (ONNX Runtime)",
+            desc=f"{label} (ONNX Runtime)",
             show=show,
             every=True,
             forward=forward,
@@ -319,7 +322,7 @@ def measure(
             qdata.evaluation,
             size,
             static=static,
-            desc="INT8 (torch fake-quant)",
+            desc=f"{label} (torch fake-quant)",
             show=show,
             every=every,
         )
@@ -329,7 +332,7 @@ def measure(
             fq_ptq = torch_outputs(qat[1], qdata.evaluation, size, static=static,
                                    desc="PTQ before QAT (torch)", show=show, every=every)  # fmt: skip
             qat[0]["ptq_metric_torch"] = score(fq_ptq, ref, qdata.labels, task, targets)["metric"]
-        st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+        st.detail = f"{label} {int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
     return Measured(ref, fp32, int8, int8_torch, outputs, top)
 
 

@@ -26,7 +26,7 @@ from qdq.pipeline.formats import method_label, plan_format
 from qdq.pipeline.inputs import ForwardInputs, Inputs, num_samples
 from qdq.pipeline.models import ModelSource
 from qdq.pipeline.outdir import staged_dir
-from qdq.pipeline.report import build_report
+from qdq.pipeline.report import build_report, format_label
 from qdq.pipeline.stages import Stages
 from qdq.qat import distributed as dist
 
@@ -141,13 +141,14 @@ def export_and_measure(
             if s.per_image and s.inputs is not None and checks is not None:
                 compared = per_image.check_export(exported.path, prepared, checks, s.inputs)
                 st.detail += f" (per quantizer: {compared} on {num_samples(checks)} image(s))"
+        label = format_label(plan_format(prepared))
         if s.per_image and s.inputs is not None:
             m = per_image.evaluate(stages, prepared, source.module, exported.path, qdata.evaluation,
-                                   s.per_image, s.inputs, s.output_names, show)  # fmt: skip
+                                   s.per_image, s.inputs, s.output_names, show, label)  # fmt: skip
         else:
             m = measure(stages, prepared, source.module, qdata, exported.path, size=size,
                         static=s.static, forward=s.inputs, user=s.metric, names=s.output_names,
-                        show=show, qat=qat)  # fmt: skip
+                        show=show, qat=qat, label=label)  # fmt: skip
         ref, fp32, int8, int8_torch, outputs, top = (
             m.reference, m.fp32, m.int8, m.int8_torch, m.outputs, m.headline)  # fmt: skip
         errors = None

@@ -301,10 +301,12 @@ def evaluate(
     forward: ForwardInputs,
     names: Sequence[str] | None,
     show: bool,
+    label: str = "INT8",
 ) -> Measured:
     """The ``fp32_eval`` and ``int8_eval`` stages in per-image mode (``stages``: the job's
-    :class:`~qdq.pipeline.stages.Stages`): FP32's detections, the FP32, INT8 (ONNX Runtime) and
-    INT8 (torch fake-quant) scores, the outputs table and the headline."""
+    :class:`~qdq.pipeline.stages.Stages`): FP32's detections, the FP32, quantized (ONNX Runtime)
+    and quantized (torch fake-quant) scores, the outputs table and the headline; ``label`` names
+    the quantized model (:func:`qdq.pipeline.report.format_label`)."""
     from qdq.pipeline.outputs import onnx_output_names
 
     with stages("fp32_eval") as st:
@@ -313,13 +315,13 @@ def evaluate(
         mean = fp32["detections"]["detections_fp32"]
         st.detail = f"{fp32['metric']:.4f} on {len(ref)} images ({mean:.1f} detections each)"
     with stages("int8_eval") as st:
-        ort = ort_detections(onnx_path, x, keys, desc="INT8 (ONNX Runtime)", show=show,
+        ort = ort_detections(onnx_path, x, keys, desc=f"{label} (ONNX Runtime)", show=show,
                              forward=forward)  # fmt: skip
         onnx_names = onnx_output_names(onnx_path, len(keys))
         names = names if names is not None and len(names) == len(keys) else None
         int8, outputs = compare_lists(ort, ref, keys, names, onnx_names)
-        fq = torch_detections(prepared, x, desc="INT8 (torch fake-quant)", show=show)
+        fq = torch_detections(prepared, x, desc=f"{label} (torch fake-quant)", show=show)
         int8_torch = compare_lists(fq, ref, keys)[0]
         int8_torch["vs_onnxruntime"] = compare_lists(fq, ort, keys)[0]
-        st.detail = f"{int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
+        st.detail = f"{label} {int8['metric']:.4f} (torch fake-quant {int8_torch['metric']:.4f})"
     return Measured(list(ref), fp32, int8, int8_torch, outputs, headline(keys))

@@ -60,6 +60,7 @@ What the headline is, and every output (issue 31):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
@@ -74,6 +75,7 @@ __all__ = [
     "STABLE_KEYS",
     "STAGE_LABELS",
     "build_report",
+    "format_label",
     "stage_error",
 ]
 
@@ -92,7 +94,7 @@ STAGE_LABELS = {
     "refit": "refit, all samples",
     "export": "export",
     "fp32_eval": "FP32 (torch)",
-    "int8_eval": "INT8 (ONNX Runtime)",
+    "int8_eval": "Q/DQ (ONNX Runtime)",
     "layer_errors": "per-layer error",
     "compare_methods": "every method",
     "fallback": "fallback search",
@@ -102,6 +104,22 @@ STAGE_LABELS = {
     "latency": "engine time",
     "speed": "speed objective",
 }
+_FORMAT_NAMES = {"int8": "INT8", "fp8": "FP8", "nvfp4": "NVFP4", "mxfp8": "MXFP8", "int4": "INT4w"}
+
+
+def format_label(formats: Mapping[str, int] | None) -> str:
+    """The quantized model's name in messages: its formats by quantizer count (``settings.format``
+    of ``report.json``), most first; ``"INT8"`` when none is known (``report.json`` keeps the
+    quantized model's figures under ``int8`` whatever its format).
+
+    Example:
+        >>> format_label({"int8": 40}), format_label({"fp8": 12, "nvfp4": 32}), format_label(None)
+        ('INT8', 'NVFP4+FP8', 'INT8')
+    """
+    ranked = sorted((formats or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    return "+".join(_FORMAT_NAMES.get(f, f.upper()) for f, n in ranked if n > 0) or "INT8"
+
+
 #: ``lint_verdict`` when the lint stage failed (see ``stage_errors``)
 LINT_NOT_RUN = "not run"
 

@@ -13,7 +13,7 @@ from qdq._io import atomic_write_text
 from qdq.lint.engine_report import EngineReport
 from qdq.lint.report import LintReport
 from qdq.pipeline.outputs import PSNR_CAP
-from qdq.pipeline.report import STAGE_LABELS, stage_error
+from qdq.pipeline.report import STAGE_LABELS, format_label, stage_error
 from qdq.ptq.step import STEPS
 
 __all__ = ["check_dependencies", "render_html", "write_html"]
@@ -139,7 +139,9 @@ def _plain_page(report: Mapping[str, Any], failed: list[dict[str, str]]) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>qdq report</title></head><body>"
         f"<h1>qdq report: {escape(str((report.get('model') or {}).get('spec')))}</h1>"
-        f"<p>{metric}: FP32 {report.get('fp32_metric')} · INT8 {report.get('int8_metric')} "
+        f"<p>{metric}: FP32 {report.get('fp32_metric')} · "
+        f"{escape(format_label((report.get('settings') or {}).get('format')))} "
+        f"{report.get('int8_metric')} "
         "(the exported ONNX in ONNX Runtime)</p>"
         "<p>The full page could not be rendered; everything measured is in report.json.</p>"
         f"<h2>Stages that failed</h2><ul>{rows}</ul></body></html>\n"
@@ -234,6 +236,7 @@ def _context(r: Mapping[str, Any], failed: list[dict[str, str]]) -> dict[str, An
     lint = r["lint"] or _NO_LINT
     errors = r.get("layer_errors") or None
     return {
+        "qlabel": format_label((r.get("settings") or {}).get("format")),
         "r": r,
         "lint": lint,
         "title": str(r["model"]["spec"]).replace("\\", "/").rsplit("/", 1)[-1],
@@ -324,6 +327,7 @@ def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
     metric = str(r["metric_name"])
     fp32 = float(r["fp32_metric"])
     used = r["settings"]["method"]
+    qlabel = format_label(r["settings"].get("format"))
     table = r.get("calibration_methods") or {used: r["int8_torch"]}
     rows = [
         {
@@ -336,7 +340,7 @@ def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
             "kind": "fp32",
         },
         {
-            "name": f"INT8 {used}, exported (ONNX Runtime)",
+            "name": f"{qlabel} {used}, exported (ONNX Runtime)",
             "value": fmt(r["int8_metric"]),
             "raw": float(r["int8_metric"]),
             "delta": _delta(metric, float(r["int8_metric"]) - fp32),
@@ -348,7 +352,7 @@ def _methods(r: Mapping[str, Any], fmt: Any) -> list[dict[str, Any]]:
     for method, s in table.items():
         rows.append(
             {
-                "name": f"INT8 {method} (torch fake-quant)",
+                "name": f"{qlabel} {method} (torch fake-quant)",
                 "value": fmt(s["metric"]),
                 "raw": float(s["metric"]),
                 "delta": _delta(metric, float(s["metric"]) - fp32),
