@@ -1,15 +1,18 @@
-"""qdq's block formats on ModelOpt's layer set (issue 60): the ``vit`` row of ``blocks.py`` like for
-like with ModelOpt's default configs, which quantize only ``nn.Linear`` modules (the MLPs and the
-head: 25 GEMMs) and leave torchvision's ``MultiheadAttention`` projections, the attention products
-and the patch convolution float. qdq's plans quantize those too (49 of 50 weighted layers), so
-``blocks.py``'s table compares more quantized layers against fewer; this script excludes them
-(``Override(exclude=True)``) and scores qdq's torch fake-quant model (equal to its export in ONNX
-Runtime, ``blocks.py``) on the same samples.
+"""qdq's block formats on ModelOpt's layer set (issue 60): the ``vit`` and ``swin`` rows of
+``blocks.py`` like for like with ModelOpt's default configs, which quantize only the ``nn.Linear``
+modules whose ``forward`` runs. On the ViT that is the MLPs and the head (25 GEMMs): torchvision's
+``MultiheadAttention`` projections, the attention products and the patch convolution stay float.
+On the Swin it is the MLPs, the patch-merging reductions and the head (28 GEMMs): its window
+attention calls ``F.linear`` with the ``qkv``/``proj`` weights, so those, the attention products
+and the patch convolution (ModelOpt's export leaves it float) stay float. qdq's plans quantize
+those too, so ``blocks.py``'s table compares more quantized layers against fewer; this script
+excludes them (``Override(exclude=True)``) and scores qdq's torch fake-quant model (equal to its
+export in ONNX Runtime, ``blocks.py``) on the same samples.
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/blocks_layer_set.py WORK [FORMAT ...]`` with
-``WORK`` a ``blocks.py`` work directory of the ``vit`` row (its ``calib.npz`` / ``eval.npz``;
-formats default ``mxfp8 nvfp4 int4w``). Prints top-1 agreement and mean cosine with FP32;
-asserts nothing.
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/blocks_layer_set.py WORK [--row swin]
+[FORMAT ...]`` with ``WORK`` a ``blocks.py`` work directory of the row (its ``calib.npz`` /
+``eval.npz``; row default ``vit``, formats default ``mxfp8 nvfp4 int4w``). Prints top-1 agreement
+and mean cosine with FP32; asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,20 +29,36 @@ from qdq.config import Override, QuantConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fp8_models
 
-#: ModelOpt's default configs quantize nn.Linear modules only: these stay float
-MODELOPT_FLOAT = (
-    Override(op="matmul", exclude=True),  # attention products
-    Override(module_type=torch.nn.MultiheadAttention, exclude=True),  # in/out projections
-    Override(regex="conv_proj", exclude=True),  # the patch convolution
-)
+#: per row, what ModelOpt's default configs leave float (they quantize the nn.Linear modules
+#: whose forward runs)
+MODELOPT_FLOAT = {
+    "vit": (
+        Override(op="matmul", exclude=True),  # attention products
+        Override(module_type=torch.nn.MultiheadAttention, exclude=True),  # in/out projections
+        Override(regex="conv_proj", exclude=True),  # the patch convolution
+    ),
+    "swin": (
+        Override(op="matmul", exclude=True),  # attention products
+        Override(regex=r"\.attn\.(qkv|proj)$", exclude=True),  # called through F.linear
+        Override(regex=r"^features\.0\.0$", exclude=True),  # the patch convolution
+    ),
+}
 
 
 def main() -> None:
-    work = Path(sys.argv[1])
-    formats = sys.argv[2:] or ["mxfp8", "nvfp4", "int4w"]
+    args = sys.argv[1:]
+    row = "vit"
+    if "--row" in args:
+        k = args.index("--row")
+        row = args[k + 1]
+        del args[k : k + 2]
+    if row not in MODELOPT_FLOAT:
+        sys.exit(f"--row {row!r}: one of {', '.join(MODELOPT_FLOAT)}")
+    work = Path(args[0])
+    formats = args[1:] or ["mxfp8", "nvfp4", "int4w"]
     cal = torch.from_numpy(next(iter(np.load(work / "calib.npz").values())))
     ev = torch.from_numpy(next(iter(np.load(work / "eval.npz").values())))
-    model = fp8_models.build(fp8_models.ROWS["vit"])
+    model = fp8_models.build(fp8_models.ROWS[row])
 
     def outputs(m: torch.nn.Module) -> torch.Tensor:
         with torch.no_grad():
@@ -48,7 +67,9 @@ def main() -> None:
     ref = outputs(model)
     print("format  quantizers                     top-1    cosine   (vs FP32, eval samples)")
     for fmt in formats:
-        prepared = qdq.prepare(model, (cal[:1],), QuantConfig(format=fmt, overrides=MODELOPT_FLOAT))
+        prepared = qdq.prepare(
+            model, (cal[:1],), QuantConfig(format=fmt, overrides=MODELOPT_FLOAT[row])
+        )
         qdq.calibrate(
             prepared, [cal[i : i + 8] for i in range(0, len(cal), 8)], show_progress=False
         )

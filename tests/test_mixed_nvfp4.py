@@ -170,6 +170,53 @@ def test_speed_objective_takes_nvfp4_above_the_floor(calibrated, wide_margin) ->
     assert "by predicted time" not in choice.summary()
 
 
+def test_speed_floor_takes_nvfp4_only_where_predicted_faster(
+    calibrated, monkeypatch, wide_margin
+) -> None:
+    """With the target's GPU the floor also needs a faster NVFP4 (T02, kernel rule K08): this
+    model's GEMMs (16 rows) are the launch floor on a B200, so NVFP4 gains nothing and only the
+    accuracy rule's tie (``embed``, within the 3 dB test margin) stays; predicted faster (a time model that says so), the
+    floor takes every layer again."""
+    from qdq.accuracy import format_time
+    from qdq.lint.speed.gpus import find_gpu
+
+    _, prepared, cal = calibrated
+    b200 = find_gpu("b200")
+    choice = choose_formats(prepared, cal[0], gpu=b200, nvfp4=True, objective="speed")
+    rows = {r.layer: r for r in choice.rows}
+    assert [x for x, r in rows.items() if r.chosen == "nvfp4"] == ["embed"]  # by accuracy (F07)
+    assert "predicted no faster in NVFP4 on NVIDIA B200" in rows["q"].reason
+    assert "(T02)" in rows["q"].reason
+    real = format_time.nvfp4_times
+
+    def fast(shapes, gpu):  # type: ignore[no-untyped-def]
+        return {x: ms / 4 for x, ms in real(shapes, gpu).items()}
+
+    monkeypatch.setattr(formats, "nvfp4_times", fast)
+    choice = choose_formats(prepared, cal[0], gpu=b200, nvfp4=True, objective="speed")
+    assert all(r.chosen == "nvfp4" for r in choice.rows)
+    assert "predicted faster on NVIDIA B200" in {r.layer: r for r in choice.rows}["q"].reason
+
+
+def test_nvfp4_times_by_shape() -> None:
+    """A wide GEMM is faster in NVFP4 than in INT8/FP8 on a B200; a tiny one is the launch floor
+    in both; a convolution has no NVFP4 time, and a GPU without FP4 kernels none at all."""
+    from qdq.accuracy.format_time import TIME_TIE, LayerShape, format_times, nvfp4_times
+    from qdq.lint.speed.gpus import find_gpu
+
+    shapes = {
+        "wide": LayerShape("gemm", (4096, 4096), (4096, 4096)),
+        "tiny": LayerShape("gemm", (16, 64), (64, 64)),
+        "conv": LayerShape("conv", (8, 64, 32, 32), (64, 64, 3, 3), (8, 64, 32, 32)),
+    }
+    b200 = find_gpu("b200")
+    four, eight = nvfp4_times(shapes, b200), format_times(shapes, b200)
+    assert set(four) == {"wide", "tiny"}
+    assert four["wide"] < min(eight["wide"]) * 0.6
+    assert four["tiny"] >= min(eight["tiny"]) * (1 - TIME_TIE)
+    assert nvfp4_times(shapes, find_gpu("h100")) == {}
+
+
 def test_speed_floor_refuses_nvfp4_where_its_block_scales_run_subnormal() -> None:
     """A spike 10^6 above the other batches: NVFP4's E4M3 block scales fall under the per-tensor
     scale's range (3 dB), every format is under 20 dB: FP16, by either objective."""
@@ -272,6 +319,13 @@ def test_the_rule_on_numbers() -> None:
     assert out((40, 40), (30, 30), (17.0, 15.0), speed=True).keep == ("a", "b")
     assert out((40, 40), (30, 30), (17.0, 14.9), speed=True).keep == ()
     assert out((40, 40), (30, 30), (17.0, 15.0)).keep == ()  # accuracy: no floor
+    # the floor needs every reader predicted faster in NVFP4 (T02)
+    noise = {x: (_rel(40), _rel(30)) for x in two}
+    slow = Nvfp4Measure({x: _rel(17.0) for x in two}, members, True, MARGIN_DB, MIN_DB,
+                        NVFP4_MIN_DB, slower=frozenset({"b"}), gpu="NVIDIA B200")  # fmt: skip
+    o = slow.outcome("t", two, noise, [], True)
+    assert o.keep == () and o.slow == ("b",)
+    assert "b is predicted no faster in NVFP4 on NVIDIA B200 (T02)" in o.not_why("a", False)
     # one Quantize per tensor: every reader must run NVFP4
     assert "cannot run NVFP4" in out((30, 30), (25, 25), (30.0, None)).blocker
     shared = {"t": frozenset({"a", "b", "add"})}
@@ -383,6 +437,9 @@ def test_the_job_drops_the_nvfp4_changes_alone_when_they_cost_reformats(monkeypa
         return 9 if counted[-1] else 5
 
     monkeypatch.setattr(stage, "reformats", fake)
+    # the speed floor alone (no time model): on the B200 this tiny model's GEMMs are predicted no
+    # faster in NVFP4 (test_speed_floor_takes_nvfp4_only_where_predicted_faster)
+    monkeypatch.setattr(stage, "_target_gpu", lambda target: None)
     net, cal = _model(), torch.cat(_batches())
     config, choice = stage.plan_config(
         Stages(None), net, (cal[:1],), cal, ForwardInputs("tensor"), size=4, static=False,

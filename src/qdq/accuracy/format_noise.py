@@ -273,6 +273,10 @@ class Nvfp4Measure:
         fused: a residual Add whose skip shares a tensor's Quantize -> the GEMM it fuses into
             (:func:`residual_fusions`): the skip reads float beside that GEMM when it runs
             NVFP4 (F15), so the tensor may run NVFP4 when that GEMM does.
+        slower: the layers predicted no faster in NVFP4 than in the faster 8-bit format on the
+            target's GPU (:func:`qdq.accuracy.format_time.nvfp4_times`): the speed floor does not
+            take a tensor any of them reads (T02: NVFP4 for speed only where it is faster).
+        gpu: that GPU's name, for the reasons.
     """
 
     noise: dict[str, float]
@@ -282,6 +286,8 @@ class Nvfp4Measure:
     min_db: float
     floor: float
     fused: dict[str, str] = field(default_factory=dict)
+    slower: frozenset[str] = frozenset()
+    gpu: str = ""
 
     def outcomes(
         self,
@@ -328,7 +334,7 @@ class Nvfp4Measure:
         format together) runs NVFP4: when it can (every reader an NVFP4-capable GEMM, its scale
         group theirs alone), NVFP4 within ``margin`` of the better 8-bit format on average over
         its readers (those not under ``min_db`` in every format: FP16), or (speed) at least
-        ``floor`` dB on each."""
+        ``floor`` dB on each and none of them predicted slower in NVFP4 (:attr:`slower`)."""
         own = {x: db(self.noise[x]) for x in measured if x in self.noise}
         if not own:
             return Nvfp4Outcome()
@@ -358,9 +364,10 @@ class Nvfp4Measure:
         ref = max(m8.items(), key=lambda kv: kv[1])
         mean4 = sum(own[x] for x in pool) / len(pool)
         tie = fine if fine and mean4 >= ref[1] - self.margin else ()
-        floor = self.speed and min(own.values()) >= self.floor
+        slow = tuple(x for x in measured if x in self.slower)
+        floor = self.speed and min(own.values()) >= self.floor and not slow
         keep = tuple(measured) if floor else tie
-        return Nvfp4Outcome(own, own, keep, tie, "", ref, mean4, self, needs)
+        return Nvfp4Outcome(own, own, keep, tie, "", ref, mean4, self, needs, slow)
 
 
 @dataclass(frozen=True)
@@ -376,6 +383,7 @@ class Nvfp4Outcome:
         blocker: why the tensor cannot run NVFP4 ('' when it can).
         ref: the better 8-bit format and its mean SQNR over the readers; ``mean4``: NVFP4's.
         needs: ``(residual Add, GEMM)``: the tensor runs NVFP4 only if each GEMM does (F15).
+        slow: the readers predicted no faster in NVFP4 (:attr:`Nvfp4Measure.slower`).
     """
 
     own: dict[str, float] = field(default_factory=dict)
@@ -387,6 +395,7 @@ class Nvfp4Outcome:
     mean4: float = 0.0
     measure: Nvfp4Measure | None = None
     needs: tuple[tuple[str, str], ...] = ()
+    slow: tuple[str, ...] = ()
 
     @property
     def to(self) -> bool:
@@ -404,7 +413,8 @@ class Nvfp4Outcome:
     def why(self, x: str, i8: float, f8: float) -> str:
         """Why ``x`` runs NVFP4."""
         assert self.measure is not None
-        fast = f"the faster format on Blackwell's GEMMs (INT8 {i8:.1f}, FP8 {f8:.1f} dB)"
+        on = f"predicted faster on {self.measure.gpu}" if self.measure.gpu else "the faster format"
+        fast = f"{on} on Blackwell's GEMMs (INT8 {i8:.1f}, FP8 {f8:.1f} dB)"
         if x not in self.tie:
             return (
                 f"--objective speed: NVFP4 {self.n4[x]:.1f} dB, at least "
@@ -428,8 +438,12 @@ class Nvfp4Outcome:
             return f"{here}: under the {m.floor:g} dB floor too" if m.speed else ""
         fmt, ref = self.ref
         short = "less accurate than" if m.margin == 0 else f"not within {m.margin:g} dB of"
+        if m.speed and self.slow and min(self.own.values()) >= m.floor:
+            tail = (f", and {self.slow[0]} is predicted no faster in NVFP4 on {m.gpu} "
+                    "(T02)")  # fmt: skip
+        else:
+            tail = f" nor >= {m.floor:g} dB on each" if m.speed else ""
         return (
             f"{here}: {short} {fmt.upper()} on its input's readers "
-            f"({self.mean4:.1f} vs {ref:.1f} dB on average)"
-            + (f" nor >= {m.floor:g} dB on each" if m.speed else "")
+            f"({self.mean4:.1f} vs {ref:.1f} dB on average){tail}"
         )

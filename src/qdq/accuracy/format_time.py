@@ -23,7 +23,16 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["FORMATS", "TIME_TIE", "LayerShape", "cost_layer", "faster", "format_times", "shape_of"]
+__all__ = [
+    "FORMATS",
+    "TIME_TIE",
+    "LayerShape",
+    "cost_layer",
+    "faster",
+    "format_times",
+    "nvfp4_times",
+    "shape_of",
+]
 
 #: the two formats a mixed plan chooses between, in the order of :func:`format_times`' pairs
 FORMATS = ("int8", "fp8")
@@ -72,10 +81,12 @@ def shape_of(
 
 
 def cost_layer(name: str, shape: LayerShape, precision: str) -> Any:
-    """``shape`` as a :class:`~qdq.lint.speed.cost.CostLayer` running at ``precision``
-    (8-bit input and weight, FP32 bias, FP16 output)."""
-    from qdq.lint.speed.cost import CostLayer
+    """``shape`` as a :class:`~qdq.lint.speed.cost.CostLayer` running at ``precision`` (input
+    and weight at its bytes per value: 8-bit, or NVFP4's with its block scales; FP32 bias, FP16
+    output)."""
+    from qdq.lint.speed.cost import ELEMENT_BYTES, CostLayer
 
+    per = ELEMENT_BYTES.get(precision, 1.0)
     x, w, groups = shape.x, shape.w, max(1, shape.groups)
     if shape.op == "gemm":
         k = x[-1]
@@ -94,8 +105,8 @@ def cost_layer(name: str, shape: LayerShape, precision: str) -> Any:
         macs = float(rows) * n_per * k_per * groups
         gemm, out = (rows, max(n_per, 1), max(k_per, 1)), math.prod(shape.y)
     return CostLayer(
-        name, shape.op, precision, macs=macs, read_bytes=float(math.prod(x)),
-        write_bytes=2.0 * out, weight_bytes=float(math.prod(w)) + 4.0 * shape.bias, gemm=gemm,
+        name, shape.op, precision, macs=macs, read_bytes=per * math.prod(x),
+        write_bytes=2.0 * out, weight_bytes=per * math.prod(w) + 4.0 * shape.bias, gemm=gemm,
         groups=groups if shape.op != "gemm" else 1, group_channels=per_group,
     )  # fmt: skip
 
@@ -115,6 +126,25 @@ def format_times(shapes: Mapping[str, LayerShape], gpu: Any) -> dict[str, tuple[
         except UnsupportedPrecisionError:
             continue
         out[name] = (i8, f8)
+    return out
+
+
+def nvfp4_times(shapes: Mapping[str, LayerShape], gpu: Any) -> dict[str, float]:
+    """Each GEMM layer's predicted NVFP4 time on ``gpu`` (kernel rule K08: the FP4 rate, values
+    moved with their E4M3 block scales); ``{}`` when the GPU has no FP4 kernels. Convolutions
+    have none (F13)."""
+    from qdq.lint.speed.cost import UnsupportedPrecisionError, layer_time
+
+    if gpu.peak("fp4") is None:
+        return {}
+    out: dict[str, float] = {}
+    for name, shape in shapes.items():
+        if shape.op != "gemm":
+            continue
+        try:
+            out[name] = layer_time(cost_layer(name, shape, "nvfp4"), gpu).ms
+        except UnsupportedPrecisionError:
+            continue
     return out
 
 

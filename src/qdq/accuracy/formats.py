@@ -36,8 +36,11 @@ lose too and NVFP4 does not: weights already on NVFP4's grid (a model trained fo
 case seen. With ``objective="speed"`` a tensor also runs NVFP4 when every reader measures at least
 :data:`NVFP4_MIN_DB` in NVFP4 (row rule T02): the floor sits 2.4 dB (noise 1.7x) under NVFP4's
 Gaussian figure, so it takes NVFP4 wherever its block scales behave as on well-behaved data and
-refuses a layer where they do not. A layer under :data:`MIN_DB` in every format it was measured in
-stays FP16, unless the speed objective chose NVFP4 for it by the floor.
+refuses a layer where they do not; and, with the target's GPU, only where every reader is
+predicted faster in NVFP4 than in its faster 8-bit format by more than :data:`TIME_TIE`
+(:func:`~qdq.accuracy.format_time.nvfp4_times`, kernel rule K08): a small GEMM whose time is the
+launch floor gains nothing for the accuracy it loses. A layer under :data:`MIN_DB` in every
+format it was measured in stays FP16, unless the speed objective chose NVFP4 for it by the floor.
 
 The measure is the layer's own noise, not the network's metric: cheap (one forward of one batch,
 no re-calibration) and the same quantity ``qdq debug`` reports per layer. INT8's noise on a
@@ -65,7 +68,7 @@ from qdq.accuracy.format_noise import (
     weight_axes,
     weight_noise,
 )
-from qdq.accuracy.format_time import TIME_TIE, faster, format_times, shape_of
+from qdq.accuracy.format_time import TIME_TIE, faster, format_times, nvfp4_times, shape_of
 from qdq.config import Override
 
 __all__ = [
@@ -325,6 +328,7 @@ def choose_formats(
             )
     times: dict[str, tuple[float, float]] = {}
     label = ""
+    slower: frozenset[str] = frozenset()
     if gpu is not None:
         shapes = {
             layer: shape
@@ -333,13 +337,17 @@ def choose_formats(
                                   tuple(seen[weights[layer]].shape), outputs.get(layer)))
         }  # fmt: skip
         times, label = format_times(shapes, gpu), str(gpu.label)
+        if nvfp4:  # T02: the speed floor takes NVFP4 only where it is predicted faster
+            fp4_ms = nvfp4_times({x: shapes[x] for x in fp4 if x in shapes}, gpu)
+            slower = frozenset(
+                x for x, ms in fp4_ms.items() if x in times and ms >= min(times[x]) * (1 - TIME_TIE)
+            )
     fused = residual_fusions(plan.points, set(fp4))
     speed = objective == "speed"
-    four = (
-        Nvfp4Measure(fp4, members, speed, NVFP4_MARGIN_DB, MIN_DB, NVFP4_MIN_DB, fused)
-        if nvfp4
-        else None
-    )
+    four = None
+    if nvfp4:
+        four = Nvfp4Measure(fp4, members, speed, NVFP4_MARGIN_DB, MIN_DB, NVFP4_MIN_DB, fused,
+                            slower, label)  # fmt: skip
     choice = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label,
                      nvfp4=four)  # fmt: skip
     choice = replace(choice, nvfp4=nvfp4, objective=objective)

@@ -8,8 +8,9 @@ FP8 the input tensors where INT8 loses; the job then runs with those overrides. 
 ``--objective speed`` the tensors equally accurate in both formats take the one predicted faster
 on the target's GPU (rule T02). On a target with NVFP4 kernels (a Blackwell GPU named and
 TensorRT 10.8+: :func:`has_nvfp4`) the GEMMs that can run NVFP4 are measured in it too, and a
-tensor runs NVFP4 where it is within 3 dB of the best format, or with ``--objective speed`` where
-every reader measures at least ``NVFP4_MIN_DB`` in it (``Override(format="nvfp4")``).
+tensor runs NVFP4 where it is at least as accurate as the better 8-bit format, or with
+``--objective speed`` where every reader measures at least ``NVFP4_MIN_DB`` in it and is predicted
+faster in it on the target's GPU (``Override(format="nvfp4")``).
 
 A move (or a layer left FP16) puts format boundaries into the graph: an INT8 layer cannot write the
 FP8 tensor its moved reader wants (nor an FP8 one an INT8 tensor), and each boundary is a reformat
