@@ -1,5 +1,5 @@
 """The linter on block-format graphs (issue 60): NVFP4, MXFP8 and INT4 weight-only layers in
-ModelOpt's ONNX forms (tests/block_graphs.py), their summary counts, rules M01-M04 and the
+ModelOpt's ONNX forms (tests/block_graphs.py), their summary counts, rules M01-M05 and the
 Blackwell targets."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_modelopt_trt_mxfp8_dequantize_is_mxfp8(target):
     assert report.summary["mxfp8_weighted_layers"] == 2
     assert {"fc1.matmul", "fc2.matmul"} <= set(report.block_layers["mxfp8"])
     # not an unknown operator (V16), not an unquantized model (L01), no block-rule finding
-    assert not report.rules() & {"L01", "V16", "V03", "V09", "M01", "M02", "M03", "M04"}
+    assert not report.rules() & {"L01", "V16", "V03", "V09", "M01", "M02", "M03", "M04", "M05"}
     assert "MXFP8 weighted layers 2/2" in report.format()
 
 
@@ -150,6 +150,32 @@ def test_blocked_axis_not_whole_blocks_k03_and_block_size_k04():
     b = Builder()
     y = b.int4w_linear("x", "fc", 32, 64, block=8)
     assert "M04" in lint(b.model([2, 64], y, 21), target="trt10.12").rules("WARN")
+
+
+@pytest.mark.parametrize(
+    "build", [nvfp4_mlp, mxfp8_mlp, modelopt_mxfp8_mlp, int4w_mlp, modelopt_int4w_mlp]
+)
+def test_scales_that_fit_their_axis_raise_no_m05(build):
+    assert "M05" not in lint(build(), target="trt10.12-blackwell").rules()
+
+
+def test_a_scale_blocked_along_another_axis_m05():
+    """ModelOpt 0.47's INT4 export of a transB Gemm: W [N, K] with its scale blocked along K
+    (axis 1) but the node saying axis 0."""
+    from onnx import TensorProto
+
+    b = Builder()
+    w = b.init("fc.w_int4", TensorProto.INT4, [32, 64], 1.0)
+    sc = b.init("fc.w_scale", TensorProto.FLOAT, [32, 4], 0.01)
+    b.node("DequantizeLinear", [w, sc], ["fc.wq"], "fc.w_dq", axis=0, block_size=16)
+    b.node("Gemm", ["x", "fc.wq"], ["y"], "fc", transB=1)
+    report = lint(b.model([2, 64], "y", 21), target="trt10.12")
+    found = [f for f in report.findings if f.rule == "M05"]
+    assert [(f.severity, f.nodes) for f in found] == [("ERROR", ("fc.w_dq",))]
+    assert (
+        "scale [32, 4] does not fit values [32, 64] blocked by 16 along axis 0" in found[0].message
+    )
+    assert "(it fits axis 1)" in found[0].message and found[0].fix == "write axis=1"
 
 
 def test_blackwell_targets_and_refusal():

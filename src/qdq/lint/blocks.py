@@ -1,4 +1,4 @@
-"""Block-format rules M01-M04 (issue 60): where TensorRT has NVFP4, MXFP8 and INT4 weight-only
+"""Block-format rules M01-M05 (issue 60): where TensorRT has NVFP4, MXFP8 and INT4 weight-only
 kernels, predicted from the ONNX graph and the target (GPU, TensorRT version).
 
 * M01: a block format on a convolution: TensorRT's FP4, MX and INT4 weight-only kernels are GEMMs
@@ -9,6 +9,10 @@ kernels, predicted from the ONNX graph and the target (GPU, TensorRT version).
   TensorRT 10.0+. ERROR when the target's GPU or version lacks them, INFO when it names no GPU.
 * M03: a blocked axis whose length is not a whole number of blocks.
 * M04: a block size other than the format's (NVFP4 16, MXFP8 32) or an INT4 block below 16.
+* M05: a blocked DequantizeLinear whose scale does not fit its values along its axis (ONNX's
+  ``DequantizeLinear``-21: the scale has the values' shape with the blocked axis divided by the
+  block size). ModelOpt 0.47's INT4 export writes ``axis=0`` on a ``transB`` Gemm weight whose
+  scale is blocked along axis 1: the parser rejects the node, or blocks the wrong axis.
 
 :func:`require_kernels` refuses a target for a format with the same message, for a caller that
 chooses a target for a format (``ValueError``).
@@ -94,7 +98,7 @@ def block_no_kernel(node: Any, fmt: str) -> str:
 
 
 def check_blocks(g: LintGraph, t: Target) -> list[Finding]:
-    """M01-M04 on a graph with block-format Q/DQ (none on an INT8/FP8 graph).
+    """M01-M05 on a graph with block-format Q/DQ (none on an INT8/FP8 graph).
 
     Args:
         g: the indexed graph.
@@ -179,7 +183,8 @@ def _conv(g: LintGraph, node: Any, fmt: str) -> Finding:
 
 
 def _blocks(g: LintGraph, node: Any) -> list[Finding]:
-    """M03 (blocked axis not a whole number of blocks) and M04 (block size) on one node."""
+    """M03 (blocked axis not a whole number of blocks), M04 (block size) and M05 (a scale that
+    does not fit the blocked axis) on one node."""
     axis, block = block_attrs(node)
     fmt = g.qdq_format(node)
     row, name = FORMATS[fmt], g.name(node)
@@ -223,4 +228,47 @@ def _blocks(g: LintGraph, node: Any) -> list[Finding]:
                     f"{_SRC}; reference/tensorrt-qdq-rules.md §1.1 (block quantization)",
                 )
             )
+        elif is_dequantize(node):
+            out.extend(_scale_fit(g, node, value.shape, axis % value.ndim, block))
     return out
+
+
+def _scale_shape(g: LintGraph, tensor: str) -> tuple[int, ...] | None:
+    """The shape of a DequantizeLinear's scale: a constant, or a DequantizeLinear of one (NVFP4's
+    two levels); ``None`` when it is computed."""
+    value = g.const.get(tensor)
+    if value is None:
+        dq = g.producer.get(tensor)
+        if dq is not None and is_dequantize(dq) and dq.input:
+            value = g.const.get(dq.input[0])
+    return None if value is None else tuple(int(d) for d in value.shape)
+
+
+def _scale_fit(
+    g: LintGraph, node: Any, shape: tuple[int, ...], axis: int, block: int
+) -> list[Finding]:
+    """M05: the scale of a blocked DequantizeLinear of values ``shape`` along ``axis``."""
+    scale = _scale_shape(g, node.input[1]) if len(node.input) > 1 else None
+    if scale is None:
+        return []
+
+    def want(ax: int) -> tuple[int, ...]:
+        return tuple(-(-d // block) if i == ax else d for i, d in enumerate(shape))
+
+    if scale == want(axis):
+        return []
+    name, label = g.name(node), FORMATS[g.qdq_format(node)].label
+    fits = [ax for ax in range(len(shape)) if ax != axis and want(ax) == scale]
+    hint = f" (it fits axis {fits[0]})" if fits else ""
+    return [
+        Finding(
+            "M05",
+            ERROR,
+            (name,),
+            f"{name}: {label} scale {list(scale)} does not fit values {list(shape)} blocked by "
+            f"{block} along axis {axis} (want {list(want(axis))}){hint}",
+            "the parser rejects the DequantizeLinear, or scales the wrong blocks",
+            f"write axis={fits[0]}" if fits else "write the scale blocked along the node's axis",
+            f"{_SRC}; ONNX DequantizeLinear-21 (blocked quantization)",
+        )
+    ]

@@ -253,7 +253,7 @@ def lint(
         "build rules V13/B01/P05/P11", (), build_rules, g, t, layers, floats, default=[]
     )
     findings += guard.call("FP8 rules F01-F09", (), check_fp8, g, t, default=[])
-    findings += guard.call("block-format rules M01-M04", (), check_blocks, g, t, default=[])
+    findings += guard.call("block-format rules M01-M05", (), check_blocks, g, t, default=[])
     summary: dict[str, int] = guard.call(
         "summary", (), _summary, proto, g, layers, floats, findings, default={}
     )
