@@ -60,7 +60,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ("fmt", "opset", "target", "quantizers", "lint_field"),
     [
         ("nvfp4", 23, "trt10.12-blackwell", {"nvfp4": 6}, "nvfp4_weighted_layers"),
-        ("mxfp8", 24, "trt11-b200", {"mxfp8": 6}, "mxfp8_weighted_layers"),
+        # MXFP8 for TensorRT 10.12 (the default): TensorRT's form, UINT8 exponents at opset 19
+        ("mxfp8", 19, "trt10.12-blackwell", {"mxfp8": 6}, "mxfp8_weighted_layers"),
         ("int4w", 21, "trt10.12", {"int4": 3}, "int4w_weighted_layers"),
     ],
 )
@@ -75,6 +76,7 @@ def test_block_job_end_to_end(
     assert report["settings"]["format"] == quantizers
     assert report["settings"]["opset"] == opset
     assert report["settings"]["target"] == target
+    assert report["settings"]["block_form"] == ("trt" if fmt == "mxfp8" else "onnx")
     assert report["settings"]["method"] == (
         "max (INT4 weights)" if fmt == "int4w" else "max (NVFP4/MXFP8 per-tensor amax)"
     )
@@ -127,7 +129,8 @@ def test_block_formats_from_the_cli_and_refused_targets(files, tmp_path, capsys)
         ("nvfp4", "trt10-hopper", "NVFP4 needs TensorRT 10.8"),
         ("nvfp4", "trt10.12-ada", "needs a Blackwell GPU"),
         ("nvfp4", "trt10.8-blackwell", "reads up to opset 20"),
-        ("mxfp8", "trt10.12-blackwell", "reads up to opset 23"),
+        ("mxfp8", "trt10-hopper", "MXFP8 needs TensorRT 10.12"),
+        ("mxfp8", "trt10.8-blackwell", "MXFP8 needs TensorRT 10.12"),
         ("int4w", "trt10", "reads up to opset 20"),
     ]:
         with pytest.raises(ValueError, match=why):

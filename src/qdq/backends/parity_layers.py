@@ -369,7 +369,10 @@ def with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -
         if n.domain == "trt" and n.op_type.endswith("DynamicQuantize") and n.output and n.input
     }
     for node in extended.graph.node:
-        if node.op_type != "DequantizeLinear" or "/" not in node.name or not node.output:
+        dq = node.op_type == "DequantizeLinear" or (  # TensorRT's MXFP8 one (block_form="trt")
+            node.domain == "trt" and node.op_type == "TRT_MXFP8DequantizeLinear"
+        )
+        if not dq or "/" not in node.name or not node.output:
             continue
         path, _, tail = node.name.rpartition("/")
         if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):

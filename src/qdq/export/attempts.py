@@ -41,12 +41,14 @@ def run_exporters(
     target: Path,
     dynamic_dims: dict[int, dict[int, str]],
     eager: Counter[str],
+    block_form: str = "onnx",
 ) -> tuple[Any, str, tuple[int, int], Path | None]:
     """Try the exporters in ``order``; return the first valid ONNX, the exporter, its Q/DQ
     counts and, for a model past 2 GB, its staged path (written with external data in a
     :class:`~qdq.export.external.Staging` directory that ``staging`` removes). ``eager``: the
     planned call sites one eager forward on the example reached (:func:`count_calls`); each
-    trace must reach the same ones."""
+    trace must reach the same ones. ``block_form``: MXFP8's form
+    (:func:`qdq.export.blocks_onnx.expand_blocks`)."""
     from qdq.export.blocks_onnx import expand_blocks
     from qdq.export.postprocess import postprocess
     from qdq.export.validate import validate_export
@@ -93,7 +95,8 @@ def run_exporters(
                     "path, which it recorded, calibrated and verifies",
                     stacklevel=3,
                 )
-            proto = expand_blocks(postprocess(proto, call_order))  # block markers: TensorRT forms
+            # block markers: TensorRT's forms
+            proto = expand_blocks(postprocess(proto, call_order), block_form)
             if fp16:
                 from qdq.export.postprocess import float32_io
 

@@ -16,6 +16,11 @@ dynamic block quantize operators (domain ``trt``):
 * MXFP8 activation: ``trt::TRT_MXFP8DynamicQuantize(x){axis, block_size=32, output_dtype=17}``
   → ``(x_e4m3, s_e8m0)``; ``DequantizeLinear(x_e4m3, s_e8m0, axis, block_size=32,
   output_dtype=FLOAT)``.
+* MXFP8 with ``block_form="trt"`` (:mod:`qdq.export.blocks_trt`, TensorRT Model Optimizer's
+  form for TensorRT 10.12..10.x): the same E4M3 values with ``UINT8`` exponent bytes (the E8M0
+  bits) read by ``trt::TRT_MXFP8DequantizeLinear(w, s){axis, block_size=32,
+  output_dtype=FLOAT}``, activations ``TRT_MXFP8DynamicQuantize`` →
+  ``trt::TRT_MXFP8DequantizeLinear``. The codes are the ``"onnx"`` form's bit for bit.
 * INT4 weight: ``INT4`` initializer and float32 scales ``amax / 7``,
   ``DequantizeLinear(w, s, axis, block_size)`` (per channel: 1-D scales, no ``block_size``).
 
@@ -33,14 +38,16 @@ dynamic quantize there would be an activation×activation product TensorRT has n
 **Opset.** ``FLOAT4E2M1`` ``DequantizeLinear`` exists from opset 23 (IR 11), ``FLOAT8E8M0``
 scales from opset 24 (IR 12; ``DequantizeLinear``-24 adds them and ``output_dtype``), INT4 from
 opset 21 (IR 10). The graph is raised to the least opset its tensors need (21 INT4 only, 23 with
-NVFP4, 24 with MXFP8; never lowered) with ``onnx.version_converter`` (the dynamo exporter writes
+NVFP4, 24 with MXFP8 in the ``"onnx"`` form, 19 in the ``"trt"`` form: ``FLOAT8E4M3FN``, IR 9;
+never lowered) with ``onnx.version_converter`` (the dynamo exporter writes
 18: the ops between 18 and 24 change only in the types they accept, except GroupNormalization-21
 and DFT-20, which the converter rewrites), so ``onnx.checker`` validates every standard node.
 TensorRT's parser reads ``DequantizeLinear`` by its inputs' types whatever the opset (ModelOpt
 exports NVFP4 at opset 20 and MXFP8 weights with a ``trt::TRT_MXFP8DequantizeLinear`` of
 ``UINT8`` exponents); TensorRT 10.x parses opsets up to 22-24 by release and 11.x up to 25
 (docs.nvidia.com ONNX opset guide), so TensorRT 10.8 needs a release whose parser knows opset 23
-for NVFP4 here, and 10.12+ opset 24 for MXFP8: the linter's ``min_opset`` rows say the same.
+for NVFP4 here; MXFP8 in the ``"onnx"`` form needs TensorRT 11's parser (opset 24), in the
+``"trt"`` form 10.12+ (the first with MX kernels): the linter's ``min_opset`` rows say the same.
 
 Example:
     >>> import numpy as np
@@ -67,6 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qdq.export.blocks_trt import check_block_form, mx_activation, mx_weight
 from qdq.quant.blocks import (
     BLOCK_FORMATS,
     INT4_MAX,
@@ -83,6 +91,7 @@ __all__ = [
     "MX_DYNAMIC",
     "OPSETS",
     "TRT_DOMAIN",
+    "TRT_OPSETS",
     "FreshNames",
     "expand_blocks",
     "has_markers",
@@ -93,6 +102,9 @@ __all__ = [
 TRT_DOMAIN, FP4_DYNAMIC, MX_DYNAMIC = "trt", "TRT_FP4DynamicQuantize", "TRT_MXFP8DynamicQuantize"
 #: The least (opset, IR version) whose tensors hold each format.
 OPSETS = {"int4": (21, 10), "nvfp4": (23, 11), "mxfp8": (24, 12)}
+#: ... in TensorRT's form (``block_form="trt"``, :mod:`qdq.export.blocks_trt`): MXFP8's E4M3
+#: values and UINT8 exponents need only opset 19's FLOAT8E4M3FN (the other formats as above)
+TRT_OPSETS = {**OPSETS, "mxfp8": (19, 9)}
 _FLOAT, _E4M3 = 1, 17  # TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN
 
 
@@ -110,28 +122,37 @@ def has_markers(model: Any) -> bool:
     return any(_is_marker(n) for n in model.graph.node)
 
 
-def required_opset(formats: set[str]) -> tuple[int, int]:
-    """The least (opset, IR version) for a graph holding the block ``formats``.
+def required_opset(formats: set[str], block_form: str = "onnx") -> tuple[int, int]:
+    """The least (opset, IR version) for a graph holding the block ``formats`` in ``block_form``
+    (``"onnx"``: MXFP8 scales ``FLOAT8E8M0``, opset 24; ``"trt"``: UINT8 exponents, opset 19).
 
     Example:
         >>> required_opset({"int4"}), required_opset({"int4", "nvfp4"}), required_opset({"mxfp8"})
         ((21, 10), (23, 11), (24, 12))
+        >>> required_opset({"mxfp8"}, "trt"), required_opset({"mxfp8", "nvfp4"}, "trt")
+        ((19, 9), (23, 11))
     """
-    need = [OPSETS[f] for f in formats]
+    table = TRT_OPSETS if check_block_form(block_form) == "trt" else OPSETS
+    need = [table[f] for f in formats]
     return (max(o for o, _ in need), max(i for _, i in need)) if need else (0, 0)
 
 
-def expand_blocks(model: Any) -> Any:
+def expand_blocks(model: Any, block_form: str = "onnx") -> Any:
     """Rewrite every block-format marker of ``model`` into TensorRT's form, in place; return it.
 
-    A model without markers is returned unchanged. Raises ``ValueError`` naming the quantizer for
-    a malformed marker, a non-constant NVFP4/MXFP8 weight, or a missing or misshapen amax.
+    ``block_form``: MXFP8 as ONNX's ``DequantizeLinear`` of ``FLOAT8E8M0`` scales (``"onnx"``,
+    opset 24, TensorRT 11) or as ``trt::TRT_MXFP8DequantizeLinear`` of ``UINT8`` exponents
+    (``"trt"``, opset 19, TensorRT 10.12+: :mod:`qdq.export.blocks_trt`); the other formats are
+    written alike in both. A model without markers is returned unchanged. Raises ``ValueError``
+    naming the quantizer for a malformed marker, a non-constant NVFP4/MXFP8 weight, or a missing
+    or misshapen amax, and naming ``block_form`` for an unknown one.
     """
+    check_block_form(block_form)
     graph = model.graph
     markers = [_read(n) for n in graph.node if _is_marker(n)]
     if not markers:
         return model
-    _raise_opset(model, {m.fmt.name for m in markers})  # before the trt nodes exist
+    _raise_opset(model, {m.fmt.name for m in markers}, block_form)  # before the trt nodes exist
     graph = model.graph
     markers = [_read(n) for n in graph.node if _is_marker(n)]
     consts = _constants(graph)
@@ -145,7 +166,7 @@ def expand_blocks(model: Any) -> Any:
         amax = _amax(m, consts)
         rank = ranks.get(x)
         if m.role == "weight" and x in consts:
-            nodes, inits = _weight(m, consts[x], amax, names)
+            nodes, inits = _weight(m, consts[x], amax, names, block_form)
         elif m.role == "weight" and m.fmt.name != "int4":
             raise ValueError(
                 f"quantizer {m.quantizer!r}: its {m.fmt.name.upper()} weight {x!r} is computed in "
@@ -153,7 +174,7 @@ def expand_blocks(model: Any) -> Any:
                 "only. Export a model whose weight is a parameter (or use INT4 / FP8 there)"
             )
         else:
-            nodes, inits = _dynamic(m, amax, rank, types.get(x, _FLOAT), names)
+            nodes, inits = _dynamic(m, amax, rank, types.get(x, _FLOAT), names, block_form)
         replaced[id(m.node)] = nodes
         new_inits.extend(inits)
     out = []
@@ -163,7 +184,7 @@ def expand_blocks(model: Any) -> Any:
     graph.node.extend(out)
     graph.initializer.extend(new_inits)
     _drop_unread(graph, {i for m in markers for i in m.node.input})
-    _set_domains(model, {m.fmt.name for m in markers})
+    _set_domains(model, {m.fmt.name for m in markers}, block_form)
     return model
 
 
@@ -275,7 +296,7 @@ def _neg(axis: int, rank: int | None) -> int:
 
 
 def _weight(
-    m: _Marker, value: np.ndarray, amax: torch.Tensor | None, names: FreshNames
+    m: _Marker, value: np.ndarray, amax: torch.Tensor | None, names: FreshNames, block_form: str
 ) -> tuple[list[Any], list[Any]]:
     """Pre-quantized initializers and their DequantizeLinear nodes for a constant weight."""
     import ml_dtypes
@@ -334,6 +355,9 @@ def _weight(
             helper.make_node("DequantizeLinear", [sbn, gsn], [sf], name=f"{dq}_scale"),
             helper.make_node("DequantizeLinear", [w, sf], [out], name=dq, axis=axis, **block),
         ]
+    elif fmt.name == "mxfp8" and block_form == "trt":  # TensorRT's: UINT8 exponents
+        assert fmt.block_size is not None
+        nodes, inits = mx_weight(codes, sb, q, dq, out, axis, fmt.block_size, names, scale)
     elif fmt.name == "mxfp8":
         w, sn = names(f"{q}.w_e4m3"), names(f"{q}.w_e8m0")
         inits += [
@@ -365,7 +389,12 @@ def _cast_back(nodes: list[Any], out: str, dtype: Any, name: str, names: FreshNa
 
 
 def _dynamic(
-    m: _Marker, amax: torch.Tensor | None, rank: int | None, elem: int, names: FreshNames
+    m: _Marker,
+    amax: torch.Tensor | None,
+    rank: int | None,
+    elem: int,
+    names: FreshNames,
+    block_form: str,
 ) -> tuple[list[Any], list[Any]]:
     """TensorRT's dynamic block quantize (NVFP4, MXFP8), or Q/DQ (INT4), for a run-time tensor."""
     from onnx import helper, numpy_helper
@@ -397,6 +426,9 @@ def _dynamic(
             helper.make_node("DequantizeLinear", [x4, sf], [out], name=f"{base}/DequantizeLinear",
                              axis=axis, **block),
         ]  # fmt: skip
+    elif fmt.name == "mxfp8" and block_form == "trt":  # TensorRT's: UINT8 exponents
+        assert fmt.block_size is not None
+        nodes += mx_activation(x, q, base, out, axis, fmt.block_size, MX_DYNAMIC, names)
     elif fmt.name == "mxfp8":
         x8, se = names(f"{q}.x_e4m3"), names(f"{q}.x_e8m0")
         nodes += [
@@ -477,11 +509,11 @@ def _drop_unread(graph: Any, candidates: set[str]) -> None:
         graph.node.extend(nodes)
 
 
-def _raise_opset(model: Any, formats: set[str]) -> None:
+def _raise_opset(model: Any, formats: set[str], block_form: str) -> None:
     """Raise the default opset to what ``formats`` need (never lower it)."""
     from onnx import version_converter
 
-    opset, _ = required_opset(formats)
+    opset, _ = required_opset(formats, block_form)
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if current < opset:
         try:
@@ -494,11 +526,11 @@ def _raise_opset(model: Any, formats: set[str]) -> None:
         model.CopyFrom(converted)
 
 
-def _set_domains(model: Any, formats: set[str]) -> None:
+def _set_domains(model: Any, formats: set[str], block_form: str) -> None:
     """Import ``trt``, drop the marker domain, set the IR version the tensor types need."""
     from onnx import helper
 
-    _, ir = required_opset(formats)
+    _, ir = required_opset(formats, block_form)
     domains = {n.domain for n in model.graph.node}
     keep = [o for o in model.opset_import if o.domain != BLOCK_DOMAIN]
     del model.opset_import[:]

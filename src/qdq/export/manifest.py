@@ -149,8 +149,12 @@ def build_manifest(
     onnx_external: tuple[str, str] | None = None,
     qat: dict[str, Any] | None = None,
     ptq: dict[str, Any] | None = None,
+    block_form: str | None = None,
 ) -> str:
     """The manifest JSON text for an export.
+
+    ``block_form`` (a graph with block-format quantizers): MXFP8's form in the ONNX, recorded as
+    ``"block_form"`` (``"onnx"``/``"trt"``, :func:`~qdq.export.manifest_blocks.block_form_of`).
 
     ``qat`` (:meth:`qdq.qat.QatState.to_dict`) records quantization-aware training: the
     ``"qat"`` entry (epochs, steps, recipe, learned amax or not, BatchNorm handling); a
@@ -211,6 +215,7 @@ def build_manifest(
         "opset": max(
             [opset] + [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
         ),
+        **({"block_form": block_form} if block_form is not None else {}),
     }
     if onnx_file is not None:
         doc["onnx"] = {"file": onnx_file, "sha256": onnx_sha256}

@@ -8,6 +8,9 @@ quantizer's entry records ``block_size`` (``null``: INT4 per channel), ``role``
 per block or channel; MXFP8: ``null``, its E8M0 scales are each block's own). MXFP8's amax is
 the observed abs max, for the reports; an MXFP8 quantizer that saw no data records ``null``.
 
+:func:`block_form_of` reads the manifest's ``"block_form"``: the form its ONNX writes MXFP8 in
+(``"onnx"``, ``"trt"``: :mod:`qdq.export.blocks_trt`), for exporting again in the same form.
+
 :func:`entry_block_amax` reads such an entry back for :func:`qdq.export.manifest.load_calibration`:
 format and block size must be the model's, the amax finite and non-negative in the recorded
 layout; every refusal is a ``ValueError`` naming the manifest and the quantizer.
@@ -23,7 +26,7 @@ import torch
 from qdq.export.manifest_io import short
 from qdq.quant.blocks import BLOCK_FORMATS, block_scales
 
-__all__ = ["block_entry", "entry_block_amax", "is_block"]
+__all__ = ["block_entry", "block_form_of", "entry_block_amax", "is_block"]
 
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -119,3 +122,34 @@ def entry_block_amax(p: Path, path: str, entry: dict[str, Any], q: Any) -> torch
             )
         amax = amax.reshape(shape)
     return q.check_amax_shape(amax, source=str(p))
+
+
+def block_form_of(manifest: str | Path) -> str:
+    """The form the manifest's ONNX writes MXFP8 in: its ``"block_form"``, ``"onnx"`` when it
+    records none (a manifest without block quantizers, or written before the field existed).
+    ``qdq.export_onnx(..., block_form=block_form_of(m))`` exports again in the same form.
+
+    Example:
+        >>> import json, tempfile, os
+        >>> from qdq.export.manifest import SCHEMA
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.manifest.json")
+        >>> _ = open(path, "w").write(json.dumps({"schema": SCHEMA, "block_form": "trt"}))
+        >>> block_form_of(path)
+        'trt'
+
+    Raises:
+        FileNotFoundError / ValueError: no manifest, or not a qdq manifest (as
+            :func:`qdq.export.manifest.load_calibration`); a ``"block_form"`` that is not one of
+            :data:`qdq.export.blocks_trt.BLOCK_FORMS`, naming the manifest.
+    """
+    from qdq.export.blocks_trt import BLOCK_FORMS
+    from qdq.export.manifest import _read_doc
+
+    p = Path(manifest)
+    doc = _read_doc(p)
+    form = doc.get("block_form", "onnx")
+    if form not in BLOCK_FORMS:
+        raise ValueError(
+            f"{p}: block_form must be one of {', '.join(map(repr, BLOCK_FORMS))}, got {short(form)}"
+        )
+    return str(form)

@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from qdq._io import atomic_move_files, atomic_write_files
 from qdq.api import plan_of, quantizers_of
 from qdq.export.attempts import describe_paths, run_exporters
+from qdq.export.blocks_trt import check_block_form
 from qdq.export.errors import ExportError, ExportRefusedError
 from qdq.export.external import sha256_of_file, sidecar_for
 from qdq.export.paths import count_calls
@@ -66,6 +67,8 @@ class ExportResult:
     external_data: Path | None = None  # the weights file beside ``path`` (models past 2 GB)
     #: the dynamic dimensions besides the batch (``dynamic_dims``), ``{input index: {dim: name}}``
     dynamic_dims: dict[int, dict[int, str]] = field(default_factory=dict)
+    #: MXFP8's form in a graph with block-format quantizers (``"onnx"``/``"trt"``), else ``None``
+    block_form: str | None = None
 
 
 def export_onnx(
@@ -83,6 +86,7 @@ def export_onnx(
     allow_specialization: bool = False,
     manifest_path: str | Path | None = None,
     dynamic_dims: Mapping[int, Mapping[int, str]] | None = None,
+    block_form: str = "onnx",
 ) -> ExportResult:
     """Export a calibrated model from :func:`qdq.prepare` to Q/DQ ONNX and its manifest.
 
@@ -101,8 +105,8 @@ def export_onnx(
         opset: ONNX opset, 13..21; default 17, or 19 when a quantizer is FP8 (``float8e4m3fn``
             Q/DQ exist from opset 19; an explicit lower opset is refused, naming the quantizer).
             A graph with block-format quantizers is written at the first opset whose
-            ``DequantizeLinear`` takes their types: 21 (INT4), 23 (NVFP4), 24 (MXFP8); another
-            explicit opset is refused.
+            ``DequantizeLinear`` takes their types: 21 (INT4), 23 (NVFP4), 24 (MXFP8; 19 with
+            ``block_form="trt"``); another explicit opset is refused.
         dynamic_batch: make dimension 0 of every input and output dynamic.
         exporter: ``"dynamo"`` (torch.export based, the default in torch >= 2.9), ``"torchscript"``
             or ``"auto"`` (dynamo, falling back to TorchScript with a warning).
@@ -133,10 +137,18 @@ def export_onnx(
             and their mask: ``{0: {1: "sequence"}, 1: {1: "sequence"}}``. The example's size
             there must be at least 2 (torch.export fixes a size of 1); verify with
             ``check_inputs`` of another size.
+        block_form: the form of MXFP8 block quantizers (:mod:`qdq.export.blocks_trt`):
+            ``"onnx"`` (default) ONNX's ``DequantizeLinear`` of ``FLOAT8E8M0`` scales, opset 24,
+            which TensorRT 11's parser reads; ``"trt"`` TensorRT's
+            ``trt::TRT_MXFP8DequantizeLinear`` of ``UINT8`` exponents (TensorRT Model
+            Optimizer's form), no opset-24 type: the graph stays at the opset its other tensors
+            need (19; 23 with NVFP4, 21 with INT4), which TensorRT 10.12+ reads. The same codes
+            bit for bit; NVFP4, INT4, INT8 and FP8 are written alike in both. The manifest and
+            :attr:`ExportResult.block_form` record it for a graph with block quantizers.
 
     Raises:
-        ValueError: unsupported opset or exporter, uncalibrated or non-finite amax, an amax whose
-            shape does not match its quantizer or tensor.
+        ValueError: unsupported opset, exporter or ``block_form``, uncalibrated or non-finite
+            amax, an amax whose shape does not match its quantizer or tensor.
         FileExistsError: ``path`` or its manifest exists and ``overwrite`` is false.
         ExportError: the exported graph fails validation, was specialized on tensor values, or
             computes something else than torch (naming the first diverging output).
@@ -159,7 +171,7 @@ def export_onnx(
 
     plan = plan_of(prepared)
     fp8 = [n for n, q in quantizers_of(prepared).items() if q.spec.format == "fp8"]
-    file_opset = _block_opset(prepared, opset)
+    file_opset = _block_opset(prepared, opset, check_block_form(block_form))
     if file_opset is not None:  # the exporters run at the default; expand_blocks raises it
         opset = None
     if opset is None:
@@ -219,7 +231,7 @@ def export_onnx(
     with staging:
         model_proto, used, counts, staged = run_exporters(
             export_model, export_args, order, exporter, opset, dynamic_batch, fp16,
-            allow_specialization, plan, branchy, staging, target, dims, reached,
+            allow_specialization, plan, branchy, staging, target, dims, reached, block_form,
         )  # fmt: skip
         if branchy:
             warnings.warn(
@@ -248,6 +260,7 @@ def export_onnx(
             plan, quantizers, model_proto, exporter=used, opset=file_opset or opset,
             onnx_file=target.name, onnx_sha256=sha256_of(data), onnx_external=external,
             qat=state.to_dict() if state is not None else None, ptq=recipe_of(prepared),
+            block_form=block_form if file_opset is not None else None,
         ).encode("utf-8")  # fmt: skip
         # the manifest last: it seals the unit (a process killed between two moves leaves no
         # manifest beside a new model); staged under a name that is not its final one
@@ -269,13 +282,14 @@ def export_onnx(
     return ExportResult(
         target, manifest_file, used, opset, seconds, counts[0], counts[1], floored,
         sidecar_for(target) if sidecar is not None else None, dims,
+        block_form if file_opset is not None else None,
     )  # fmt: skip
 
 
-def _block_opset(prepared: nn.Module, opset: object) -> int | None:
-    """The opset of a graph with block-format quantizers (21 INT4, 23 NVFP4, 24 MXFP8: the
-    first whose ``DequantizeLinear`` takes their types, :mod:`qdq.export.blocks_onnx`), or
-    ``None`` without them.
+def _block_opset(prepared: nn.Module, opset: object, block_form: str) -> int | None:
+    """The opset of a graph with block-format quantizers (21 INT4, 23 NVFP4, 24 MXFP8 or 19 in
+    TensorRT's form: the first whose ``DequantizeLinear`` takes their types,
+    :mod:`qdq.export.blocks_onnx`), or ``None`` without them.
 
     Raises:
         ValueError: an explicit ``opset`` other than that one, naming a quantizer.
@@ -289,7 +303,7 @@ def _block_opset(prepared: nn.Module, opset: object) -> int | None:
     }
     if not blocks:
         return None
-    need = required_opset(set(blocks.values()))[0]
+    need = required_opset(set(blocks.values()), block_form)[0]
     if opset is not None and opset != need:
         name, fmt = next(iter(blocks.items()))
         raise ValueError(

@@ -11,6 +11,9 @@ from qdq.graph.plan import QuantPlan
 __all__ = ["validate_export"]
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: TensorRT's own dequantize operators qdq writes (domain ``trt``; MXFP8 with
+#: ``block_form="trt"``, :mod:`qdq.export.blocks_trt`): a DequantizeLinear here too
+TRT_DEQUANTIZE = frozenset({"TRT_MXFP8DequantizeLinear"})
 #: ops a DequantizeLinear may pass through before reaching its consumer (data movement)
 PASS_OPS = frozenset(
     {
@@ -30,6 +33,9 @@ PASS_OPS = frozenset(
 
 def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tuple[int, int]:
     """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ).
+
+    #DQ counts TensorRT's ``TRT_MXFP8DequantizeLinear`` (MXFP8 in ``block_form="trt"``) with
+    ONNX's ``DequantizeLinear``: both forms of a model count alike.
 
     ``path``: ``model`` as written with external data (:mod:`qdq.export.external`); the checker
     reads it from there (protobuf cannot serialize the model in memory past 2 GB).
@@ -57,11 +63,7 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
         if leader.kind != "weight" or not group.quantizer:
             continue
         weight_only = leader.spec is not None and leader.spec.format == "int4"
-        dqs = [
-            n
-            for n in graph.node
-            if n.op_type == "DequantizeLinear" and n.name.startswith(group.quantizer + "/")
-        ]
+        dqs = [n for n in graph.node if _is_dq(n) and n.name.startswith(group.quantizer + "/")]
         ops = [
             c for dq in dqs for c in _through(consumers, dq.output[0]) if c.op_type in WEIGHTED_OPS
         ]
@@ -72,15 +74,23 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
             continue
         for op in ops if not weight_only else ():  # INT4 weight-only: a float activation
             data = _source(producers, op.input[0])
-            if data is None or data.op_type != "DequantizeLinear":
+            if data is None or not _is_dq(data):
                 problems.append(
                     f"{leader.owner}: {op.name} reads a float activation (no DequantizeLinear)"
                 )
     if problems:
         raise ExportError("planned Q/DQ missing in the exported graph:\n  " + "\n  ".join(problems))
     n_q = sum(1 for n in graph.node if n.op_type == "QuantizeLinear")
-    n_dq = sum(1 for n in graph.node if n.op_type == "DequantizeLinear")
+    n_dq = sum(1 for n in graph.node if _is_dq(n))
     return n_q, n_dq
+
+
+def _is_dq(node: Any) -> bool:
+    """ONNX's DequantizeLinear, or TensorRT's MXFP8 one (:data:`TRT_DEQUANTIZE`)."""
+    return bool(
+        node.op_type == "DequantizeLinear"
+        or (node.domain == "trt" and node.op_type in TRT_DEQUANTIZE)
+    )
 
 
 def _through(consumers: dict[str, list[Any]], tensor: str) -> list[Any]:

@@ -59,6 +59,7 @@ def export_model(
     exporter: str,
     static: bool,
     per_image: bool,
+    block_form: str = "onnx",
 ) -> tuple[Any, dict[int, dict[int, str]]]:
     """Export ``prepared`` (its :class:`~qdq.export.ExportResult`) and the dynamic dimensions
     besides the batch it got; ``static``: a fixed batch (a ``.pt2``'s); ``per_image``: detection
@@ -85,6 +86,7 @@ def export_model(
             verify=False if per_image else None,  # detection lists: checked by the caller
             dynamic_dims=dims,
             check_inputs=[shorter(example, dims)] if dims else None,
+            block_form=block_form,
         )
 
     dims = {} if static or per_image else sequence_dims(example)

@@ -103,6 +103,7 @@ class JobSettings:
     format_choice: dict[str, Any] | None = None  # what --format mixed measured (FormatChoice)
     lint_flags: tuple[str, ...] | None = None  # the build flags linted (FP8: --fp8 added)
     objective: dict[str, Any] | None = None  # report.json: objective (pipeline/speed.py)
+    block_form: str = "onnx"  # MXFP8's ONNX form (options.block_form: "trt" below opset 24)
 
 
 def export_and_measure(
@@ -131,9 +132,12 @@ def export_and_measure(
             exported, dims = export_model(
                 prepared, example, tmp / ONNX_FILE, tmp / MANIFEST_FILE, opset=s.opset,
                 exporter=s.exporter, static=s.static, per_image=bool(s.per_image),
+                block_form=s.block_form,
             )  # fmt: skip
             st.detail = (
-                f"{exported.exporter}, opset {exported.opset}, {exported.num_quantize} Q "
+                f"{exported.exporter}, opset {exported.opset}"
+                + (f", MXFP8 in {s.block_form} form" if "mxfp8" in plan_format(prepared) else "")
+                + f", {exported.num_quantize} Q "
                 f"/ {exported.num_dequantize} DQ, verified in ONNX Runtime"
             )
             if dims:
@@ -204,6 +208,8 @@ def export_and_measure(
                 "target": s.target,
                 "exporter": s.exporter,
                 "opset": exported.opset,
+                # MXFP8's form: "onnx" (FLOAT8E8M0, opset 24) or "trt" (UINT8 exponents)
+                "block_form": exported.block_form,
                 "device": s.device,
                 "world_size": dist.world_size(),  # torchrun: the ranks that calibrated and trained
             },

@@ -7,12 +7,22 @@ from qdq.config import CALIBRATION_METHODS, PLAN_FORMATS
 from qdq.pipeline.improve import PtqOptions
 from qdq.pipeline.recipe import SearchOptions
 
-__all__ = ["check_format_target", "check_method", "check_options", "default_target"]
+__all__ = [
+    "block_form",
+    "check_format_target",
+    "check_method",
+    "check_options",
+    "default_target",
+]
 
 #: plan formats with block-scaled layers -> the linter's name of their format
 _BLOCK_PLANS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4w"}
-#: the opset a block plan's graph is written at (qdq.export.blocks_onnx.required_opset)
+#: the opset a block plan's graph is written at (qdq.export.blocks_onnx.required_opset): MXFP8
+#: at 24 in ONNX's form (FLOAT8E8M0 scales), at 19 in TensorRT's (block_form)
 _BLOCK_OPSETS = {"nvfp4": 23, "mxfp8": 24, "int4w": 21}
+_TRT_FORM_OPSETS = {**_BLOCK_OPSETS, "mxfp8": 19}
+#: the first opset whose FLOAT8E8M0 DequantizeLinear holds MXFP8 in ONNX's own form
+_E8M0_OPSET = 24
 
 
 def check_options(
@@ -77,18 +87,19 @@ def check_method(calib: str | None, fmt: str) -> str | None:
 
 
 def default_target(fmt: str) -> str:
-    """The linter's target when the job names none: ``trt10``; for NVFP4 a Blackwell GPU with
-    TensorRT 10.12 (FP4 kernels from 10.8, a parser reading opset 23 from 10.11); for MXFP8 a
-    B200 with TensorRT 11 (MX kernels from 10.12, opset 24's E8M0 scales read by 11.x); for
-    INT4 weight-only TensorRT 10.12 (kernels from 10.0, opset 21 read from 10.11).
+    """The linter's target when the job names none: ``trt10``; for NVFP4 and MXFP8 a Blackwell
+    GPU with TensorRT 10.12, the first release with both kernels (FP4 from 10.8, MX from 10.12;
+    a parser reading opset 23 from 10.11): MXFP8 is exported there in TensorRT's form
+    (:func:`block_form`: ``TRT_MXFP8DequantizeLinear`` of UINT8 exponents, opset 19), as
+    TensorRT Model Optimizer exports it, since ONNX's own (FLOAT8E8M0 scales, opset 24) needs
+    TensorRT 11's parser; a weakly typed build as the FP8 and NVFP4 defaults. For INT4
+    weight-only TensorRT 10.12 (kernels from 10.0, opset 21 read from 10.11).
 
     Example:
         >>> [default_target(f) for f in ("int8", "nvfp4", "mxfp8", "int4w")]
-        ['trt10', 'trt10.12-blackwell', 'trt11-b200', 'trt10.12']
+        ['trt10', 'trt10.12-blackwell', 'trt10.12-blackwell', 'trt10.12']
     """
-    if fmt == "mxfp8":  # E8M0 scales: opset 24, read by TensorRT 11's parser
-        return "trt11-b200"
-    if fmt == "nvfp4":
+    if fmt in ("nvfp4", "mxfp8"):
         return "trt10.12-blackwell"
     if fmt == "int4w":  # INT4 kernels from 10.0, a parser reading opset 21 from 10.11
         return "trt10.12"
@@ -113,6 +124,8 @@ def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
     Blackwell GPU and TensorRT 10.8+, MXFP8 Blackwell and 10.12+, INT4 weight-only TensorRT 10.0+
     (the linter's rule M02, :func:`qdq.lint.blocks.require_kernels`); its convolutions and
     attention run FP8, so NVFP4 and MXFP8 plans lint with ``--fp8`` too on a weakly typed target.
+    MXFP8 is exported in TensorRT's form where the target's parser cannot read opset 24
+    (:func:`block_form`), so TensorRT 10.12+ on Blackwell builds it.
 
     Raises:
         ValueError: FP8 or mixed with a target whose GPU has no FP8, or whose parser predates
@@ -143,6 +156,27 @@ def check_format_target(fmt: str, target: str) -> tuple[str, ...] | None:
     return (*sorted(t.flags), "fp8")
 
 
+def block_form(fmt: str, target: str) -> str:
+    """The form the job exports MXFP8 in for ``target`` (``export_onnx(block_form=...)``):
+    ``"trt"`` (TensorRT's ``TRT_MXFP8DequantizeLinear`` of UINT8 exponents, opset 19) for an
+    MXFP8 plan whose target's ONNX parser cannot read opset 24 (TensorRT 10.12..10.x), else
+    ``"onnx"`` (ONNX's ``FLOAT8E8M0`` ``DequantizeLinear``, opset 24: TensorRT 11+, or a target
+    whose parser's opsets are unknown). Other formats have one form: ``"onnx"``.
+
+    Example:
+        >>> block_form("mxfp8", "trt10.12-blackwell"), block_form("mxfp8", "trt11-b200")
+        ('trt', 'onnx')
+        >>> block_form("nvfp4", "trt10.12-blackwell")
+        'onnx'
+    """
+    from qdq.lint import parse_target
+
+    if fmt != "mxfp8":
+        return "onnx"
+    top = parse_target(target).max_opset
+    return "trt" if top is not None and top < _E8M0_OPSET else "onnx"
+
+
 def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
     """:func:`check_format_target` for a block-format plan."""
     from qdq.lint import parse_target
@@ -156,17 +190,13 @@ def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
             f"format={fmt!r}: {err}; choose a target that has them (trt10.8-blackwell, "
             "trt10.12-b200, trt11-b200) or another format"
         ) from None
-    need = _BLOCK_OPSETS[fmt]
+    need = (_TRT_FORM_OPSETS if block_form(fmt, target) == "trt" else _BLOCK_OPSETS)[fmt]
     if t.max_opset is not None and t.max_opset < need:
         raise ValueError(
             f"format={fmt!r} exports its block DequantizeLinear at opset {need} (the first whose "
             f"types it needs), which the ONNX parser of target {target!r} does not read (it reads "
-            f"up to opset {t.max_opset}): target TensorRT "
-            + (
-                "10.11 or newer (trt10.12-blackwell, trt11-b200)"
-                if need <= 23
-                else "11 (trt11-b200)"
-            )
+            f"up to opset {t.max_opset}): target TensorRT 10.11 or newer (trt10.12-blackwell, "
+            "trt11-b200)"
         )
     if fmt == "int4w" or t.strongly_typed or t.flags & {"fp8", "best"}:
         return None

@@ -60,6 +60,7 @@ from qdq.pipeline.kinds import check_kind_name
 from qdq.pipeline.metric import MetricFn, load_metric
 from qdq.pipeline.models import resolve_model
 from qdq.pipeline.options import (
+    block_form,
     check_format_target,
     check_method,
     check_options,
@@ -153,6 +154,10 @@ def quantize(
         target: TensorRT version for the linter (``"trt8.6"``, ``"trt10"``, ``"trt11"`` ...);
             default ``"trt10"``, or ``"trt10.12-blackwell"`` for ``nvfp4``/``mxfp8`` (their
             kernels need Blackwell and TensorRT 10.8/10.12: a target without them is refused).
+            MXFP8 is exported in TensorRT's form (``TRT_MXFP8DequantizeLinear`` of UINT8
+            exponents, opset 19) where the target's parser cannot read opset 24 (TensorRT
+            10.12..10.x), in ONNX's (``FLOAT8E8M0`` scales, opset 24) on TensorRT 11+
+            (:func:`qdq.pipeline.options.block_form`; ``settings.block_form`` records it).
         data_options: sample counts, image preprocessing and the split seed (for spec data).
         batch_size: samples per batch for calibration and evaluation (a ``.pt2`` with a static
             batch dimension uses its own).
@@ -401,6 +406,7 @@ def quantize(
                     None if chosen is None else chosen.to_dict(),
                     lint_flags,
                     speed.objective_entry(objective, fast),
+                    block_form(format, target),
                 ),
                 caught,
                 fallback,
