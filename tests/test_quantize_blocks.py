@@ -140,14 +140,28 @@ def test_block_formats_from_the_cli_and_refused_targets(files, tmp_path, capsys)
         quantize(f"{model}:build", str(data), out=tmp_path / "y", format="nvfp4", calib="mse")
 
 
-def test_block_max_drop_fallback_keeps_the_format(files, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fmt", "form"), [("nvfp4", "onnx"), ("mxfp8", "trt")])
+def test_block_max_drop_fallback_keeps_the_format(files, tmp_path: Path, monkeypatch, fmt, form):
+    """The fallback keeps the format, and its lint-cost exports (like the speed stage's) are
+    written in the job's form (MXFP8 on trt10.12-blackwell: TensorRT's, opset 19)."""
+    import qdq.export
+
     model, data = files
-    res = quantize(f"{model}:build", str(data), out=tmp_path / "f", format="nvfp4", ptq="none",
+    real, forms = qdq.export.export_onnx, []
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        forms.append(kwargs.get("block_form", "onnx"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(qdq.export, "export_onnx", recording)
+    res = quantize(f"{model}:build", str(data), out=tmp_path / "f", format=fmt, ptq="none",
                    max_drop=0.0, show_progress=False)  # fmt: skip
     fb = res.report["fallback"]
     assert fb is not None and fb["max_drop"] == 0.0
     kept = {q["format"] for q in res.report["quantizers"]}
-    assert kept <= {"nvfp4"}
+    assert kept <= {fmt}
+    assert forms and set(forms) == {form}, forms
+    assert res.report["settings"]["block_form"] == form
 
 
 def test_int4w_job_runs_the_awq_clip_search_unless_recipe_none(files, tmp_path: Path) -> None:

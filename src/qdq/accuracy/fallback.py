@@ -485,8 +485,10 @@ def _lint_costs(
     graph's structure and which scales are equal, not their values.
     """
     from qdq.export import export_onnx
-    from qdq.lint import lint
+    from qdq.export.blocks_trt import form_for
+    from qdq.lint import lint, parse_target
 
+    form = form_for(cfg.format, parse_target(target).max_opset)  # the job's MXFP8 form
     with tempfile.TemporaryDirectory(prefix="qdq-fallback-") as tmp:
 
         def summary(owners: Iterable[str], name: str) -> dict[str, Any]:
@@ -496,7 +498,8 @@ def _lint_costs(
             prepared = prepare(model, example_inputs, c)
             calibrate(prepared, data, "max", num_batches=1, show_progress=False)
             path = Path(tmp) / f"{name}.onnx"
-            export_onnx(prepared, tuple(example_inputs), path, exporter=exporter, verify=False)
+            export_onnx(prepared, tuple(example_inputs), path, exporter=exporter, verify=False,
+                        block_form=form)  # fmt: skip
             return dict(lint(path, target=target).summary)
 
         base = summary((), "full")

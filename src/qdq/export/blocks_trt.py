@@ -47,6 +47,7 @@ __all__ = [
     "MX_DEQUANTIZE",
     "check_block_form",
     "exponent_bytes",
+    "form_for",
     "mx_activation",
     "mx_weight",
 ]
@@ -57,6 +58,22 @@ BLOCK_FORMS = ("onnx", "trt")
 MX_DEQUANTIZE = "TRT_MXFP8DequantizeLinear"
 _TRT_DOMAIN = "trt"
 _FLOAT, _E4M3, _E8M0_BIAS, _NAN_BYTE = 1, 17, 127, 255
+
+
+#: the first opset with ``FLOAT8E8M0`` (ONNX's form of MXFP8 scales)
+E8M0_OPSET = 24
+
+
+def form_for(fmt: str, max_opset: int | None) -> str:
+    """The form to export a ``fmt`` plan in for a TensorRT whose ONNX parser reads up to
+    ``max_opset`` (``None``: unknown): ``"trt"`` for MXFP8 below opset 24 (TensorRT 10.12..10.x),
+    else ``"onnx"`` (TensorRT 11+, an unknown parser, and every other format, which has one form).
+
+    Example:
+        >>> form_for("mxfp8", 23), form_for("mxfp8", 25), form_for("nvfp4", 23)
+        ('trt', 'onnx', 'onnx')
+    """
+    return "trt" if fmt == "mxfp8" and max_opset is not None and max_opset < E8M0_OPSET else "onnx"
 
 
 def check_block_form(block_form: object) -> str:

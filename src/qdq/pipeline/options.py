@@ -21,8 +21,6 @@ _BLOCK_PLANS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4w"}
 #: at 24 in ONNX's form (FLOAT8E8M0 scales), at 19 in TensorRT's (block_form)
 _BLOCK_OPSETS = {"nvfp4": 23, "mxfp8": 24, "int4w": 21}
 _TRT_FORM_OPSETS = {**_BLOCK_OPSETS, "mxfp8": 19}
-#: the first opset whose FLOAT8E8M0 DequantizeLinear holds MXFP8 in ONNX's own form
-_E8M0_OPSET = 24
 
 
 def check_options(
@@ -169,12 +167,10 @@ def block_form(fmt: str, target: str) -> str:
         >>> block_form("nvfp4", "trt10.12-blackwell")
         'onnx'
     """
+    from qdq.export.blocks_trt import form_for
     from qdq.lint import parse_target
 
-    if fmt != "mxfp8":
-        return "onnx"
-    top = parse_target(target).max_opset
-    return "trt" if top is not None and top < _E8M0_OPSET else "onnx"
+    return form_for(fmt, parse_target(target).max_opset)
 
 
 def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
@@ -187,7 +183,7 @@ def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
         require_kernels(t, _BLOCK_PLANS[fmt])
     except ValueError as err:
         raise ValueError(
-            f"format={fmt!r}: {err}; choose a target that has them (trt10.8-blackwell, "
+            f"format={fmt!r}: {err}; choose a target that has them (trt10.12-blackwell, "
             "trt10.12-b200, trt11-b200) or another format"
         ) from None
     need = (_TRT_FORM_OPSETS if block_form(fmt, target) == "trt" else _BLOCK_OPSETS)[fmt]

@@ -427,14 +427,15 @@ def keep_fp16(
     with stages.optional("speed") as st:
         import qdq
         from qdq.lint import lint
-        from qdq.pipeline.options import check_format_target
+        from qdq.pipeline.options import block_form, check_format_target
 
         flags = check_format_target(config.format, target)  # the job's build flags (FP8)
+        form = block_form(config.format, target)  # the job's MXFP8 form
 
         def predicted(model: nn.Module, tmp: str, name: str) -> tuple[Path, Any]:
             path = Path(tmp) / name
             qdq.export_onnx(model, example, path, opset=opset, exporter=exporter,
-                            dynamic_batch=not static, verify=False)  # fmt: skip
+                            dynamic_batch=not static, verify=False, block_form=form)  # fmt: skip
             layers = lint(path, target=target, flags=flags)
             return path, predict(path, target, example, size, layers)
 
