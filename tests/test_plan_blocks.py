@@ -299,6 +299,30 @@ def test_int4w_leaves_convolutions_attention_and_residuals_float() -> None:
     ]
 
 
+class PaddedConvHead(nn.Module):
+    """EfficientNet's ``Conv2dStaticSamePadding``: a zero Pad, its convolution, a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pad, self.conv, self.fc = nn.ZeroPad2d(1), nn.Conv2d(8, 16, 3), nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(self.pad(x)).mean((2, 3)))
+
+
+def test_int4w_releases_a_convolution_input_moved_in_front_of_its_pad() -> None:
+    """The convolution's input Quantize sits in front of the zero Pad (P08, so Pad+conv fuse);
+    F17 releases it under the convolution's name: no INT8 Quantize is left in front of a float
+    convolution, and no point appears under the Pad's name (EfficientNet-Lite0 kept 17 INT8
+    Q/DQ in its int4w plan)."""
+    p = plan(PaddedConvHead(), torch.randn(1, 8, 8, 8), QuantConfig(format="int4w"))
+    assert fmt(p, "conv:input") == ("float", "F17")
+    assert [pt.name for pt in p.points if pt.quantized] == ["fc:weight"]
+    assert "pad:input" not in {pt.name for pt in p.points}
+    int8 = plan(PaddedConvHead(), torch.randn(1, 8, 8, 8), QuantConfig())
+    assert int8.point("conv:input").rule == "P08" and int8.point("conv:input").quantized
+
+
 def test_int4w_refuses_other_formats_in_the_reason() -> None:
     cfg = QuantConfig(format="int4w", overrides=(Override(name="q", format="fp8"),))
     p = _block(cfg)

@@ -266,16 +266,21 @@ def skip_input(
 
 def release(ctx: PlanContext, point: QuantPoint, rule: str, reason: str) -> None:
     """Turn a quantized input point back to float (a later pass found the INT8 read costs a
-    reformat), keeping its name and producer."""
-    skip_input(
+    reformat, or the plan's format keeps the layer float), keeping its name, owner and op. A
+    point moved in front of a zero Pad (P08) sits on the Pad's input but is its convolution's: the
+    float point replaces it under the convolution's name, not a new one under the Pad's."""
+    skip = make_point(
         ctx,
         ctx.by_name[point.consumer],
         point.arg,
         ctx.by_name[point.producer],
-        rule,
-        reason,
-        label=point.name.split(":", 1)[1],
+        "input",
+        point.name.split(":", 1)[1],
+        decision=SKIP,
+        rule=rule,
+        reason=reason,
     )
+    ctx.add(replace(skip, name=point.name, owner=point.owner, op=point.op))
 
 
 def is_scale(ctx: PlanContext, node: fx.Node) -> bool:
