@@ -1,14 +1,23 @@
-"""qdq and ModelOpt NVFP4/MXFP8, layer by layer (issue 60): each ``nn.Linear`` whose ``forward``
-runs, its output's SQNR against FP32's on the same evaluation samples, in qdq's plan on ModelOpt's
-layer set (``benchmarks/blocks_layer_set.py``) and in ModelOpt's fake-quantized model (its default
-config; the CPU stand-in of ``blocks_peers.py`` for its CUDA-only block kernels, which is its own
-``NVFP4QTensor``/``MXFP8QTensor`` arithmetic), its patch convolution left float as its export
-leaves it (:data:`EXPORT_FLOAT`), so both quantize the same layers.
+"""qdq and ModelOpt NVFP4/MXFP8, layer by layer (issue 60), on the ViT and Swin rows.
+
+Two questions, on the same evaluation samples:
+
+1. **The numerics, on the same tensor.** Each ``nn.Linear`` whose ``forward`` runs: its FP32
+   input quantized by ModelOpt's own ``NVFP4QTensor``/``MXFP8QTensor`` (the CPU stand-in of
+   ``blocks_peers.py``, which is ModelOpt's arithmetic, with its calibrated per-tensor amax) and by
+   qdq's ``block_fake_quant`` (with qdq's): how many values differ.
+2. **Each tool's model.** The Linear's output SQNR against FP32's in qdq's plan on ModelOpt's
+   ``nn.Linear`` layer set (``benchmarks/blocks_layer_set.py``) and in ModelOpt's fake-quantized
+   model (its default config, its patch convolution left float as its export leaves it:
+   :data:`EXPORT_FLOAT`), and the SQNR of the input the Linear received. ModelOpt's model
+   quantizes more than its Linears: its ``QuantMultiheadAttention`` (ViT) and the Swin attention's
+   tensors, which its export does not carry as block GEMMs; the input column shows it (qdq's
+   first MLP reads an exact input, ModelOpt's a quantized one). Column 2 is therefore not like
+   for like; column 1 is.
 
 Why: on rows whose FP32 logits are nearly tied (random weights: the Swin row's median top-1/top-2
-margin is 0.15 of a logit standard deviation), top-1 agreement follows the last layer's noise more
-than the model's accuracy; the per-layer SQNR and the output cosine say which quantization is
-closer to FP32.
+margin is 0.11 of a logit standard deviation), top-1 agreement follows the last layer's noise more
+than the model's accuracy.
 
 Run in the peer environment, with qdq importable:
 ``PYTHONPATH=src /tmp/peers/bin/python benchmarks/peers/blocks_layer_sqnr.py WORK [--row swin]
@@ -47,15 +56,55 @@ def _sqnr(y: torch.Tensor, ref: torch.Tensor) -> float:
 def _outputs(
     model: torch.nn.Module, x: torch.Tensor, names: list[str]
 ) -> tuple[torch.Tensor, dict]:
-    seen: dict[str, torch.Tensor] = {}
+    """The model's output on ``x`` and each named Linear's (input, output) as it ran; the input
+    as the Linear receives it, before its own input quantizer (both tools quantize inside the
+    layer's ``forward``)."""
+    seen: dict[str, list[torch.Tensor]] = {n: [torch.empty(0), torch.empty(0)] for n in names}
     modules = dict(model.named_modules())
-    hooks = [modules[n].register_forward_hook(
-        lambda _m, _i, o, n=n: seen.__setitem__(n, o.detach().clone())) for n in names]  # fmt: skip
+
+    def keep(n: str, k: int, t: torch.Tensor) -> None:
+        seen[n][k] = t.detach().clone()
+
+    hooks = []
+    for n in names:
+        hooks.append(modules[n].register_forward_pre_hook(lambda _m, i, n=n: keep(n, 0, i[0])))
+        hooks.append(modules[n].register_forward_hook(lambda _m, _i, o, n=n: keep(n, 1, o)))
     with torch.no_grad():
         out = model(x)
     for h in hooks:
         h.remove()
     return out, seen
+
+
+def _same_tensor(fmt: str, names: list[str], r: dict, qdq_modules: dict, mo_modules: dict
+                 ) -> tuple[int, int, int, int]:  # fmt: skip
+    """``(values that differ, values, layers whose calibrated amax differ, layers)`` when each
+    Linear's FP32 input is quantized by ModelOpt's arithmetic and by qdq's with one amax
+    (ModelOpt's calibrated one; MXFP8 has none). Layers whose reduction is not whole blocks are
+    left out (qdq refuses them; ModelOpt pads)."""
+    from blocks_peers import _stand_in_values
+
+    from qdq.quant.blocks import MXFP8, NVFP4, block_fake_quant
+
+    differ = total = amax_differ = layers = 0
+    block = 16 if fmt == "nvfp4" else 32
+    for n in names:
+        x = r[n][0].float()
+        if x.shape[-1] % block:
+            continue
+        layers += 1
+        if fmt == "nvfp4":
+            amax = mo_modules[n].input_quantizer.amax.float()
+            mine = qdq_modules[f"{n}.input_quantizer"].amax
+            amax_differ += int(not torch.equal(amax.reshape(()), mine.float().reshape(())))
+            y_mo = _stand_in_values(x, 16, amax, (2, 1), (4, 3))
+            y_q = block_fake_quant(x, NVFP4, amax.reshape(()), -1)
+        else:
+            y_mo = _stand_in_values(x, 32, None, (4, 3), (8, 0))
+            y_q = block_fake_quant(x, MXFP8, None, -1)
+        differ += int((y_mo != y_q).sum())
+        total += y_q.numel()
+    return differ, total, amax_differ, layers
 
 
 def main() -> None:
@@ -93,6 +142,10 @@ def main() -> None:
         for attr in ("input_quantizer", "weight_quantizer"):
             getattr(modules[name], attr).disable()
     mo_out, ms = _outputs(mo, ev, names)
+    same = _same_tensor(a.format, names, r, dict(q.named_modules()), modules)
+    print(f"{a.row} {a.format}, each Linear's FP32 input quantized by both with ModelOpt's amax: "
+          f"{same[0]} of {same[1]} values differ ({same[3]} layers; their calibrated amax differ "
+          f"on {same[2]})")  # fmt: skip
     print(f"{a.row} {a.format}: output SQNR of each Linear vs FP32 (dB), {len(ev)} samples")
     print("(and of the input it read, before its own input quantizer)")
     print(f"{'layer':32s} {'qdq':>7s} {'ModelOpt':>9s}   {'in: qdq':>8s} {'ModelOpt':>9s}")
