@@ -13,25 +13,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from block_checks import same
 from qdq.backends.blocks_reference import needs_reference, runnable
 from qdq.backends.ort_session import run, session
 from qdq.quant.blocks import INT4, INT4_MAX, INT4_MIN, MXFP8, block_fake_quant, block_scales
 from qdq.quant.blocks_fp4 import e4m3_round, e8m0_scale
 
 _INT4_32 = INT4.with_block_size(32)
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float32).view(np.int32)
-
-
-def _same(want: torch.Tensor, got: np.ndarray) -> bool:
-    """Bit for bit, NaN matching NaN."""
-    w = want.detach().numpy()
-    nan = np.isnan(w)
-    return bool(
-        np.array_equal(nan, np.isnan(got)) and np.array_equal(_bits(w)[~nan], _bits(got)[~nan])
-    )
 
 
 def _mx_weight(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -113,9 +101,9 @@ def test_modelopt_mxfp8_and_int4_trt_forms_run_bit_exact():
     assert needs_reference(model)
     xq, wq, w4q, y = run(session(model), [x])  # qdq's session rewrites the trt ops
     w, w4 = _weights()
-    assert _same(block_fake_quant(x, MXFP8, None, -1), xq)
-    assert _same(block_fake_quant(w, MXFP8, None, -1), wq)
-    assert _same(block_fake_quant(w4, _INT4_32, None, 0), w4q)
+    assert same(block_fake_quant(x, MXFP8, None, -1), xq)
+    assert same(block_fake_quant(w, MXFP8, None, -1), wq)
+    assert same(block_fake_quant(w4, _INT4_32, None, 0), w4q)
     assert y.dtype == np.float32 and y.shape == (x.shape[0], 16)
     rewritten = runnable(model)
     assert all(n.domain != "trt" for n in rewritten.graph.node)
@@ -143,10 +131,10 @@ def test_output_dtype_float16_when_the_graph_declares_nothing():
     assert rewritten.graph.node[-2].op_type == "Cast"  # the DequantizeLinear's, to FLOAT16
     (z,) = run(session(model), [])
     want = block_fake_quant(w, MXFP8, None, -1)
-    assert _same(want.half().float(), z)  # the float32 product rounded once to FLOAT16
+    assert same(want.half().float(), z)  # the float32 product rounded once to FLOAT16
     inside = (want.abs() >= 2.0**-14) & (want.abs() <= 65504)  # FLOAT16's normal range
     assert bool(inside.any()) and bool((~inside).any())
-    assert _same(want[inside], z[inside.numpy()])  # exact there: E4M3 codes times 2**k
+    assert same(want[inside], z[inside.numpy()])  # exact there: E4M3 codes times 2**k
 
 
 def test_every_exponent_byte_decodes_exactly():
@@ -165,7 +153,7 @@ def test_every_exponent_byte_decodes_exactly():
     model.ir_version = 9
     (z,) = run(session(model), [])
     want = torch.tensor([float(b) - 127 for b in range(255)] + [float("nan")])
-    assert _same(e8m0_scale(want).repeat_interleave(2).reshape(1, 512), z)
+    assert same(e8m0_scale(want).repeat_interleave(2).reshape(1, 512), z)
 
 
 def test_modelopt_gemm_axis_and_zero_point_are_refused():

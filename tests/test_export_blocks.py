@@ -14,26 +14,14 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from qdq.backends.blocks_reference import needs_reference, runnable
+from block_checks import bits, same, tapped_outputs
+from qdq.backends.blocks_reference import needs_reference
 from qdq.backends.ort_session import run, session
 from qdq.export.blocks_onnx import expand_blocks, has_markers
 from qdq.quant.blocks import INT4, MXFP8, NVFP4, block_amax, block_fake_quant
 from qdq.quant.onnx_qdq import current_exporter, emit_block, export_mode
 
 FMTS = {"nvfp4": NVFP4, "mxfp8": MXFP8, "int4": INT4}
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float32).view(np.int32)
-
-
-def _same(want: torch.Tensor, got: np.ndarray) -> bool:
-    """Bit for bit, NaN matching NaN."""
-    w = want.detach().numpy()
-    nan = np.isnan(w)
-    return bool(
-        np.array_equal(nan, np.isnan(got)) and np.array_equal(_bits(w)[~nan], _bits(got)[~nan])
-    )
 
 
 def _marker_model(shape, fmt, role, amax, axis, block, weight=None):
@@ -95,7 +83,7 @@ def test_weight_marker_becomes_prequantized_initializers_bit_exact(fmt):
     assert "x" not in types  # the float weight is gone
     assert {n.op_type for n in expanded.graph.node} == {"DequantizeLinear"}
     assert expanded.opset_import[0].version == {"nvfp4": 23, "mxfp8": 24, "int4": 21}[fmt]
-    assert _same(block_fake_quant(w, bf, amax, 1), got)
+    assert same(block_fake_quant(w, bf, amax, 1), got)
     assert needs_reference(expanded) == (fmt != "int4")  # INT4 runs natively in ORT
 
 
@@ -106,7 +94,7 @@ def test_int4_per_channel_weight():
     expanded, got = _through_ort(model)
     dq = expanded.graph.node[0]
     assert {a.name for a in dq.attribute} == {"axis"}
-    assert _same(block_fake_quant(w, INT4.with_block_size(None), amax, 0), got)
+    assert same(block_fake_quant(w, INT4.with_block_size(None), amax, 0), got)
 
 
 # ---- activations: TensorRT's dynamic quantize, exact reference in ORT -------------------------
@@ -156,7 +144,7 @@ def test_dynamic_quantize_reference_bit_exact_on_edge_cases(fmt):
     assert ops[0] == ("trt", dyn) and ("trt", 1) in [
         (o.domain, o.version) for o in expanded.opset_import
     ]
-    assert _same(block_fake_quant(x, FMTS[fmt], amax, -1), got)
+    assert same(block_fake_quant(x, FMTS[fmt], amax, -1), got)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
@@ -167,7 +155,7 @@ def test_dynamic_quantize_random_and_middle_axis(fmt):
     amax = float(x.abs().max()) * 0.7 if fmt == "nvfp4" else None  # some values saturate
     model = _marker_model(list(x.shape), fmt, "activation", amax, 1, bs)
     _, got = _through_ort(model, [x])
-    assert _same(block_fake_quant(x, FMTS[fmt], amax, 1), got)
+    assert same(block_fake_quant(x, FMTS[fmt], amax, 1), got)
 
 
 def test_int4_marker_on_a_computed_tensor_is_quantize_dequantize():
@@ -177,7 +165,7 @@ def test_int4_marker_on_a_computed_tensor_is_quantize_dequantize():
     model = _marker_model(list(x.shape), "int4", "activation", amax, 1, 32)
     expanded, got = _through_ort(model, [x])
     assert [n.op_type for n in expanded.graph.node] == ["QuantizeLinear", "DequantizeLinear"]
-    assert _same(block_fake_quant(x, bf, amax, 1), got)
+    assert same(block_fake_quant(x, bf, amax, 1), got)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
@@ -268,7 +256,7 @@ def test_both_exporters_write_the_same_tensorrt_form(fmt, exporter):
     # E4M3 x E4M3·2**e products and their sums are exact in float32; the others are compared
     # bit for bit at the quantizers (the tests above) and to rounding here (MatMul order)
     if fmt == "mxfp8":
-        assert _same(want, got)
+        assert same(want, got)
     else:
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
 
@@ -304,8 +292,8 @@ def test_runnable_decodes_fp4_and_e8m0_exactly():
     m.ir_version = 12
     assert needs_reference(m)
     y, z = run(session(m), [])  # qdq's session rewrites it (ORT has no FP4/E8M0 kernels)
-    assert np.array_equal(_bits(y), _bits(values))
-    assert np.array_equal(_bits(z), _bits(np.repeat(e, 2, axis=1)))
+    assert np.array_equal(bits(y), bits(values))
+    assert np.array_equal(bits(z), bits(np.repeat(e, 2, axis=1)))
 
 
 # ---- a prepared model: qdq's quantizers, both exporters, lint, ORT ----------------------------
@@ -342,22 +330,7 @@ def test_prepared_model_exports_lints_and_matches_torch(plan_format, exporter):
     weighted = {ly.name: ly.input_precision for ly in report.layers if ly.kind == "weighted"}
     assert sorted(weighted.values()) == [plan_format] * 2, report.format()
     # every quantizer's output in ORT equals torch's, bit for bit
-    taps = {p: n.output[0] for n in proto.graph.node for p in quantizers
-            if n.name == f"{p}/DequantizeLinear"}  # fmt: skip
-    assert set(taps) == set(quantizers)
-    tapped = runnable(proto)
-    tapped.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in taps.values())
-    xs = torch.randn(5, 64) * 2
-    outs = run(session(tapped), [xs])
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [q.register_forward_hook(lambda mod, a, o, p=p: seen.__setitem__(p, o))
-             for p, q in quantizers.items()]  # fmt: skip
-    with torch.no_grad():
-        want = m(xs)
-    for h in hooks:
-        h.remove()
-    for (p, _), got in zip(taps.items(), outs[1:], strict=True):
-        assert _same(seen[p], got), p
+    outs, want = tapped_outputs(proto, quantizers, m, torch.randn(5, 64) * 2)
     np.testing.assert_allclose(outs[0], want.numpy(), rtol=1e-5, atol=1e-6)
 
 
@@ -388,7 +361,7 @@ def test_a_nan_makes_its_block_nan_as_in_torch(fmt):
     amax = 10.0 if fmt == "nvfp4" else None
     _, got = _through_ort(_marker_model(list(x.shape), fmt, "activation", amax, 1, bs), [x])
     want = block_fake_quant(x, FMTS[fmt], amax, 1)
-    assert int(np.isnan(got).sum()) == bs and _same(want, got)
+    assert int(np.isnan(got).sum()) == bs and same(want, got)
 
 
 # ---- the manifest ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from qdq.backends.blocks_reference import runnable
+from block_checks import same, tapped_outputs
 from qdq.backends.ort_session import run, session
 from qdq.export.blocks_onnx import expand_blocks, has_markers
 from qdq.quant.blocks import MXFP8, block_fake_quant
@@ -25,19 +25,6 @@ from qdq.quant.blocks import MXFP8, block_fake_quant
 pytest.importorskip("onnxruntime")
 
 _MX_DQ = "TRT_MXFP8DequantizeLinear"
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float32).view(np.int32)
-
-
-def _same(want: torch.Tensor, got: np.ndarray) -> bool:
-    """Bit for bit, NaN matching NaN."""
-    w = want.detach().numpy()
-    nan = np.isnan(w)
-    return bool(
-        np.array_equal(nan, np.isnan(got)) and np.array_equal(_bits(w)[~nan], _bits(got)[~nan])
-    )
 
 
 def _marker(x: torch.Tensor, role: str, axis: int) -> onnx.ModelProto:
@@ -93,7 +80,7 @@ def test_weight_in_tensorrt_form_has_the_onnx_forms_codes_bit_for_bit():
     assert np.array_equal(ours[TensorProto.UINT8], e8m0)
     assert ours[TensorProto.UINT8].min() < 40 and ours[TensorProto.UINT8].max() > 200
     got = run(session(trt), [])[0]  # through blocks_reference.runnable: 2**(byte - 127)
-    assert _same(block_fake_quant(w, MXFP8, None, 1), got)
+    assert same(block_fake_quant(w, MXFP8, None, 1), got)
 
 
 @pytest.mark.parametrize("axis", [1, 0])
@@ -108,7 +95,7 @@ def test_activation_in_tensorrt_form_equals_torch(axis):
     assert list(dq.input) == list(dyn.output)  # the dynamic quantize's values and exponents
     assert dq.name == "q/DequantizeLinear" and model.graph.initializer == []
     got = run(session(model), [x])[0]
-    assert _same(block_fake_quant(x, MXFP8, None, axis), got)
+    assert same(block_fake_quant(x, MXFP8, None, axis), got)
 
 
 def test_fp16_weight_is_cast_back():
@@ -179,23 +166,8 @@ def test_both_exporters_write_tensorrt_form_equal_to_torch_per_quantizer(exporte
         assert np.array_equal(a[TensorProto.FLOAT8E4M3FN], b[TensorProto.FLOAT8E4M3FN])
         assert np.array_equal(a[TensorProto.UINT8], b[TensorProto.FLOAT8E8M0])
     # every quantizer's output in ORT equals torch's, bit for bit
-    taps = {p: n.output[0] for n in proto.graph.node for p in quantizers
-            if n.name == f"{p}/DequantizeLinear"}  # fmt: skip
-    assert set(taps) == set(quantizers)
-    tapped = runnable(proto)
-    tapped.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in taps.values())
-    xs = torch.randn(5, 64) * 2
-    outs = run(session(tapped), [xs])
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [q.register_forward_hook(lambda mod, a, o, p=p: seen.__setitem__(p, o))
-             for p, q in quantizers.items()]  # fmt: skip
-    with torch.no_grad():
-        want = m(xs)
-    for h in hooks:
-        h.remove()
-    for (p, _), got in zip(taps.items(), outs[1:], strict=True):
-        assert _same(seen[p], got), p
-    assert _same(want, outs[0])  # E4M3 x E4M3·2**e products and sums are exact in float32
+    outs, want = tapped_outputs(proto, quantizers, m, torch.randn(5, 64) * 2)
+    assert same(want, outs[0])  # E4M3 x E4M3·2**e products and sums are exact in float32
     report = lint(proto, target="trt10.12-blackwell")
     assert report.summary["mxfp8_weighted_layers"] == 2, report.format()
     assert {f.severity for f in report.findings} <= {"INFO"}, report.format()
