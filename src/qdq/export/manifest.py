@@ -43,7 +43,7 @@ from qdq._version import __version__
 from qdq.api import plan_of, quantizers_of
 from qdq.config import FORMATS, Override, QuantConfig
 from qdq.export.manifest_blocks import block_entry, entry_block_amax, is_block
-from qdq.export.manifest_io import MAX_ONNX_BYTES, confined, hash_file, read_manifest, short
+from qdq.export.manifest_io import MAX_ONNX_BYTES, SCHEMA, confined, hash_file, read_manifest, short
 from qdq.graph.plan import QuantPlan
 from qdq.quant import Quantizer, scale_from_amax
 from qdq.quant.learned import manifest_entry
@@ -61,7 +61,6 @@ __all__ = [
     "manifest_path_for",
 ]
 
-SCHEMA = "qdq.manifest/1"
 #: Appended to the full ONNX file name: ``m.onnx`` → ``m.onnx.manifest.json``.
 MANIFEST_SUFFIX = ".manifest.json"
 #: The directory-level manifest ``qdq quantize`` writes beside ``model.qdq.onnx``.

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from qdq.export.manifest_io import short
+from qdq.export.manifest_io import SCHEMA, read_manifest, short
 from qdq.quant.blocks import BLOCK_FORMATS, block_scales
 
 __all__ = ["block_entry", "block_form_of", "entry_block_amax", "is_block"]
@@ -131,22 +131,26 @@ def block_form_of(manifest: str | Path) -> str:
 
     Example:
         >>> import json, tempfile, os
-        >>> from qdq.export.manifest import SCHEMA
+        >>> from qdq.export.manifest_io import SCHEMA
         >>> path = os.path.join(tempfile.mkdtemp(), "m.manifest.json")
         >>> _ = open(path, "w").write(json.dumps({"schema": SCHEMA, "block_form": "trt"}))
         >>> block_form_of(path)
         'trt'
 
     Raises:
-        FileNotFoundError / ValueError: no manifest, or not a qdq manifest (as
-            :func:`qdq.export.manifest.load_calibration`); a ``"block_form"`` that is not one of
-            :data:`qdq.export.blocks_trt.BLOCK_FORMS`, naming the manifest.
+        FileNotFoundError / ValueError: no manifest, or not a qdq manifest (its schema); a
+            ``"block_form"`` that is not one of :data:`qdq.export.blocks_trt.BLOCK_FORMS`,
+            naming the manifest.
     """
     from qdq.export.blocks_trt import BLOCK_FORMS
-    from qdq.export.manifest import _read_doc
 
     p = Path(manifest)
-    doc = _read_doc(p)
+    if not p.is_file():
+        raise FileNotFoundError(f"no manifest at {p}")
+    doc = read_manifest(p)  # untrusted input: bounded size and depth
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = short(doc.get("schema")) if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{p}: expected schema {SCHEMA!r}, got {got}")
     form = doc.get("block_form", "onnx")
     if form not in BLOCK_FORMS:
         raise ValueError(

@@ -27,12 +27,15 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_MANIFEST_BYTES",
     "MAX_ONNX_BYTES",
+    "SCHEMA",
     "confined",
     "hash_file",
     "read_manifest",
     "short",
 ]
 
+#: the schema of qdq's manifests (:mod:`qdq.export.manifest`)
+SCHEMA = "qdq.manifest/1"
 #: The largest manifest read (256 MiB). A manifest holds about 64 bytes per channel of a
 #: per-channel amax and scale (ResNet-18: 372 kB, 43 quantizers, 5,822 channels); 256 MiB would
 #: hold about 4 million channels.
