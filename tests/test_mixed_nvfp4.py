@@ -175,8 +175,8 @@ def test_speed_floor_takes_nvfp4_only_where_predicted_faster(
 ) -> None:
     """With the target's GPU the floor also needs a faster NVFP4 (T02, kernel rule K08): this
     model's GEMMs (16 rows) are the launch floor on a B200, so NVFP4 gains nothing and only the
-    accuracy rule's tie (``embed``, within the 3 dB test margin) stays; predicted faster (a time model that says so), the
-    floor takes every layer again."""
+    accuracy rule's tie (``embed``, within the 3 dB test margin) stays; predicted faster (a time
+    model that says so), the floor takes every layer again."""
     from qdq.accuracy import format_time
     from qdq.lint.speed.gpus import find_gpu
 
