@@ -312,21 +312,19 @@ def run_row(row: Row, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     meta = json.loads((work / "meta.json").read_text(encoding="utf-8"))
     rec.update({k: meta[k] for k in ("calibration_samples", "evaluation_samples", "metric_name",
                                      "fp32_metric", "params_M")})  # fmt: skip
-    for fmt in a.formats:
-        if fmt in a.qdq_from.get(row.name, {}):
-            rec["tools"][fmt] = a.qdq_from[row.name][fmt]
-            rec["qdq_from"] = str(a.qdq_from_path)
+    qdq = (a.qdq_from, a.qdq_from_path, "qdq_from")
+    peer = (a.peers_from, a.peers_from_path, "modelopt_from")
+    runs = [(fmt, fmt, qdq, f"qdq quantize --format {fmt}", run_qdq_format)
+            for fmt in a.formats]  # fmt: skip
+    runs += [(f"modelopt-{fmt}", fmt, peer, f"ModelOpt {fmt}", run_modelopt)
+             for fmt in a.peer_formats]  # fmt: skip
+    for key, fmt, (earlier, path, field), label, runner in runs:  # an earlier record, else a run
+        if key in earlier.get(row.name, {}):
+            rec["tools"][key] = earlier[row.name][key]
+            rec[field] = str(path)
         else:
-            log(f"{row.name}: qdq quantize --format {fmt}")
-            rec["tools"][fmt] = run_qdq_format(row, fmt, a, work, meta)
-    for fmt in a.peer_formats:
-        key = f"modelopt-{fmt}"
-        if key in a.peers_from.get(row.name, {}):
-            rec["tools"][key] = a.peers_from[row.name][key]
-            rec["modelopt_from"] = str(a.peers_from_path)
-        else:
-            log(f"{row.name}: ModelOpt {fmt}")
-            rec["tools"][key] = run_modelopt(row, fmt, a, work, meta)
+            log(f"{row.name}: {label}")
+            rec["tools"][key] = runner(row, fmt, a, work, meta)
     rec["wall_s"] = round(time.perf_counter() - start, 1)
     rec["load_after"] = round(os.getloadavg()[0], 2)
     return rec

@@ -133,19 +133,15 @@ def nvfp4_times(shapes: Mapping[str, LayerShape], gpu: Any) -> dict[str, float]:
     """Each GEMM layer's predicted NVFP4 time on ``gpu`` (kernel rule K08: the FP4 rate, values
     moved with their E4M3 block scales); ``{}`` when the GPU has no FP4 kernels. Convolutions
     have none (F13)."""
-    from qdq.lint.speed.cost import UnsupportedPrecisionError, layer_time
+    from qdq.lint.speed.cost import layer_time
 
-    if gpu.peak("fp4") is None:
+    if gpu.peak("fp4") is None:  # (with them, no NVFP4 layer is refused)
         return {}
-    out: dict[str, float] = {}
-    for name, shape in shapes.items():
-        if shape.op != "gemm":
-            continue
-        try:
-            out[name] = layer_time(cost_layer(name, shape, "nvfp4"), gpu).ms
-        except UnsupportedPrecisionError:
-            continue
-    return out
+    return {
+        name: layer_time(cost_layer(name, shape, "nvfp4"), gpu).ms
+        for name, shape in shapes.items()
+        if shape.op == "gemm"
+    }
 
 
 def faster(int8_ms: float, fp8_ms: float) -> str | None:

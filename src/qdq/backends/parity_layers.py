@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq.lint.formats import is_dequantize
 from qdq.quant import BlockQuantizer, Quantizer, fake_quant, scale_from_amax
 from qdq.quant.blocks import block_scales
 from qdq.quant.blocks_fp4 import e8m0_scale
@@ -369,10 +370,8 @@ def with_quantizer_outputs(model: Any, taps: dict[str, list[tuple[str, str]]]) -
         if n.domain == "trt" and n.op_type.endswith("DynamicQuantize") and n.output and n.input
     }
     for node in extended.graph.node:
-        dq = node.op_type == "DequantizeLinear" or (  # TensorRT's MXFP8 one (block_form="trt")
-            node.domain == "trt" and node.op_type == "TRT_MXFP8DequantizeLinear"
-        )
-        if not dq or "/" not in node.name or not node.output:
+        # ONNX's DequantizeLinear, or TensorRT's MXFP8 one (block_form="trt")
+        if not is_dequantize(node) or "/" not in node.name or not node.output:
             continue
         path, _, tail = node.name.rpartition("/")
         if not re.fullmatch(r"DequantizeLinear(_\d+)?", tail) or path.endswith("weight_quantizer"):

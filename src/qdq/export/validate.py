@@ -7,13 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from qdq.graph.plan import QuantPlan
+from qdq.lint.formats import is_dequantize
 
 __all__ = ["validate_export"]
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-#: TensorRT's own dequantize operators qdq writes (domain ``trt``; MXFP8 with
-#: ``block_form="trt"``, :mod:`qdq.export.blocks_trt`): a DequantizeLinear here too
-TRT_DEQUANTIZE = frozenset({"TRT_MXFP8DequantizeLinear"})
 #: ops a DequantizeLinear may pass through before reaching its consumer (data movement)
 PASS_OPS = frozenset(
     {
@@ -35,7 +33,8 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
     """Raise :class:`~qdq.export.ExportError` unless ``model`` is valid; return (#Q, #DQ).
 
     #DQ counts TensorRT's ``TRT_MXFP8DequantizeLinear`` (MXFP8 in ``block_form="trt"``) with
-    ONNX's ``DequantizeLinear``: both forms of a model count alike.
+    ONNX's ``DequantizeLinear`` (:func:`qdq.lint.formats.is_dequantize`, the linter's own
+    predicate): both forms of a model count alike.
 
     ``path``: ``model`` as written with external data (:mod:`qdq.export.external`); the checker
     reads it from there (protobuf cannot serialize the model in memory past 2 GB).
@@ -63,7 +62,9 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
         if leader.kind != "weight" or not group.quantizer:
             continue
         weight_only = leader.spec is not None and leader.spec.format == "int4"
-        dqs = [n for n in graph.node if _is_dq(n) and n.name.startswith(group.quantizer + "/")]
+        dqs = [
+            n for n in graph.node if is_dequantize(n) and n.name.startswith(group.quantizer + "/")
+        ]
         ops = [
             c for dq in dqs for c in _through(consumers, dq.output[0]) if c.op_type in WEIGHTED_OPS
         ]
@@ -74,23 +75,15 @@ def validate_export(model: Any, plan: QuantPlan, path: Path | None = None) -> tu
             continue
         for op in ops if not weight_only else ():  # INT4 weight-only: a float activation
             data = _source(producers, op.input[0])
-            if data is None or not _is_dq(data):
+            if data is None or not is_dequantize(data):
                 problems.append(
                     f"{leader.owner}: {op.name} reads a float activation (no DequantizeLinear)"
                 )
     if problems:
         raise ExportError("planned Q/DQ missing in the exported graph:\n  " + "\n  ".join(problems))
     n_q = sum(1 for n in graph.node if n.op_type == "QuantizeLinear")
-    n_dq = sum(1 for n in graph.node if _is_dq(n))
+    n_dq = sum(1 for n in graph.node if is_dequantize(n))
     return n_q, n_dq
-
-
-def _is_dq(node: Any) -> bool:
-    """ONNX's DequantizeLinear, or TensorRT's MXFP8 one (:data:`TRT_DEQUANTIZE`)."""
-    return bool(
-        node.op_type == "DequantizeLinear"
-        or (node.domain == "trt" and node.op_type in TRT_DEQUANTIZE)
-    )
 
 
 def _through(consumers: dict[str, list[Any]], tensor: str) -> list[Any]:

@@ -17,10 +17,9 @@ __all__ = [
 
 #: plan formats with block-scaled layers -> the linter's name of their format
 _BLOCK_PLANS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4w"}
-#: the opset a block plan's graph is written at (qdq.export.blocks_onnx.required_opset): MXFP8
-#: at 24 in ONNX's form (FLOAT8E8M0 scales), at 19 in TensorRT's (block_form)
-_BLOCK_OPSETS = {"nvfp4": 23, "mxfp8": 24, "int4w": 21}
-_TRT_FORM_OPSETS = {**_BLOCK_OPSETS, "mxfp8": 19}
+#: block plan formats -> the quantizer format their GEMMs get (its opset: the export's own
+#: qdq.export.blocks_onnx.required_opset, in the job's block_form)
+_PLAN_QUANT_FORMAT = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "int4w": "int4"}
 
 
 def check_options(
@@ -186,7 +185,9 @@ def _check_block_target(fmt: str, target: str) -> tuple[str, ...] | None:
             f"format={fmt!r}: {err}; choose a target that has them (trt10.12-blackwell, "
             "trt10.12-b200, trt11-b200) or another format"
         ) from None
-    need = (_TRT_FORM_OPSETS if block_form(fmt, target) == "trt" else _BLOCK_OPSETS)[fmt]
+    from qdq.export.blocks_onnx import required_opset
+
+    need = required_opset({_PLAN_QUANT_FORMAT[fmt]}, block_form(fmt, target))[0]
     if t.max_opset is not None and t.max_opset < need:
         raise ValueError(
             f"format={fmt!r} exports its block DequantizeLinear at opset {need} (the first whose "

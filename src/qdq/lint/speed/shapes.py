@@ -122,8 +122,8 @@ def _skeleton(proto: Any, sizes: Mapping[str, tuple[int, ...]]) -> Any:
     graph.name = proto.graph.name
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     declared = {vi.name: vi.type.tensor_type.elem_type for vi in proto.graph.value_info}
-    scale_types = {t.name: t.data_type for t in proto.graph.initializer}
-    graph.node.extend(_stand_ins(proto.graph.node, opset, declared | scale_types, graph))
+    init_types = {t.name: t.data_type for t in proto.graph.initializer}
+    graph.node.extend(_stand_ins(proto.graph.node, opset, declared | init_types, graph))
     names = set()
     for vi in proto.graph.input:
         names.add(vi.name)
