@@ -159,6 +159,24 @@ class FormatChoice:
     nvfp4: bool = False
     #: the objective the choice was made for (:data:`OBJECTIVES`)
     objective: str = "accuracy"
+    #: the same measurement with every tensor that can run INT8 in INT8 (the single-format INT8
+    #: plan, attention products with the GEMMs): a candidate of the accuracy objective where it
+    #: measures less noise than the plan as planned (:attr:`noise`); ``None`` otherwise
+    uniform: FormatChoice | None = field(default=None, repr=False, compare=False)
+    #: ``"int8"`` for the all-INT8 plan itself (:attr:`uniform`), ``""`` for a measured choice
+    single: str = ""
+
+    @property
+    def noise(self) -> float:
+        """The measured layers' quantization noise in their chosen formats, summed (relative
+        noise; independent noises add, so the lower sum is the more accurate plan by the
+        measure; an FP16 layer adds none)."""
+        return sum(_row_noise(r) for r in self.rows)
+
+    @property
+    def mean_db(self) -> float:
+        """:attr:`noise` as the mean SQNR of the measured layers, in dB."""
+        return db(self.noise / len(self.rows)) if self.rows else float("inf")
 
     @property
     def changes(self) -> tuple[FormatRow, ...]:
@@ -167,6 +185,14 @@ class FormatChoice:
 
     def summary(self) -> str:
         """One line: how many layers went where."""
+        if self.single:
+            moved = sum(r.chosen != r.planned for r in self.rows)
+            return (
+                f"{len(self.rows)} layers measured: {moved} moved to {self.single.upper()} with "
+                f"every layer that can run it (the all-{self.single.upper()} plan)"
+                + (f", {len(self.followed)} attention products with them" if self.followed else "")
+                + (f"; {self.dropped}" if self.dropped else "")
+            )
         by_noise = [r for r in self.rows if r.rule != "T02"]
         to_fp8 = sum(r.planned == "int8" and r.chosen == "fp8" for r in by_noise)
         to_int8 = sum(r.planned == "fp8" and r.chosen == "int8" for r in by_noise)
@@ -213,6 +239,8 @@ class FormatChoice:
             "timed_on": self.timed_on,
             "nvfp4": self.nvfp4,
             "objective": self.objective,
+            "single": self.single,
+            "mean_db": round(self.mean_db, 2) if self.noise > 0 else None,
         }
 
     def mark(self, prepared: nn.Module) -> None:
@@ -351,11 +379,19 @@ def choose_formats(
     choice = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label,
                      nvfp4=four)  # fmt: skip
     choice = replace(choice, nvfp4=nvfp4, objective=objective)
-    if not choice.changes:
-        return choice
     unchanged = _decide(plan, planned, readers, measured, change=False, times=times, gpu=label,
                         nvfp4=four)  # fmt: skip
     unchanged = replace(unchanged, nvfp4=nvfp4, objective=objective)
+    if objective == "accuracy":  # the single-format INT8 plan, where it measures less noise
+        uniform = _all_int8(plan, planned, readers, measured)
+        if uniform.overrides and uniform.noise < unchanged.noise:
+            n4 = {r.layer: r.nvfp4_db for r in choice.rows}
+            rows = tuple(replace(r, nvfp4_db=n4.get(r.layer)) for r in uniform.rows)
+            uniform = replace(uniform, rows=rows, nvfp4=nvfp4, objective=objective,
+                              unchanged=unchanged)  # fmt: skip
+            choice = replace(choice, uniform=uniform)
+    if not choice.changes:
+        return choice
     eight = None
     if any(r.chosen == "nvfp4" for r in choice.rows):
         eight = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label)
@@ -462,6 +498,49 @@ def _decide(
     followed = _attention_follows(plan, planned, rows)
     overrides += [Override(name=owner, format="int8") for owner in followed]
     return FormatChoice(tuple(rows), tuple(overrides), followed, timed_on=gpu if times else "")
+
+
+def _all_int8(
+    plan: Any,
+    planned: dict[str, str],
+    readers: dict[str, list[str]],
+    noise: dict[str, tuple[float, float]],
+) -> FormatChoice:
+    """The measured layers all INT8 where their input tensor can change format (each reader
+    measured, all planned alike), none in FP16 or NVFP4: the single-format plan the accuracy
+    objective weighs against the measured changes. Where no weighted layer stays FP8 the
+    attention products follow (:func:`_attention_follows`), as in ``format="int8"``."""
+    rows, overrides = [], []
+    for tensor, layers in sorted(readers.items()):
+        measured = [x for x in layers if x in noise]
+        if not measured:
+            continue
+        free = len(measured) == len(layers) and len({planned[x] for x in measured}) == 1
+        for x in measured:
+            i8, f8 = db(noise[x][0]), db(noise[x][1])
+            here = planned[x]
+            if here == "int8":
+                chosen, why = here, f"INT8 as planned ({i8:.1f} dB in INT8, {f8:.1f} dB in FP8)"
+            elif free:
+                chosen, why = (
+                    "int8",
+                    f"INT8 {i8 - f8:+.1f} dB over {here.upper()}: the all-INT8 plan",
+                )
+                overrides.append(Override(name=x, format="int8"))
+            else:
+                chosen = here
+                stuck = next((y for y in layers if y not in noise or planned[y] != here), x)
+                why = f"its input is also read by {stuck}, which cannot change format with it"
+            rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
+    followed = _attention_follows(plan, planned, rows)
+    overrides += [Override(name=owner, format="int8") for owner in followed]
+    return FormatChoice(tuple(rows), tuple(overrides), followed, single="int8")
+
+
+def _row_noise(row: FormatRow) -> float:
+    """A row's relative noise in its chosen format (FP16: none)."""
+    by = {"int8": row.int8_db, "fp8": row.fp8_db, "nvfp4": row.nvfp4_db}.get(row.chosen)
+    return 0.0 if by is None else 10.0 ** (-by / 10.0)
 
 
 def _by_time(measured: list[str], times: dict[str, tuple[float, float]], other: str) -> str | None:
