@@ -1,5 +1,6 @@
 """qdq's block formats on ModelOpt's layer set (issue 60): the ``vit`` and ``swin`` rows of
-``blocks.py`` like for like with ModelOpt's default configs, which quantize only the ``nn.Linear``
+``blocks.py`` (and the ConvNet rows ``efficientnet-lite0`` and ``crepe-tiny``, scored by their
+own metric too) like for like with ModelOpt's default configs, which quantize only the ``nn.Linear``
 modules whose ``forward`` runs. On the ViT that is the MLPs and the head (25 GEMMs): torchvision's
 ``MultiheadAttention`` projections, the attention products and the patch convolution stay float.
 On the Swin it is the MLPs, the patch-merging reductions and the head (28 GEMMs): its window
@@ -17,7 +18,9 @@ and mean cosine with FP32; asserts nothing.
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ from qdq.config import Override, QuantConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fp8_models
+from fp8 import scored
 
 #: per row, what ModelOpt's default configs leave float (they quantize the nn.Linear modules
 #: whose forward runs)
@@ -42,6 +46,11 @@ MODELOPT_FLOAT = {
         Override(regex=r"\.attn\.(qkv|proj)$", exclude=True),  # called through F.linear
         Override(regex=r"^features\.0\.0$", exclude=True),  # the patch convolution
     ),
+    # the ConvNets: ModelOpt's NVFP4/MXFP8 configs quantize their classifier Linear alone (its
+    # exports leave every convolution float: EfficientNet-Lite0 3 of 103 quantizers, CREPE 6 of
+    # 7 weighted layers float)
+    "efficientnet-lite0": (Override(op="conv", exclude=True),),
+    "crepe-tiny": (Override(op="conv", exclude=True),),
 }
 
 
@@ -65,7 +74,9 @@ def main() -> None:
             return torch.cat([m(ev[i : i + 32]) for i in range(0, len(ev), 32)])
 
     ref = outputs(model)
-    print("format  quantizers                     top-1    cosine   (vs FP32, eval samples)")
+    meta = json.loads((work / "meta.json").read_text()) if row in fp8_models.ZOO else None
+    print("format  quantizers                     top-1    cosine   (vs FP32, eval samples)"
+          + (f"   {meta['metric_name']}" if meta else ""))  # fmt: skip
     for fmt in formats:
         prepared = qdq.prepare(
             model, (cal[:1],), QuantConfig(format=fmt, overrides=MODELOPT_FLOAT[row])
@@ -85,7 +96,12 @@ def main() -> None:
         out = outputs(prepared)
         cos = torch.nn.functional.cosine_similarity(out, ref, dim=1).mean().item()
         top1 = (out.argmax(1) == ref.argmax(1)).float().mean().item()
-        print(f"{fmt:7s} {counts!s:30s} {top1:.4f}   {cos:.5f}", flush=True)
+        line = f"{fmt:7s} {counts!s:30s} {top1:.4f}   {cos:.5f}"
+        if meta is not None:  # the zoo row's own metric, scored as blocks.py scores every cell
+            with tempfile.TemporaryDirectory() as tmp:
+                np.savez(Path(tmp) / "out.npz", out0=out.numpy())
+                line += f"   {scored(work, meta, Path(tmp) / 'out.npz')['metric']:.4f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

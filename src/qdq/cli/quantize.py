@@ -81,7 +81,8 @@ def add_quantize_arguments(p: Any, *, qat_epochs: int = 0) -> None:
         "of 32) on Blackwell, convolutions and attention as fp8; int4w: GEMMs with INT4 "
         "block-wise weights and float activations, the rest float; mixed: convolutions INT8, "
         "GEMMs and attention FP8, a layer moved to the other format where it measurably loses "
-        "and the move costs no reformat (rules F01-F15)",
+        "and the move costs no reformat, or every layer INT8 where that measures less noise "
+        "than the moves allow (rules F01-F15)",
     )
     p.add_argument(
         "--objective",
