@@ -42,6 +42,13 @@ predicted faster in NVFP4 than in its faster 8-bit format by more than :data:`TI
 launch floor gains nothing for the accuracy it loses. A layer under :data:`MIN_DB` in every
 format it was measured in stays FP16, unless the speed objective chose NVFP4 for it by the floor.
 
+With the accuracy objective the same measurement also gives the all-INT8 plan
+(:attr:`FormatChoice.uniform`: every tensor that can change format INT8, attention products with
+the GEMMs) where it measures less noise than the plan as planned (:attr:`FormatChoice.noise`, the
+measured layers' relative noise summed): moves decided tensor by tensor can leave an FP8 island
+that costs more reformats than either single format, and the job
+(:func:`qdq.pipeline.formats.plan_config`) then takes the single format rather than nothing.
+
 The measure is the layer's own noise, not the network's metric: cheap (one forward of one batch,
 no re-calibration) and the same quantity ``qdq debug`` reports per layer. INT8's noise on a
 tensor with outliers (a few values far above the rest: the activation outliers of transformers,
