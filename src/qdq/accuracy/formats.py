@@ -389,22 +389,25 @@ def choose_formats(
     unchanged = _decide(plan, planned, readers, measured, change=False, times=times, gpu=label,
                         nvfp4=four)  # fmt: skip
     unchanged = replace(unchanged, nvfp4=nvfp4, objective=objective)
+    n4 = {r.layer: r.nvfp4_db for r in choice.rows}
+
+    def alternative(other: FormatChoice) -> FormatChoice:
+        """A plan decided without NVFP4 (all INT8, or the 8-bit changes alone), given each
+        row's NVFP4 SQNR as measured and the plan as planned (``unchanged``)."""
+        rows = tuple(replace(r, nvfp4_db=n4.get(r.layer)) for r in other.rows)
+        return replace(other, rows=rows, nvfp4=nvfp4, objective=objective, unchanged=unchanged)
+
     if objective == "accuracy":  # the single-format INT8 plan, where it measures less noise
         uniform = _all_int8(plan, planned, readers, measured)
         if uniform.overrides and uniform.noise < unchanged.noise:
-            n4 = {r.layer: r.nvfp4_db for r in choice.rows}
-            rows = tuple(replace(r, nvfp4_db=n4.get(r.layer)) for r in uniform.rows)
-            uniform = replace(uniform, rows=rows, nvfp4=nvfp4, objective=objective,
-                              unchanged=unchanged)  # fmt: skip
-            choice = replace(choice, uniform=uniform)
+            choice = replace(choice, uniform=alternative(uniform))
     if not choice.changes:
         return choice
     eight = None
     if any(r.chosen == "nvfp4" for r in choice.rows):
-        eight = _decide(plan, planned, readers, measured, change=True, times=times, gpu=label)
-        n4 = {r.layer: r.nvfp4_db for r in choice.rows}
-        rows = tuple(replace(r, nvfp4_db=n4.get(r.layer)) for r in eight.rows)
-        eight = replace(eight, rows=rows, nvfp4=nvfp4, objective=objective, unchanged=unchanged)
+        eight = alternative(
+            _decide(plan, planned, readers, measured, change=True, times=times, gpu=label)
+        )
     return replace(choice, unchanged=unchanged, without_nvfp4=eight)
 
 
@@ -478,9 +481,7 @@ def _decide(
                 chosen = here
                 why = f"{dbs}, but a change of format would cost reformats at its format boundaries"
             elif blocked or len(now) > 1:  # a reader that cannot move, or one in the other format
-                chosen = here
-                stuck = blocked[0] if blocked else next(y for y in measured if planned[y] != here)
-                why = f"its input is also read by {stuck}, which cannot change format with it"
+                chosen, why = here, _held(layers, noise, planned, here)
             elif timed == here:
                 chosen = here
                 why, rule = _timed_why(i8, f8, here, ms, gpu, len(measured)), "T02"
@@ -535,13 +536,20 @@ def _all_int8(
                 )
                 overrides.append(Override(name=x, format="int8"))
             else:
-                chosen = here
-                stuck = next((y for y in layers if y not in noise or planned[y] != here), x)
-                why = f"its input is also read by {stuck}, which cannot change format with it"
+                chosen, why = here, _held(layers, noise, planned, here)
             rows.append(FormatRow(x, tensor, round(i8, 2), round(f8, 2), here, chosen, why))
     followed = _attention_follows(plan, planned, rows)
     overrides += [Override(name=owner, format="int8") for owner in followed]
     return FormatChoice(tuple(rows), tuple(overrides), followed, single="int8")
+
+
+def _held(layers: list[str], noise: dict[str, Any], planned: dict[str, str], here: str) -> str:
+    """Why a reader of an input tensor keeps its format ``here``: the tensor's first reader with
+    no other format (not measured), else its first reader planned in the other one."""
+    stuck = next((y for y in layers if y not in noise), None) or next(
+        y for y in layers if planned[y] != here
+    )
+    return f"its input is also read by {stuck}, which cannot change format with it"
 
 
 def _row_noise(row: FormatRow) -> float:
