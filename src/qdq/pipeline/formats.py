@@ -48,7 +48,7 @@ from typing import Any
 
 from torch import nn
 
-from qdq.accuracy.formats import FormatChoice, choose_formats
+from qdq.accuracy.formats import FormatChoice, FormatRow, choose_formats
 from qdq.config import QuantConfig
 from qdq.pipeline.device import to_device
 from qdq.pipeline.inputs import ForwardInputs, Inputs, batches
@@ -194,7 +194,7 @@ def _most_accurate(choice: FormatChoice, count: Callable[[FormatChoice], int]) -
     return replace(uniform, rows=rows, reformats=counts, dropped=why, timed_on=choice.timed_on)
 
 
-def _not_taken(row: Any, *, costly: bool) -> str:
+def _not_taken(row: FormatRow, *, costly: bool) -> str:
     """Why a measured row's own choice is not in the all-INT8 plan the job took (``costly``:
     the changes were counted and cost more reformats)."""
     outcome = "would cost reformats" if costly else "measures no less noise in all"
